@@ -1,0 +1,2 @@
+//! The actix drain runtime for the [`outbox`] crate.
+pub use outbox;

@@ -1,0 +1,254 @@
+//! How a drain runs: batch size, concurrency, lease, heartbeat, limits.
+//!
+//! Deserializable with serde; durations are humantime strings (`"30s"`,
+//! `"5m"`, `"1h 30m"`). [`DrainConfig::validate`] reports every broken rule
+//! at once, each naming its field.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ConfigError, ConfigViolation};
+use crate::retry::RetryPolicy;
+
+/// Longest duration any setting accepts (one year): longer timers are a
+/// misconfiguration, and stores must be able to add them to a timestamp.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// Shortest lease: the heartbeat must fit strictly inside it.
+pub const MIN_LEASE: Duration = Duration::from_millis(2);
+
+/// Drain settings. `Default` gives the documented defaults.
+///
+/// ```
+/// let config: outbox::DrainConfig = serde_json::from_str(
+///     r#"{ "concurrency": 16, "lease": "45s", "max_active": "10m" }"#,
+/// ).unwrap();
+/// config.validate().unwrap();
+/// assert_eq!(config.heartbeat(), std::time::Duration::from_secs(15));
+/// ```
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DrainConfig {
+    /// Most messages one pass claims (delivered and abandoned together). Default 100.
+    pub batch_size: usize,
+    /// Deliveries in flight at once; at most `batch_size`. Default 1.
+    pub concurrency: usize,
+    /// How long a claim owns a message unless renewed. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// Renewal interval; shorter than `lease`. Default `lease / 3`.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Option<Duration>,
+    /// Longest a single delivery may run before it is aborted. Default 300 s.
+    #[serde(with = "humantime_serde")]
+    pub max_active: Duration,
+    /// Retry policy for events and for jobs without their own.
+    pub retry: RetryPolicy,
+    /// How settlement writes are retried.
+    pub settlement: SettlementConfig,
+    /// Drain by itself at this interval; `None` drains only on request and
+    /// on wake-ups. Default none.
+    #[serde(with = "humantime_serde")]
+    pub every: Option<Duration>,
+    /// Number of extra arbiters (threads) to spread deliveries over; 0 runs
+    /// them on the coordinator's arbiter. Default 0.
+    pub delivery_arbiters: usize,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        DrainConfig {
+            batch_size: 100,
+            concurrency: 1,
+            lease: Duration::from_secs(30),
+            heartbeat: None,
+            max_active: Duration::from_secs(300),
+            retry: RetryPolicy::default(),
+            settlement: SettlementConfig::default(),
+            every: None,
+            delivery_arbiters: 0,
+        }
+    }
+}
+
+/// How settlement writes are retried when the store fails transiently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SettlementConfig {
+    /// Attempts per settlement. Default 3.
+    pub attempts: u32,
+    /// Delay before the second attempt, doubling after each. Default 100 ms.
+    #[serde(with = "humantime_serde")]
+    pub delay: Duration,
+}
+
+impl Default for SettlementConfig {
+    fn default() -> Self {
+        SettlementConfig {
+            attempts: 3,
+            delay: Duration::from_millis(100),
+        }
+    }
+}
+
+impl DrainConfig {
+    /// The renewal interval: as configured, or a third of the lease (at least 1 ms).
+    pub fn heartbeat(&self) -> Duration {
+        self.heartbeat
+            .unwrap_or_else(|| (self.lease / 3).max(Duration::from_millis(1)))
+    }
+
+    /// Check every rule; the error lists all violations, each naming its field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut out = Vec::new();
+        let mut bad = |field, rule: String| out.push(ConfigViolation { field, rule });
+        let show = |d: Duration| humantime::format_duration(d).to_string();
+
+        if self.batch_size == 0 {
+            bad("batch_size", "must be at least 1 (0 given)".into());
+        }
+        if self.concurrency == 0 {
+            bad("concurrency", "must be at least 1 (0 given)".into());
+        } else if self.concurrency > self.batch_size && self.batch_size > 0 {
+            bad(
+                "concurrency",
+                format!(
+                    "must not exceed batch_size ({} > {})",
+                    self.concurrency, self.batch_size
+                ),
+            );
+        }
+        if self.lease < MIN_LEASE {
+            bad(
+                "lease",
+                format!("must be at least {} ({} given)", show(MIN_LEASE), show(self.lease)),
+            );
+        }
+        let heartbeat = self.heartbeat();
+        if heartbeat.is_zero() {
+            bad("heartbeat", "must be longer than zero".into());
+        } else if heartbeat >= self.lease {
+            bad(
+                "heartbeat",
+                format!(
+                    "must be shorter than lease ({} >= {})",
+                    show(heartbeat),
+                    show(self.lease)
+                ),
+            );
+        }
+        if self.max_active.is_zero() {
+            bad("max_active", "must be longer than zero".into());
+        }
+        if self.settlement.attempts == 0 {
+            bad("settlement.attempts", "must be at least 1 (0 given)".into());
+        }
+        if self.settlement.delay.is_zero() {
+            bad("settlement.delay", "must be longer than zero".into());
+        }
+        if self.every.is_some_and(|every| every.is_zero()) {
+            bad("every", "must be longer than zero, or unset".into());
+        }
+        if self.delivery_arbiters > 256 {
+            bad(
+                "delivery_arbiters",
+                format!("must be at most 256 ({} given)", self.delivery_arbiters),
+            );
+        }
+        let limits = [
+            ("lease", Some(self.lease)),
+            ("heartbeat", self.heartbeat),
+            ("max_active", Some(self.max_active)),
+            ("settlement.delay", Some(self.settlement.delay)),
+            ("every", self.every),
+        ];
+        for (field, value) in limits {
+            if let Some(value) = value.filter(|v| *v > MAX_DURATION) {
+                bad(
+                    field,
+                    format!("must be at most {} ({} given)", show(MAX_DURATION), show(value)),
+                );
+            }
+        }
+        self.retry.check(&mut out);
+
+        if out.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError { violations: out })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documented_values() {
+        let config = DrainConfig::default();
+        assert_eq!(config.batch_size, 100);
+        assert_eq!(config.concurrency, 1);
+        assert_eq!(config.lease, Duration::from_secs(30));
+        assert_eq!(config.heartbeat(), Duration::from_secs(10));
+        assert_eq!(config.max_active, Duration::from_secs(300));
+        assert_eq!(config.settlement.attempts, 3);
+        assert_eq!(config.settlement.delay, Duration::from_millis(100));
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn every_violation_is_reported_with_its_field() {
+        let config = DrainConfig {
+            batch_size: 0,
+            concurrency: 0,
+            lease: Duration::from_millis(1),
+            max_active: Duration::ZERO,
+            settlement: SettlementConfig {
+                attempts: 0,
+                delay: Duration::from_millis(1),
+            },
+            ..DrainConfig::default()
+        };
+        let error = config.validate().unwrap_err();
+        for field in ["batch_size", "concurrency", "lease", "max_active", "settlement.attempts"] {
+            assert!(error.names(field), "{field} missing from {error}");
+        }
+        assert!(error.to_string().contains("`lease` must be at least 2ms"), "{error}");
+    }
+
+    #[test]
+    fn concurrency_above_batch_and_heartbeat_not_below_lease_are_refused() {
+        let config = DrainConfig {
+            batch_size: 10,
+            concurrency: 11,
+            lease: Duration::from_secs(10),
+            heartbeat: Some(Duration::from_secs(10)),
+            ..DrainConfig::default()
+        };
+        let error = config.validate().unwrap_err();
+        assert!(error.names("concurrency") && error.names("heartbeat"), "{error}");
+    }
+
+    #[test]
+    fn deserializes_humantime_durations_and_rejects_unknown_fields() {
+        let config: DrainConfig = serde_json::from_str(
+            r#"{"lease":"1m","heartbeat":"15s","settlement":{"delay":"250ms"},"every":"2s",
+                "retry":{"initial_delay":"500ms","max_delay":"1h","max_attempts":7}}"#,
+        )
+        .unwrap();
+        assert_eq!(config.lease, Duration::from_secs(60));
+        assert_eq!(config.heartbeat(), Duration::from_secs(15));
+        assert_eq!(config.settlement.delay, Duration::from_millis(250));
+        assert_eq!(config.settlement.attempts, 3);
+        assert_eq!(config.every, Some(Duration::from_secs(2)));
+        assert_eq!(config.retry.max_attempts, Some(7));
+        config.validate().unwrap();
+
+        let unknown = serde_json::from_str::<DrainConfig>(r#"{"leese":"1m"}"#).unwrap_err();
+        assert!(unknown.to_string().contains("leese"), "{unknown}");
+        let bad_duration = serde_json::from_str::<DrainConfig>(r#"{"lease":"soon"}"#).unwrap_err();
+        assert!(bad_duration.to_string().contains("soon") || bad_duration.to_string().contains("unit"), "{bad_duration}");
+    }
+}

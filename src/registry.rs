@@ -1,0 +1,283 @@
+//! Which message names exist and what their payloads decode into.
+//!
+//! Events and jobs are registered by name with a `serde` payload type. A
+//! stored payload is decoded at delivery; a payload that does not decode is a
+//! [`RegistryError::Decode`] (dead-lettered at once), a name nobody
+//! registered is a [`RegistryError::UnknownName`] (retried, since a newer
+//! worker may know it).
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{ConfigError, Error, RegistryError, Result};
+use crate::message::{MessageKind, Payload};
+use crate::retry::RetryPolicy;
+use crate::transport::DecodedPayload;
+
+/// A payload type published as an event.
+///
+/// ```
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct OrderPlaced { order_id: u64 }
+///
+/// impl outbox::Event for OrderPlaced {
+///     const NAME: &'static str = "order.placed";
+/// }
+/// ```
+pub trait Event: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The stored message name; keep it stable across releases.
+    const NAME: &'static str;
+}
+
+/// A payload type run as a job.
+///
+/// A job may carry its own [`RetryPolicy`], which then governs the outbox's
+/// retries of that job (and its `max_attempts` becomes the message's budget).
+pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The stored message name; keep it stable across releases.
+    const NAME: &'static str;
+
+    /// This job's retry policy; `None` uses the drain's.
+    fn retry_policy() -> Option<RetryPolicy> {
+        None
+    }
+}
+
+type Decoder = fn(&Payload) -> serde_json::Result<DecodedPayload>;
+
+fn decode_as<T: DeserializeOwned + Send + Sync + 'static>(
+    payload: &Payload,
+) -> serde_json::Result<DecodedPayload> {
+    payload.decode::<T>().map(|value| Box::new(value) as Box<dyn Any + Send + Sync>)
+}
+
+#[derive(Clone)]
+struct Entry {
+    type_name: &'static str,
+    decode: Decoder,
+    retry: Option<RetryPolicy>,
+}
+
+/// The registered events and jobs. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    events: HashMap<String, Entry>,
+    jobs: HashMap<String, Entry>,
+}
+
+impl Registry {
+    /// Start registering.
+    pub fn builder() -> RegistryBuilder {
+        RegistryBuilder::default()
+    }
+
+    fn table(&self, kind: MessageKind) -> &HashMap<String, Entry> {
+        match kind {
+            MessageKind::Event => &self.inner.events,
+            MessageKind::Job => &self.inner.jobs,
+        }
+    }
+
+    /// Decode a stored payload into the type registered for `kind` and `name`.
+    pub fn decode(
+        &self,
+        kind: MessageKind,
+        name: &str,
+        payload: &Payload,
+    ) -> Result<DecodedPayload, RegistryError> {
+        let entry = self
+            .table(kind)
+            .get(name)
+            .ok_or_else(|| RegistryError::UnknownName {
+                kind,
+                name: name.to_owned(),
+            })?;
+        (entry.decode)(payload).map_err(|source| RegistryError::Decode {
+            kind,
+            name: name.to_owned(),
+            type_name: entry.type_name,
+            source: Arc::new(source),
+        })
+    }
+
+    /// `true` when `kind` `name` is registered.
+    pub fn contains(&self, kind: MessageKind, name: &str) -> bool {
+        self.table(kind).contains_key(name)
+    }
+
+    /// The job's own retry policy, if it declares one.
+    pub fn retry_policy(&self, kind: MessageKind, name: &str) -> Option<&RetryPolicy> {
+        self.table(kind).get(name).and_then(|entry| entry.retry.as_ref())
+    }
+
+    /// The registered names of `kind`, sorted.
+    pub fn names(&self, kind: MessageKind) -> Vec<&str> {
+        let mut names: Vec<_> = self.table(kind).keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// `true` when any event is registered.
+    pub fn has_events(&self) -> bool {
+        !self.inner.events.is_empty()
+    }
+
+    /// `true` when any job is registered.
+    pub fn has_jobs(&self) -> bool {
+        !self.inner.jobs.is_empty()
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("events", &self.names(MessageKind::Event))
+            .field("jobs", &self.names(MessageKind::Job))
+            .finish()
+    }
+}
+
+/// Collects registrations; [`build`](RegistryBuilder::build) reports every
+/// problem at once.
+#[derive(Default)]
+pub struct RegistryBuilder {
+    events: HashMap<String, Entry>,
+    jobs: HashMap<String, Entry>,
+    errors: Vec<Error>,
+}
+
+impl fmt::Debug for RegistryBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryBuilder").finish_non_exhaustive()
+    }
+}
+
+impl RegistryBuilder {
+    /// Register event type `E` under `E::NAME`.
+    pub fn event<E: Event>(mut self) -> Self {
+        let entry = Entry {
+            type_name: std::any::type_name::<E>(),
+            decode: decode_as::<E>,
+            retry: None,
+        };
+        self.insert(MessageKind::Event, E::NAME, entry);
+        self
+    }
+
+    /// Register job type `J` under `J::NAME`, with its retry policy.
+    pub fn job<J: Job>(mut self) -> Self {
+        let retry = J::retry_policy();
+        if let Some(policy) = &retry {
+            let mut violations = Vec::new();
+            policy.check(&mut violations);
+            if !violations.is_empty() {
+                self.errors.push(ConfigError { violations }.into());
+            }
+        }
+        let entry = Entry {
+            type_name: std::any::type_name::<J>(),
+            decode: decode_as::<J>,
+            retry,
+        };
+        self.insert(MessageKind::Job, J::NAME, entry);
+        self
+    }
+
+    fn insert(&mut self, kind: MessageKind, name: &str, entry: Entry) {
+        if name.trim().is_empty() {
+            self.errors.push(Error::invalid(
+                "name",
+                format!("{} has an empty {kind} name", entry.type_name),
+            ));
+            return;
+        }
+        let table = match kind {
+            MessageKind::Event => &mut self.events,
+            MessageKind::Job => &mut self.jobs,
+        };
+        if table.insert(name.to_owned(), entry).is_some() {
+            self.errors.push(
+                RegistryError::DuplicateName {
+                    kind,
+                    name: name.to_owned(),
+                }
+                .into(),
+            );
+        }
+    }
+
+    /// Finish; fails with the first problem found (empty or duplicate names,
+    /// invalid job retry policies).
+    pub fn build(self) -> Result<Registry> {
+        if let Some(error) = self.errors.into_iter().next() {
+            return Err(error);
+        }
+        Ok(Registry {
+            inner: Arc::new(Inner {
+                events: self.events,
+                jobs: self.jobs,
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Placed {
+        order: u64,
+    }
+    impl Event for Placed {
+        const NAME: &'static str = "order.placed";
+    }
+
+    #[test]
+    fn decode_failure_and_unknown_name_are_distinct() {
+        let registry = Registry::builder().event::<Placed>().build().unwrap();
+        let good = Payload::from_json(r#"{"order":7}"#).unwrap();
+        let decoded = registry
+            .decode(MessageKind::Event, "order.placed", &good)
+            .unwrap();
+        assert_eq!(decoded.downcast_ref::<Placed>(), Some(&Placed { order: 7 }));
+
+        let bad = Payload::from_json(r#"{"order":"seven"}"#).unwrap();
+        assert!(matches!(
+            registry.decode(MessageKind::Event, "order.placed", &bad),
+            Err(RegistryError::Decode { .. })
+        ));
+        assert!(matches!(
+            registry.decode(MessageKind::Event, "order.shipped", &good),
+            Err(RegistryError::UnknownName { .. })
+        ));
+        assert!(matches!(
+            registry.decode(MessageKind::Job, "order.placed", &good),
+            Err(RegistryError::UnknownName { .. })
+        ));
+    }
+
+    #[test]
+    fn duplicate_names_are_refused() {
+        let error = Registry::builder()
+            .event::<Placed>()
+            .event::<Placed>()
+            .build()
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            Error::Registry(RegistryError::DuplicateName { .. })
+        ));
+    }
+}

@@ -1,0 +1,441 @@
+//! The store port: what the drain runtime and operators need from storage.
+//!
+//! [`OutboxStore`] is the drain path (enqueue, claim, renew, settle,
+//! release); [`OutboxAdmin`] is the operator path (count, list, inspect,
+//! requeue, purge). Every operation takes `now` from the caller, so one
+//! conformance suite drives every store on a virtual clock, and every write
+//! to a claimed message is fenced by its claim token *and* a live lease.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+
+use crate::error::{AdminError, Error, Result};
+use crate::message::{ClaimedMessage, ErrorRecord, MessageStatus, NewMessage, OutboxMessage};
+
+pub mod memory;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
+
+/// Claim up to `limit` eligible messages under a lease of `lease`.
+///
+/// Eligible: `Pending` with `available_at <= now`, or `Claimed` with
+/// `locked_until <= now`. Oldest `available_at` first, then `created_at`.
+/// A selected message that already used `max_attempts` is dead-lettered with
+/// an abandoned-claim error instead of claimed. Claimed and dead-lettered
+/// together never exceed `limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimBatch {
+    /// Most messages to select; at least 1.
+    pub limit: usize,
+    /// The caller's clock.
+    pub now: DateTime<Utc>,
+    /// Lease length; `locked_until = now + lease`.
+    pub lease: Duration,
+}
+
+/// What a claim selected.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClaimedBatch {
+    /// Messages now owned by their fresh tokens.
+    pub claimed: Vec<ClaimedMessage>,
+    /// Messages that had no attempts left, now dead-lettered.
+    pub dead_lettered: Vec<OutboxMessage>,
+}
+
+impl ClaimedBatch {
+    /// Claimed plus dead-lettered.
+    pub fn len(&self) -> usize {
+        self.claimed.len() + self.dead_lettered.len()
+    }
+
+    /// `true` when nothing was selected.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Extend a live claim: `locked_until = now + lease`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenewClaim {
+    /// The message id.
+    pub id: String,
+    /// The claim token that must still own it.
+    pub claim_token: String,
+    /// The caller's clock.
+    pub now: DateTime<Utc>,
+    /// New lease length from `now`.
+    pub lease: Duration,
+}
+
+/// Settle a claimed message as delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkDelivered {
+    /// The message id.
+    pub id: String,
+    /// The claim token that must still own it.
+    pub claim_token: String,
+    /// The caller's clock; becomes `delivered_at`.
+    pub now: DateTime<Utc>,
+}
+
+/// Settle a claimed message as failed: retry later, or dead-letter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MarkFailed {
+    /// The message id.
+    pub id: String,
+    /// The claim token that must still own it.
+    pub claim_token: String,
+    /// The delivery error, stored as `last_error`.
+    pub error: ErrorRecord,
+    /// `true` to dead-letter, `false` to make it pending again.
+    pub dead_letter: bool,
+    /// The caller's clock.
+    pub now: DateTime<Utc>,
+    /// When a retried message becomes available; `None` means `now`.
+    pub retry_at: Option<DateTime<Utc>>,
+}
+
+/// Give a claim back unsettled (at shutdown): pending, available now, and the
+/// attempt not counted against the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseClaim {
+    /// The message id.
+    pub id: String,
+    /// The claim token that must still own it.
+    pub claim_token: String,
+    /// The caller's clock.
+    pub now: DateTime<Utc>,
+}
+
+/// A signal that new messages were committed, so an idle drain can start
+/// without waiting for its next tick. Bursts collapse into one wake-up.
+#[derive(Debug, Clone)]
+pub struct Wakeups(tokio::sync::watch::Receiver<u64>);
+
+impl Wakeups {
+    /// Wait for the next wake-up; `false` once the store is gone.
+    pub async fn changed(&mut self) -> bool {
+        self.0.changed().await.is_ok()
+    }
+}
+
+/// The sending half of [`Wakeups`], kept by a store.
+#[derive(Debug, Clone)]
+pub struct WakeupSender(Arc<tokio::sync::watch::Sender<u64>>);
+
+impl WakeupSender {
+    /// A sender with no receivers yet.
+    pub fn new() -> Self {
+        WakeupSender(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+
+    /// Wake every subscriber (cheap when nobody listens).
+    pub fn wake(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A new receiver; it sees only wake-ups sent after this call.
+    pub fn subscribe(&self) -> Wakeups {
+        Wakeups(self.0.subscribe())
+    }
+
+    /// `true` when some receiver is alive.
+    pub fn has_subscribers(&self) -> bool {
+        self.0.receiver_count() > 0
+    }
+}
+
+impl Default for WakeupSender {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The drain path of a store.
+///
+/// Every write to a claimed message applies only while `claim_token` owns it
+/// and its lease is live (`locked_until > now`); otherwise it fails with
+/// [`Error::Claim`], the one error the runtime treats as confirmed loss.
+pub trait OutboxStore: Send + Sync + 'static {
+    /// Store a new message; returns its id. An existing id is reported as
+    /// [`Error::DuplicateId`] and the stored message is left untouched.
+    fn enqueue(&self, message: NewMessage) -> impl Future<Output = Result<String>> + Send;
+
+    /// Claim eligible messages; see [`ClaimBatch`].
+    fn claim_batch(&self, params: ClaimBatch) -> impl Future<Output = Result<ClaimedBatch>> + Send;
+
+    /// Extend a live claim; returns the new `locked_until`.
+    fn renew_claim(
+        &self,
+        params: RenewClaim,
+    ) -> impl Future<Output = Result<DateTime<Utc>>> + Send;
+
+    /// Settle as delivered: `delivered_at = now`, claim cleared.
+    fn mark_delivered(&self, params: MarkDelivered) -> impl Future<Output = Result<()>> + Send;
+
+    /// Settle as failed: dead-lettered, or pending at `retry_at`; claim cleared.
+    fn mark_failed(&self, params: MarkFailed) -> impl Future<Output = Result<()>> + Send;
+
+    /// Give a claim back unsettled; see [`ReleaseClaim`].
+    fn release_claim(&self, params: ReleaseClaim) -> impl Future<Output = Result<()>> + Send;
+
+    /// Wake-ups on committed inserts, when the store can tell.
+    fn wakeups(&self) -> Option<Wakeups> {
+        None
+    }
+}
+
+/// Counts per status and the health figures an operator looks at first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OutboxStats {
+    /// Messages waiting (due or not).
+    pub pending: u64,
+    /// Messages under a claim (live or expired).
+    pub claimed: u64,
+    /// Messages delivered.
+    pub delivered: u64,
+    /// Messages dead-lettered.
+    pub dead_lettered: u64,
+    /// Claimed messages whose lease is still live at `now`.
+    pub live_claims: u64,
+    /// Claimed messages whose lease ran out (their worker is gone or stuck).
+    pub expired_claims: u64,
+    /// `available_at` of the oldest pending message that is due.
+    pub oldest_due_at: Option<DateTime<Utc>>,
+}
+
+impl OutboxStats {
+    /// The count for one status.
+    pub fn count(&self, status: MessageStatus) -> u64 {
+        match status {
+            MessageStatus::Pending => self.pending,
+            MessageStatus::Claimed => self.claimed,
+            MessageStatus::Delivered => self.delivered,
+            MessageStatus::DeadLettered => self.dead_lettered,
+        }
+    }
+
+    /// All messages.
+    pub fn total(&self) -> u64 {
+        self.pending + self.claimed + self.delivered + self.dead_lettered
+    }
+}
+
+/// One page of a listing, oldest first.
+#[derive(Debug, Clone)]
+pub struct ListMessages {
+    /// Only this status, if set.
+    pub status: Option<MessageStatus>,
+    /// Only this name, if set.
+    pub name: Option<String>,
+    /// Page size; 1 to 10 000.
+    pub limit: usize,
+    /// Continue after this cursor (from the previous page's `next`).
+    pub after: Option<ListCursor>,
+}
+
+impl Default for ListMessages {
+    fn default() -> Self {
+        ListMessages {
+            status: None,
+            name: None,
+            limit: 100,
+            after: None,
+        }
+    }
+}
+
+/// A position in a listing: `(created_at, id)` of the last message seen.
+/// Stable under inserts and deletes, unlike an offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCursor {
+    /// `created_at` of the last message on the previous page.
+    pub created_at: DateTime<Utc>,
+    /// `id` of the last message on the previous page.
+    pub id: String,
+}
+
+/// A page of messages and where the next page starts.
+#[derive(Debug, Clone)]
+pub struct MessagePage {
+    /// The messages, ordered by `(created_at, id)`.
+    pub messages: Vec<OutboxMessage>,
+    /// The cursor for the next page; `None` on the last page.
+    pub next: Option<ListCursor>,
+}
+
+/// Requeue dead letters: pending, available `now`, attempts reset to 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequeueDeadLetters {
+    /// One message by id; `None` for all dead letters (of `name`, if set).
+    pub id: Option<String>,
+    /// Only dead letters with this name, when requeueing all.
+    pub name: Option<String>,
+    /// The caller's clock.
+    pub now: DateTime<Utc>,
+}
+
+/// Delete terminal messages that settled before a horizon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeMessages {
+    /// `Delivered` or `DeadLettered`; `None` for both. Anything else is refused.
+    pub status: Option<MessageStatus>,
+    /// Only messages whose last change (`updated_at`) is before this.
+    pub older_than: DateTime<Utc>,
+}
+
+/// The operator path of a store.
+pub trait OutboxAdmin: Send + Sync + 'static {
+    /// Counts per status, live and expired claims, oldest due message.
+    fn stats(&self, now: DateTime<Utc>) -> impl Future<Output = Result<OutboxStats>> + Send;
+
+    /// One page of messages, oldest first, filtered by status and name.
+    fn list_messages(
+        &self,
+        params: ListMessages,
+    ) -> impl Future<Output = Result<MessagePage>> + Send;
+
+    /// One message by id; [`Error::NotFound`] when there is none.
+    fn get_message(&self, id: &str) -> impl Future<Output = Result<OutboxMessage>> + Send;
+
+    /// Requeue one dead letter, or all of them (of one name); returns how many.
+    /// A message under a live claim is refused with [`AdminError::ClaimLive`],
+    /// any other non-dead-lettered message with [`AdminError::NotDeadLettered`].
+    fn requeue_dead_letters(
+        &self,
+        params: RequeueDeadLetters,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Delete terminal messages settled before the horizon; returns how many.
+    /// Pending and claimed messages are never touched; asking for them is
+    /// refused with [`AdminError::UnsafePurge`].
+    fn purge(&self, params: PurgeMessages) -> impl Future<Output = Result<u64>> + Send;
+}
+
+/// [`OutboxStore`] behind a pointer, for the runtime, which picks its store
+/// at run time. Implemented for every `OutboxStore`.
+pub trait DynOutboxStore: Send + Sync + 'static {
+    /// See [`OutboxStore::enqueue`].
+    fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<String>>;
+    /// See [`OutboxStore::claim_batch`].
+    fn claim_batch(&self, params: ClaimBatch) -> BoxFuture<'_, Result<ClaimedBatch>>;
+    /// See [`OutboxStore::renew_claim`].
+    fn renew_claim(&self, params: RenewClaim) -> BoxFuture<'_, Result<DateTime<Utc>>>;
+    /// See [`OutboxStore::mark_delivered`].
+    fn mark_delivered(&self, params: MarkDelivered) -> BoxFuture<'_, Result<()>>;
+    /// See [`OutboxStore::mark_failed`].
+    fn mark_failed(&self, params: MarkFailed) -> BoxFuture<'_, Result<()>>;
+    /// See [`OutboxStore::release_claim`].
+    fn release_claim(&self, params: ReleaseClaim) -> BoxFuture<'_, Result<()>>;
+    /// See [`OutboxStore::wakeups`].
+    fn wakeups(&self) -> Option<Wakeups>;
+}
+
+impl<S: OutboxStore> DynOutboxStore for S {
+    fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<String>> {
+        Box::pin(OutboxStore::enqueue(self, message))
+    }
+    fn claim_batch(&self, params: ClaimBatch) -> BoxFuture<'_, Result<ClaimedBatch>> {
+        Box::pin(OutboxStore::claim_batch(self, params))
+    }
+    fn renew_claim(&self, params: RenewClaim) -> BoxFuture<'_, Result<DateTime<Utc>>> {
+        Box::pin(OutboxStore::renew_claim(self, params))
+    }
+    fn mark_delivered(&self, params: MarkDelivered) -> BoxFuture<'_, Result<()>> {
+        Box::pin(OutboxStore::mark_delivered(self, params))
+    }
+    fn mark_failed(&self, params: MarkFailed) -> BoxFuture<'_, Result<()>> {
+        Box::pin(OutboxStore::mark_failed(self, params))
+    }
+    fn release_claim(&self, params: ReleaseClaim) -> BoxFuture<'_, Result<()>> {
+        Box::pin(OutboxStore::release_claim(self, params))
+    }
+    fn wakeups(&self) -> Option<Wakeups> {
+        OutboxStore::wakeups(self)
+    }
+}
+
+/// A store shared by the runtime's actors.
+pub type SharedStore = Arc<dyn DynOutboxStore>;
+
+/// `now + lease`, or an input error when that leaves the calendar.
+pub fn lease_end(now: DateTime<Utc>, lease: Duration) -> Result<DateTime<Utc>> {
+    chrono::Duration::from_std(lease)
+        .ok()
+        .and_then(|lease| now.checked_add_signed(lease))
+        .ok_or_else(|| Error::invalid("lease", "is too long to add to now"))
+}
+
+/// Input checks every store runs before touching anything, so invalid
+/// parameters are refused the same way everywhere and change nothing.
+pub mod check {
+    use super::*;
+
+    /// `limit >= 1`, `lease > 0`.
+    pub fn claim_batch(params: &ClaimBatch) -> Result<()> {
+        if params.limit == 0 {
+            return Err(Error::invalid("limit", "must be at least 1"));
+        }
+        positive_lease(params.lease)
+    }
+
+    /// A lease longer than zero.
+    pub fn positive_lease(lease: Duration) -> Result<()> {
+        if lease.is_zero() {
+            return Err(Error::invalid("lease", "must be longer than zero"));
+        }
+        if lease > crate::config::MAX_DURATION {
+            return Err(Error::invalid("lease", "must be at most one year"));
+        }
+        Ok(())
+    }
+
+    /// Non-empty id and claim token.
+    pub fn fence(id: &str, claim_token: &str) -> Result<()> {
+        if id.is_empty() {
+            return Err(Error::invalid("id", "must not be empty"));
+        }
+        if claim_token.is_empty() {
+            return Err(Error::invalid("claim_token", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    /// `1 <= limit <= 10 000`.
+    pub fn list(params: &ListMessages) -> Result<()> {
+        if params.limit == 0 || params.limit > 10_000 {
+            return Err(Error::invalid("limit", "must be between 1 and 10000"));
+        }
+        Ok(())
+    }
+
+    /// Only terminal statuses may be purged.
+    pub fn purge(params: &PurgeMessages) -> Result<()> {
+        match params.status {
+            Some(status) if !status.is_terminal() => Err(AdminError::UnsafePurge { status }.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// A requeue names one id, or a set by name, not both.
+    pub fn requeue(params: &RequeueDeadLetters) -> Result<()> {
+        if params.id.as_deref().is_some_and(str::is_empty) {
+            return Err(Error::invalid("id", "must not be empty"));
+        }
+        if params.id.is_some() && params.name.is_some() {
+            return Err(Error::invalid(
+                "name",
+                "cannot be combined with an id; requeue one message or a set by name",
+            ));
+        }
+        Ok(())
+    }
+}
