@@ -10,10 +10,10 @@ use super::{
     OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters,
     WakeupSender, Wakeups, check, lease_end,
 };
-use crate::error::{
-    AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, Result,
+use crate::error::{AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, Result};
+use crate::message::{
+    ClaimedMessage, ErrorRecord, MessageStatus, NewMessage, OutboxMessage, new_claim_token,
 };
-use crate::message::{ClaimedMessage, ErrorRecord, MessageStatus, NewMessage, OutboxMessage, new_claim_token};
 use crate::store::ListCursor;
 
 /// An outbox held in process memory. Cheap to clone; clones share the data.
@@ -223,7 +223,10 @@ impl MemoryOutbox {
         }
         let mut batch = ClaimedBatch::default();
         for id in selected {
-            let stored = state.messages.get_mut(&id).expect("selected message exists");
+            let stored = state
+                .messages
+                .get_mut(&id)
+                .expect("selected message exists");
             let message = &mut stored.message;
             if message.attempts >= message.max_attempts {
                 message.last_error = Some(ErrorRecord::from_error(&AbandonedClaimError {
@@ -271,7 +274,11 @@ impl MemoryOutbox {
         let locked_until = lease_end(params.now, params.lease)?;
         let mut state = self.lock();
         let id = state.fenced(&params.id, &params.claim_token, params.now)?;
-        let message = &mut state.messages.get_mut(&id).expect("fenced message exists").message;
+        let message = &mut state
+            .messages
+            .get_mut(&id)
+            .expect("fenced message exists")
+            .message;
         message.locked_until = Some(locked_until);
         message.updated_at = params.now;
         Ok(locked_until)
@@ -283,7 +290,11 @@ impl MemoryOutbox {
         let id = state.fenced(&params.id, &params.claim_token, params.now)?;
         let available_at = state.messages[&id].message.available_at;
         state.settle(&id, MessageStatus::Delivered, available_at, params.now);
-        let message = &mut state.messages.get_mut(&id).expect("settled message exists").message;
+        let message = &mut state
+            .messages
+            .get_mut(&id)
+            .expect("settled message exists")
+            .message;
         message.delivered_at = Some(params.now);
         Ok(())
     }
@@ -296,10 +307,17 @@ impl MemoryOutbox {
             let current = state.messages[&id].message.available_at;
             (MessageStatus::DeadLettered, current)
         } else {
-            (MessageStatus::Pending, params.retry_at.unwrap_or(params.now))
+            (
+                MessageStatus::Pending,
+                params.retry_at.unwrap_or(params.now),
+            )
         };
         state.settle(&id, status, available_at, params.now);
-        let message = &mut state.messages.get_mut(&id).expect("settled message exists").message;
+        let message = &mut state
+            .messages
+            .get_mut(&id)
+            .expect("settled message exists")
+            .message;
         message.last_error = Some(params.error.bounded());
         Ok(())
     }
@@ -309,7 +327,11 @@ impl MemoryOutbox {
         let mut state = self.lock();
         let id = state.fenced(&params.id, &params.claim_token, params.now)?;
         state.settle(&id, MessageStatus::Pending, params.now, params.now);
-        let message = &mut state.messages.get_mut(&id).expect("released message exists").message;
+        let message = &mut state
+            .messages
+            .get_mut(&id)
+            .expect("released message exists")
+            .message;
         message.attempts = message.attempts.saturating_sub(1);
         Ok(())
     }
@@ -345,7 +367,9 @@ impl MemoryOutbox {
         check::list(&params)?;
         let state = self.lock();
         let start = match &params.after {
-            Some(cursor) => std::ops::Bound::Excluded((cursor.created_at, Arc::from(cursor.id.as_str()))),
+            Some(cursor) => {
+                std::ops::Bound::Excluded((cursor.created_at, Arc::from(cursor.id.as_str())))
+            }
             None => std::ops::Bound::Unbounded,
         };
         let mut messages = Vec::new();
@@ -353,7 +377,10 @@ impl MemoryOutbox {
         for (_, id) in state.listing.range((start, std::ops::Bound::Unbounded)) {
             let message = &state.messages[id].message;
             if params.status.is_some_and(|status| status != message.status)
-                || params.name.as_deref().is_some_and(|name| name != message.name)
+                || params
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| name != message.name)
             {
                 continue;
             }
@@ -413,7 +440,10 @@ impl MemoryOutbox {
                 .iter()
                 .filter(|(_, stored)| {
                     stored.message.status == MessageStatus::DeadLettered
-                        && params.name.as_deref().is_none_or(|name| name == stored.message.name)
+                        && params
+                            .name
+                            .as_deref()
+                            .is_none_or(|name| name == stored.message.name)
                 })
                 .map(|(id, _)| id.clone())
                 .collect(),

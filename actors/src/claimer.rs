@@ -1,0 +1,273 @@
+//! `Claimer`: fills delivery slots for one pass.
+//!
+//! It claims only as many messages as there are free slots (never past the
+//! pass's remaining budget), starts one [`DeliveryActor`] per claimed
+//! message, and refills a slot as soon as it frees rather than waiting for a
+//! whole wave to finish. One claim is in flight at a time; slots that free
+//! while it runs are filled by the next, so a slow store gets larger batches
+//! on its own. Messages dead-lettered at claim (attempts used up) are
+//! reported as dead letters. The pass ends when the budget is spent, a
+//! claim returns nothing, or claiming fails, and every delivery it started
+//! has reported.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use outbox::{ClaimBatch, ClaimedBatch, ReleaseClaim};
+
+use crate::context::DrainContext;
+use crate::coordinator::{Claimed, ClaimerDone, DrainCoordinator};
+use crate::delivery::{Abort, DeliveryActor, Reporter};
+use crate::messages::DeadLetter;
+use crate::telemetry;
+
+/// A delivery finished (or died); its slot is free.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct SlotFreed {
+    pub(crate) slot: u64,
+}
+
+/// Stop claiming; abort deliveries still running after `grace`.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct WindDown {
+    pub(crate) grace: Duration,
+}
+
+pub(crate) struct Claimer {
+    drain: Arc<DrainContext>,
+    coordinator: Addr<DrainCoordinator>,
+    pass: u64,
+    /// Where deliveries run: round-robin over these, or the current arbiter.
+    arbiters: Arc<[ArbiterHandle]>,
+    next_arbiter: usize,
+    /// Messages this pass may still select (claimed plus abandoned).
+    budget: usize,
+    active: HashMap<u64, Addr<DeliveryActor>>,
+    next_slot: u64,
+    dispatched: u64,
+    claiming: bool,
+    exhausted: bool,
+    winding_down: bool,
+    /// The shutdown grace is over: every delivery, even one started by a
+    /// claim that was in flight, is aborted.
+    aborting: bool,
+    error: Option<outbox::Error>,
+}
+
+impl Claimer {
+    pub(crate) fn new(
+        drain: Arc<DrainContext>,
+        coordinator: Addr<DrainCoordinator>,
+        pass: u64,
+        arbiters: Arc<[ArbiterHandle]>,
+    ) -> Self {
+        Claimer {
+            budget: drain.config.batch_size,
+            drain,
+            coordinator,
+            pass,
+            arbiters,
+            next_arbiter: 0,
+            active: HashMap::new(),
+            next_slot: 0,
+            dispatched: 0,
+            claiming: false,
+            exhausted: false,
+            winding_down: false,
+            aborting: false,
+            error: None,
+        }
+    }
+
+    fn fill(&mut self, ctx: &mut Context<Self>) {
+        if self.claiming || self.exhausted || self.winding_down || self.budget == 0 {
+            return;
+        }
+        let free = self
+            .drain
+            .config
+            .concurrency
+            .saturating_sub(self.active.len());
+        if free == 0 {
+            return;
+        }
+        let limit = free.min(self.budget);
+        self.claiming = true;
+        let drain = self.drain.clone();
+        let claim = async move {
+            let lease = drain.config.lease;
+            let call = drain.store.claim_batch(ClaimBatch {
+                limit,
+                now: drain.now(),
+                lease,
+            });
+            // A claim that outlives a lease is useless even if it succeeds:
+            // every lease it took would already be over.
+            match tokio::time::timeout(lease, call).await {
+                Ok(result) => result,
+                Err(_) => Err(outbox::Error::Timeout {
+                    operation: "claim_batch",
+                    timeout: lease,
+                }),
+            }
+        };
+        ctx.spawn(claim.into_actor(self).map(move |result, act, ctx| {
+            act.claimed(limit, result, ctx);
+        }));
+    }
+
+    fn claimed(
+        &mut self,
+        limit: usize,
+        result: outbox::Result<ClaimedBatch>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.claiming = false;
+        match result {
+            Err(error) => {
+                tracing::warn!(target: "outbox", event = "outbox.claim_failed", %error,
+                    "outbox claim failed; this pass stops claiming");
+                self.stop_claiming(error);
+            }
+            Ok(batch) if batch.len() > limit => {
+                let error = outbox::Error::StoreContract(format!(
+                    "claim_batch returned {} messages for a limit of {limit}",
+                    batch.len()
+                ));
+                tracing::error!(target: "outbox", event = "outbox.claim_failed", %error);
+                self.stop_claiming(error);
+                // Give back what it took, so those messages need not wait out
+                // a lease; the pass ends once that is done.
+                self.claiming = true;
+                let release = release_all(self.drain.clone(), batch);
+                ctx.spawn(release.into_actor(self).map(|(), act, ctx| {
+                    act.claiming = false;
+                    act.finish_if_done(ctx);
+                }));
+            }
+            Ok(batch) if batch.is_empty() => self.exhausted = true,
+            Ok(batch) => {
+                self.budget -= batch.len();
+                let claimed = batch.claimed.len() as u64;
+                let abandoned: Vec<DeadLetter> = batch
+                    .dead_lettered
+                    .iter()
+                    .map(DeadLetter::abandoned)
+                    .collect();
+                self.coordinator.do_send(Claimed {
+                    pass: self.pass,
+                    claimed,
+                    abandoned: abandoned.clone(),
+                });
+                // Start deliveries before running abandoned-message observers,
+                // so fresh claims get their heartbeats as early as possible.
+                for message in batch.claimed {
+                    self.start_delivery(message, ctx);
+                }
+                for dead_letter in &abandoned {
+                    telemetry::dead_lettered(dead_letter);
+                    self.drain.observe("on_dead_letter", |observer| {
+                        observer.on_dead_letter(dead_letter)
+                    });
+                }
+                self.fill(ctx);
+            }
+        }
+        self.finish_if_done(ctx);
+    }
+
+    fn stop_claiming(&mut self, error: outbox::Error) {
+        self.exhausted = true;
+        self.error.get_or_insert(error);
+    }
+
+    fn start_delivery(&mut self, message: outbox::ClaimedMessage, ctx: &mut Context<Self>) {
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        self.dispatched += 1;
+        let reporter = Reporter::new(
+            self.pass,
+            slot,
+            self.coordinator.clone().recipient(),
+            ctx.address().recipient(),
+            Arc::new(message),
+        );
+        let drain = self.drain.clone();
+        let address = if self.arbiters.is_empty() {
+            DeliveryActor::new(drain, reporter).start()
+        } else {
+            let arbiter = &self.arbiters[self.next_arbiter % self.arbiters.len()];
+            self.next_arbiter = self.next_arbiter.wrapping_add(1);
+            DeliveryActor::start_in_arbiter(arbiter, move |_| DeliveryActor::new(drain, reporter))
+        };
+        if self.aborting {
+            address.do_send(Abort);
+        }
+        self.active.insert(slot, address);
+    }
+
+    fn finish_if_done(&mut self, ctx: &mut Context<Self>) {
+        let done_claiming = self.exhausted || self.winding_down || self.budget == 0;
+        if !self.claiming && done_claiming && self.active.is_empty() {
+            self.coordinator.do_send(ClaimerDone {
+                pass: self.pass,
+                dispatched: self.dispatched,
+                error: self.error.take(),
+            });
+            ctx.stop();
+        }
+    }
+}
+
+/// Release every claim of `batch`, each bounded by the lease.
+async fn release_all(drain: Arc<DrainContext>, batch: ClaimedBatch) {
+    let releases = batch.claimed.into_iter().map(|message| {
+        let drain = drain.clone();
+        async move {
+            let call = drain.store.release_claim(ReleaseClaim {
+                id: message.id,
+                claim_token: message.claim_token,
+                now: drain.now(),
+            });
+            let _ = tokio::time::timeout(drain.config.lease, call).await;
+        }
+    });
+    futures_util::future::join_all(releases).await;
+}
+
+impl Actor for Claimer {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.fill(ctx);
+    }
+}
+
+impl Handler<SlotFreed> for Claimer {
+    type Result = ();
+
+    fn handle(&mut self, freed: SlotFreed, ctx: &mut Context<Self>) {
+        self.active.remove(&freed.slot);
+        self.fill(ctx);
+        self.finish_if_done(ctx);
+    }
+}
+
+impl Handler<WindDown> for Claimer {
+    type Result = ();
+
+    fn handle(&mut self, wind_down: WindDown, ctx: &mut Context<Self>) {
+        self.winding_down = true;
+        ctx.run_later(wind_down.grace, |act, _| {
+            act.aborting = true;
+            for delivery in act.active.values() {
+                delivery.do_send(Abort);
+            }
+        });
+        self.finish_if_done(ctx);
+    }
+}

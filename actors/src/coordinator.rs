@@ -1,0 +1,603 @@
+//! `DrainCoordinator`: the long-lived actor an application talks to.
+//!
+//! One per outbox. It owns the configuration, store, registry, transports,
+//! observers and subscribers; runs passes on [`Drain`] (never two at once:
+//! Drains that arrive during a pass are coalesced into one follow-up pass and
+//! all get its report), on its own schedule (ticks that find a pass running
+//! are skipped) and on wake-ups from the store; tallies each pass from the
+//! outcome messages of its deliveries; and fans notifications out to
+//! subscribers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use outbox::{
+    Clock, DrainConfig, EventBus, JobDispatcher, MessageKind, OutboxStore, Registry, RetryPolicy,
+    SharedClock, SharedStore, SystemClock,
+};
+use tokio::sync::oneshot;
+
+use crate::claimer::{Claimer, WindDown};
+use crate::context::{DrainContext, DrainObserver};
+use crate::error::{Error, Result};
+use crate::messages::{DeadLetter, DrainReport, LeaseLost, Notice, Outcome, OutcomeNotice};
+use crate::telemetry;
+
+/// Run a drain pass and answer with its report.
+///
+/// If a pass is running, this joins the one follow-up pass that starts when
+/// it ends (however many Drains arrive meanwhile) and answers with that
+/// report.
+#[derive(Debug, Clone, Copy, Default, Message)]
+#[rtype(result = "Result<DrainReport>")]
+pub struct Drain;
+
+/// Register a subscriber for notifications.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub enum Subscribe {
+    /// Every lease failure: lost, recovered or degraded.
+    LeaseLost(Recipient<LeaseLost>),
+    /// Settlement failures and dead letters.
+    Outcomes(Recipient<OutcomeNotice>),
+}
+
+/// Stop: claim nothing more, let deliveries in flight finish within `grace`,
+/// abort the rest and release their claims, then stop the coordinator.
+/// Answers with the report of the pass it interrupted (empty if none ran).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "DrainReport")]
+pub struct Shutdown {
+    /// How long deliveries in flight may still run.
+    pub grace: Duration,
+}
+
+/// Ask what the coordinator is doing.
+#[derive(Debug, Clone, Copy, Default, Message)]
+#[rtype(result = "CoordinatorStatus")]
+pub struct GetStatus;
+
+/// What [`GetStatus`] answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct CoordinatorStatus {
+    /// A pass is running.
+    pub running: bool,
+    /// A follow-up pass is queued behind the running one.
+    pub follow_up_queued: bool,
+    /// Passes finished since start.
+    pub passes: u64,
+    /// The report of the last finished pass.
+    pub last_report: Option<DrainReport>,
+    /// Totals over every finished pass.
+    pub totals: DrainReport,
+    /// Shutdown has begun.
+    pub shutting_down: bool,
+}
+
+/// A delivery's one outcome and what subscribers should hear of it.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct DeliveryFinished {
+    pub(crate) pass: u64,
+    pub(crate) outcome: Outcome,
+    pub(crate) notices: Vec<Notice>,
+}
+
+/// A claim of the running pass: how many were claimed, and the abandoned
+/// messages it dead-lettered.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct Claimed {
+    pub(crate) pass: u64,
+    pub(crate) claimed: u64,
+    pub(crate) abandoned: Vec<DeadLetter>,
+}
+
+/// The claimer of a pass stopped: it started `dispatched` deliveries.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct ClaimerDone {
+    pub(crate) pass: u64,
+    pub(crate) dispatched: u64,
+    pub(crate) error: Option<outbox::Error>,
+}
+
+/// A store wake-up: something was committed.
+struct Wake;
+
+type Waiter = oneshot::Sender<Result<DrainReport>>;
+
+struct Pass {
+    id: u64,
+    claimer: Addr<Claimer>,
+    report: DrainReport,
+    finished: u64,
+    /// Known once the claimer is done; the pass ends when every one of them
+    /// has reported (reports and `ClaimerDone` may arrive in any order).
+    dispatched: Option<u64>,
+    error: Option<outbox::Error>,
+    waiters: Vec<Waiter>,
+}
+
+/// The coordinator actor. Build one with [`DrainCoordinator::builder`].
+pub struct DrainCoordinator {
+    drain: Arc<DrainContext>,
+    arbiters: Vec<Arbiter>,
+    arbiter_handles: Arc<[ArbiterHandle]>,
+    wake_on_insert: bool,
+    lease_subscribers: Vec<Recipient<LeaseLost>>,
+    outcome_subscribers: Vec<Recipient<OutcomeNotice>>,
+    pass: Option<Pass>,
+    next_pass: u64,
+    /// Waiters of the follow-up pass; `Some` (even empty) means one is due.
+    follow_up: Option<Vec<Waiter>>,
+    /// `Some` once shutdown began: who waits for it to complete.
+    shutdown: Option<Vec<oneshot::Sender<DrainReport>>>,
+    background: Vec<SpawnHandle>,
+    passes: u64,
+    last_report: Option<DrainReport>,
+    totals: DrainReport,
+}
+
+impl std::fmt::Debug for DrainCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DrainCoordinator")
+            .field("config", &self.drain.config)
+            .field("registry", &self.drain.registry)
+            .field("running", &self.pass.is_some())
+            .field("passes", &self.passes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DrainCoordinator {
+    /// Start building a coordinator over `store`.
+    pub fn builder(store: impl OutboxStore) -> DrainCoordinatorBuilder {
+        Self::builder_shared(Arc::new(store))
+    }
+
+    /// Start building a coordinator over a store already behind a pointer.
+    pub fn builder_shared(store: SharedStore) -> DrainCoordinatorBuilder {
+        DrainCoordinatorBuilder {
+            store,
+            registry: Registry::default(),
+            events: None,
+            jobs: None,
+            config: DrainConfig::default(),
+            clock: Arc::new(SystemClock),
+            observers: Vec::new(),
+            wake_on_insert: true,
+            lease_subscribers: Vec::new(),
+            outcome_subscribers: Vec::new(),
+        }
+    }
+
+    /// Refuse a pass, before claiming anything, when registered messages have
+    /// no transport: claiming them would only burn their attempts.
+    fn check_transports(&self) -> outbox::Result<()> {
+        let registry = &self.drain.registry;
+        let missing = [
+            (MessageKind::Event, self.drain.events.is_none(), "event bus"),
+            (
+                MessageKind::Job,
+                self.drain.jobs.is_none(),
+                "job dispatcher",
+            ),
+        ];
+        for (kind, absent, transport) in missing {
+            if absent && !registry.names(kind).is_empty() {
+                return Err(outbox::Error::MissingTransport {
+                    kind,
+                    transport,
+                    names: registry.names(kind).join(", "),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn start_pass(&mut self, waiters: Vec<Waiter>, ctx: &mut Context<Self>) {
+        if let Err(error) = self.check_transports() {
+            tracing::error!(target: "outbox", event = "outbox.pass_refused", %error);
+            for waiter in waiters {
+                let _ = waiter.send(Err(error.clone().into()));
+            }
+            return;
+        }
+        let id = self.next_pass;
+        self.next_pass += 1;
+        let claimer = Claimer::new(
+            self.drain.clone(),
+            ctx.address(),
+            id,
+            self.arbiter_handles.clone(),
+        )
+        .start();
+        self.pass = Some(Pass {
+            id,
+            claimer,
+            report: DrainReport::default(),
+            finished: 0,
+            dispatched: None,
+            error: None,
+            waiters,
+        });
+    }
+
+    /// Start a pass now if idle, else make sure one follows the running pass.
+    fn request_pass(&mut self, waiter: Option<Waiter>, ctx: &mut Context<Self>) {
+        if self.pass.is_some() {
+            self.follow_up.get_or_insert_with(Vec::new).extend(waiter);
+        } else {
+            self.start_pass(waiter.into_iter().collect(), ctx);
+        }
+    }
+
+    fn current(&mut self, pass: u64) -> Option<&mut Pass> {
+        self.pass.as_mut().filter(|current| current.id == pass)
+    }
+
+    fn end_pass_if_done(&mut self, ctx: &mut Context<Self>) {
+        let done = self
+            .pass
+            .as_ref()
+            .is_some_and(|pass| pass.dispatched == Some(pass.finished));
+        if !done {
+            return;
+        }
+        let pass = self.pass.take().expect("a finished pass exists");
+        let report = pass.report;
+        telemetry::pass_finished(&report);
+        self.passes += 1;
+        self.last_report = Some(report);
+        add_reports(&mut self.totals, &report);
+        let result = match pass.error {
+            None => Ok(report),
+            Some(source) => Err(Error::Pass {
+                source,
+                report: Box::new(report),
+            }),
+        };
+        for waiter in pass.waiters {
+            let _ = waiter.send(result.clone());
+        }
+        if let Some(waiters) = self.shutdown.take() {
+            for waiter in waiters {
+                let _ = waiter.send(report);
+            }
+            self.shutdown = Some(Vec::new());
+            ctx.stop();
+        } else if let Some(waiters) = self.follow_up.take() {
+            self.start_pass(waiters, ctx);
+        }
+    }
+
+    fn notify(&mut self, notice: Notice) {
+        match notice {
+            Notice::Lease(failure) => {
+                self.lease_subscribers
+                    .retain(|subscriber| subscriber.connected());
+                for subscriber in &self.lease_subscribers {
+                    subscriber.do_send(failure.clone());
+                }
+            }
+            Notice::Outcome(outcome) => {
+                self.outcome_subscribers
+                    .retain(|subscriber| subscriber.connected());
+                for subscriber in &self.outcome_subscribers {
+                    subscriber.do_send(outcome.clone());
+                }
+            }
+        }
+    }
+}
+
+fn add_reports(total: &mut DrainReport, pass: &DrainReport) {
+    total.claimed += pass.claimed;
+    total.delivered += pass.delivered;
+    total.retried += pass.retried;
+    total.dead_lettered += pass.dead_lettered;
+    total.abandoned_dead_lettered += pass.abandoned_dead_lettered;
+    total.settlement_failed += pass.settlement_failed;
+    total.lease_lost += pass.lease_lost;
+    total.released += pass.released;
+}
+
+impl Actor for DrainCoordinator {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        if let Some(every) = self.drain.config.every {
+            // Messages may have waited while no worker ran: drain at once,
+            // then on every tick that finds the coordinator idle.
+            self.request_pass(None, ctx);
+            self.background.push(ctx.run_interval(every, |act, ctx| {
+                if act.pass.is_none() && act.shutdown.is_none() {
+                    act.start_pass(Vec::new(), ctx);
+                } else {
+                    tracing::trace!(target: "outbox", "outbox drain tick skipped: a pass is running");
+                }
+            }));
+        }
+        if self.wake_on_insert
+            && let Some(wakeups) = self.drain.store.wakeups()
+        {
+            let stream = futures_util::stream::unfold(wakeups, |mut wakeups| async move {
+                wakeups.changed().await.then_some((Wake, wakeups))
+            });
+            self.background.push(ctx.add_stream(stream));
+        }
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        for arbiter in &self.arbiters {
+            arbiter.stop();
+        }
+        for waiter in self.follow_up.take().into_iter().flatten() {
+            let _ = waiter.send(Err(Error::Stopped));
+        }
+    }
+}
+
+impl StreamHandler<Wake> for DrainCoordinator {
+    fn handle(&mut self, _: Wake, ctx: &mut Context<Self>) {
+        if self.shutdown.is_none() {
+            self.request_pass(None, ctx);
+        }
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {
+        // The store stopped sending wake-ups; the schedule and explicit
+        // Drains still work, so keep running (the default would stop us).
+    }
+}
+
+impl Handler<Drain> for DrainCoordinator {
+    type Result = ResponseFuture<Result<DrainReport>>;
+
+    fn handle(&mut self, _: Drain, ctx: &mut Context<Self>) -> Self::Result {
+        if self.shutdown.is_some() {
+            return Box::pin(std::future::ready(Err(Error::ShuttingDown)));
+        }
+        let (waiter, answer) = oneshot::channel();
+        self.request_pass(Some(waiter), ctx);
+        Box::pin(async move { answer.await.unwrap_or(Err(Error::Stopped)) })
+    }
+}
+
+impl Handler<Subscribe> for DrainCoordinator {
+    type Result = ();
+
+    fn handle(&mut self, subscribe: Subscribe, _: &mut Context<Self>) {
+        match subscribe {
+            Subscribe::LeaseLost(recipient) => self.lease_subscribers.push(recipient),
+            Subscribe::Outcomes(recipient) => self.outcome_subscribers.push(recipient),
+        }
+    }
+}
+
+impl Handler<Shutdown> for DrainCoordinator {
+    type Result = ResponseFuture<DrainReport>;
+
+    fn handle(&mut self, shutdown: Shutdown, ctx: &mut Context<Self>) -> Self::Result {
+        if self.shutdown.is_none() {
+            self.shutdown = Some(Vec::new());
+            for handle in self.background.drain(..) {
+                ctx.cancel_future(handle);
+            }
+            for waiter in self.follow_up.take().into_iter().flatten() {
+                let _ = waiter.send(Err(Error::ShuttingDown));
+            }
+        }
+        let (waiter, answer) = oneshot::channel();
+        match &self.pass {
+            Some(pass) => {
+                pass.claimer.do_send(WindDown {
+                    grace: shutdown.grace,
+                });
+                self.shutdown.get_or_insert_with(Vec::new).push(waiter);
+            }
+            None => {
+                let _ = waiter.send(DrainReport::default());
+                ctx.stop();
+            }
+        }
+        Box::pin(async move { answer.await.unwrap_or_default() })
+    }
+}
+
+impl Handler<GetStatus> for DrainCoordinator {
+    type Result = MessageResult<GetStatus>;
+
+    fn handle(&mut self, _: GetStatus, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(CoordinatorStatus {
+            running: self.pass.is_some(),
+            follow_up_queued: self.follow_up.is_some(),
+            passes: self.passes,
+            last_report: self.last_report,
+            totals: self.totals,
+            shutting_down: self.shutdown.is_some(),
+        })
+    }
+}
+
+impl Handler<DeliveryFinished> for DrainCoordinator {
+    type Result = ();
+
+    fn handle(&mut self, finished: DeliveryFinished, ctx: &mut Context<Self>) {
+        if let Some(pass) = self.current(finished.pass) {
+            pass.report.add(finished.outcome);
+            pass.finished += 1;
+        }
+        for notice in finished.notices {
+            self.notify(notice);
+        }
+        self.end_pass_if_done(ctx);
+    }
+}
+
+impl Handler<Claimed> for DrainCoordinator {
+    type Result = ();
+
+    fn handle(&mut self, claimed: Claimed, _: &mut Context<Self>) {
+        if let Some(pass) = self.current(claimed.pass) {
+            let abandoned = claimed.abandoned.len() as u64;
+            pass.report.claimed += claimed.claimed;
+            pass.report.dead_lettered += abandoned;
+            pass.report.abandoned_dead_lettered += abandoned;
+        }
+        for dead_letter in claimed.abandoned {
+            self.notify(Notice::Outcome(OutcomeNotice::DeadLettered(dead_letter)));
+        }
+    }
+}
+
+impl Handler<ClaimerDone> for DrainCoordinator {
+    type Result = ();
+
+    fn handle(&mut self, done: ClaimerDone, ctx: &mut Context<Self>) {
+        if let Some(pass) = self.current(done.pass) {
+            pass.dispatched = Some(done.dispatched);
+            pass.error = done.error;
+        }
+        self.end_pass_if_done(ctx);
+    }
+}
+
+/// Configures and starts a [`DrainCoordinator`].
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct DrainCoordinatorBuilder {
+    store: SharedStore,
+    registry: Registry,
+    events: Option<Arc<dyn EventBus>>,
+    jobs: Option<Arc<dyn JobDispatcher>>,
+    config: DrainConfig,
+    clock: SharedClock,
+    observers: Vec<Arc<dyn DrainObserver>>,
+    wake_on_insert: bool,
+    lease_subscribers: Vec<Recipient<LeaseLost>>,
+    outcome_subscribers: Vec<Recipient<OutcomeNotice>>,
+}
+
+impl std::fmt::Debug for DrainCoordinatorBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DrainCoordinatorBuilder")
+            .field("registry", &self.registry)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DrainCoordinatorBuilder {
+    /// The registered events and jobs.
+    pub fn registry(mut self, registry: Registry) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// Where events go.
+    pub fn event_bus(mut self, bus: impl EventBus) -> Self {
+        self.events = Some(Arc::new(bus));
+        self
+    }
+
+    /// Where jobs go.
+    pub fn job_dispatcher(mut self, jobs: impl JobDispatcher) -> Self {
+        self.jobs = Some(Arc::new(jobs));
+        self
+    }
+
+    /// Drain settings (validated by `start`).
+    pub fn config(mut self, config: DrainConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The retry policy for events and for jobs without their own
+    /// (shorthand for setting `config.retry`).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.config.retry = policy;
+        self
+    }
+
+    /// The clock stores get `now` from; [`SystemClock`] unless set.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Add an observer.
+    pub fn observer(mut self, observer: impl DrainObserver) -> Self {
+        self.observers.push(Arc::new(observer));
+        self
+    }
+
+    /// Subscribe `recipient` to lease failures from the start.
+    pub fn subscribe_lease_lost(mut self, recipient: Recipient<LeaseLost>) -> Self {
+        self.lease_subscribers.push(recipient);
+        self
+    }
+
+    /// Subscribe `recipient` to settlement failures and dead letters from the start.
+    pub fn subscribe_outcomes(mut self, recipient: Recipient<OutcomeNotice>) -> Self {
+        self.outcome_subscribers.push(recipient);
+        self
+    }
+
+    /// Start a pass when the store signals a committed insert (default on),
+    /// so a new message does not wait for the next tick.
+    pub fn wake_on_insert(mut self, wake: bool) -> Self {
+        self.wake_on_insert = wake;
+        self
+    }
+
+    fn build(self) -> Result<DrainCoordinator> {
+        self.config.validate().map_err(outbox::Error::from)?;
+        let arbiters: Vec<Arbiter> = (0..self.config.delivery_arbiters)
+            .map(|_| Arbiter::new())
+            .collect();
+        let arbiter_handles = arbiters.iter().map(Arbiter::handle).collect();
+        let heartbeat = self.config.heartbeat();
+        Ok(DrainCoordinator {
+            drain: Arc::new(DrainContext {
+                store: self.store,
+                registry: self.registry,
+                events: self.events,
+                jobs: self.jobs,
+                config: self.config,
+                heartbeat,
+                clock: self.clock,
+                observers: self.observers,
+            }),
+            arbiters,
+            arbiter_handles,
+            wake_on_insert: self.wake_on_insert,
+            lease_subscribers: self.lease_subscribers,
+            outcome_subscribers: self.outcome_subscribers,
+            pass: None,
+            next_pass: 0,
+            follow_up: None,
+            shutdown: None,
+            background: Vec::new(),
+            passes: 0,
+            last_report: None,
+            totals: DrainReport::default(),
+        })
+    }
+
+    /// Validate the configuration and start the coordinator on the current
+    /// arbiter. Must be called inside a running actix system.
+    pub fn start(self) -> Result<Addr<DrainCoordinator>> {
+        Ok(self.build()?.start())
+    }
+
+    /// Validate the configuration and start the coordinator on `arbiter`.
+    pub fn start_in(self, arbiter: &ArbiterHandle) -> Result<Addr<DrainCoordinator>> {
+        let coordinator = self.build()?;
+        Ok(DrainCoordinator::start_in_arbiter(arbiter, move |_| {
+            coordinator
+        }))
+    }
+}

@@ -1,0 +1,584 @@
+//! `DeliveryActor`: delivers one claimed message and settles it.
+//!
+//! One per claimed message, started by the [`Claimer`](crate::claimer::Claimer)
+//! on a delivery arbiter. It decodes the payload, runs the handler (a panic
+//! in it is a delivery failure), starts a child
+//! [`HeartbeatActor`](crate::heartbeat::HeartbeatActor), and owns the
+//! `max_active` timer. Lease loss or `max_active` aborts the delivery: its
+//! future is dropped and nothing is settled. A finished delivery asks the
+//! heartbeat for its final extension, then settles under the claim token
+//! within the same deadline, reports exactly one outcome and stops. If the
+//! actor itself dies, its drop guard reports the message lost and frees the
+//! slot, so the pass still ends.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
+use futures_util::future::LocalBoxFuture;
+use outbox::{
+    ClaimedMessage, Delivery, DeliveryContext, DeliveryError, DeliveryResult, ErrorRecord,
+    LeaseLostError, MarkDelivered, MarkFailed, MaxActiveDurationError, MessageKind, ReleaseClaim,
+};
+use tracing::Instrument;
+
+use crate::claimer::SlotFreed;
+use crate::context::{DrainContext, after, until};
+use crate::coordinator::DeliveryFinished;
+use crate::heartbeat::{Extension, HeartbeatActor, StopAndExtend, StopHeartbeat};
+use crate::messages::{
+    DeadLetter, LeaseLost, LeaseOperation, LeaseState, Notice, Outcome, OutcomeNotice,
+    SettleOperation, SettlementFailed,
+};
+use crate::telemetry;
+
+/// Abort the delivery (shutdown grace is over) and give the claim back.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct Abort;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Delivering,
+    Settling,
+    Done,
+}
+
+/// Reports the one outcome of a delivery; if dropped before reporting (the
+/// actor died), reports the message lost so the slot is freed anyway.
+pub(crate) struct Reporter {
+    pub(crate) pass: u64,
+    pub(crate) slot: u64,
+    pub(crate) coordinator: Recipient<DeliveryFinished>,
+    pub(crate) claimer: Recipient<SlotFreed>,
+    pub(crate) message: Arc<ClaimedMessage>,
+    heartbeat: Option<Addr<HeartbeatActor>>,
+    armed: bool,
+}
+
+impl Reporter {
+    pub(crate) fn new(
+        pass: u64,
+        slot: u64,
+        coordinator: Recipient<DeliveryFinished>,
+        claimer: Recipient<SlotFreed>,
+        message: Arc<ClaimedMessage>,
+    ) -> Self {
+        Reporter {
+            pass,
+            slot,
+            coordinator,
+            claimer,
+            message,
+            heartbeat: None,
+            armed: true,
+        }
+    }
+
+    fn report(&mut self, outcome: Outcome, notices: Vec<Notice>) {
+        self.armed = false;
+        if let Some(heartbeat) = self.heartbeat.take() {
+            heartbeat.do_send(StopHeartbeat);
+        }
+        self.coordinator.do_send(DeliveryFinished {
+            pass: self.pass,
+            outcome,
+            notices,
+        });
+        self.claimer.do_send(SlotFreed { slot: self.slot });
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        if self.armed {
+            // Only message sends here: this may run while unwinding from a
+            // panic, where calling user code could abort the process.
+            let error = LeaseLostError {
+                id: self.message.id.clone(),
+                reason: "its delivery actor stopped unexpectedly".to_owned(),
+                source: None,
+            };
+            let failure = LeaseLost::new(
+                &self.message,
+                LeaseOperation::Renew,
+                LeaseState::Lost,
+                false,
+                error.into(),
+            );
+            tracing::error!(target: "outbox", id = %self.message.id, name = %self.message.name,
+                "outbox delivery actor died; its message is claimable again after its lease");
+            self.report(Outcome::LeaseLost, vec![Notice::Lease(failure)]);
+        }
+    }
+}
+
+pub(crate) struct DeliveryActor {
+    drain: Arc<DrainContext>,
+    message: Arc<ClaimedMessage>,
+    reporter: Reporter,
+    phase: Phase,
+    active_until: DateTime<Utc>,
+    delivery: Option<SpawnHandle>,
+    max_active: Option<SpawnHandle>,
+    span: tracing::Span,
+}
+
+impl DeliveryActor {
+    pub(crate) fn new(drain: Arc<DrainContext>, reporter: Reporter) -> Self {
+        let message = reporter.message.clone();
+        DeliveryActor {
+            span: telemetry::delivery_span(&message),
+            active_until: message.claimed_at,
+            drain,
+            message,
+            reporter,
+            phase: Phase::Delivering,
+            delivery: None,
+            max_active: None,
+        }
+    }
+
+    fn heartbeat(&self) -> Option<&Addr<HeartbeatActor>> {
+        self.reporter.heartbeat.as_ref()
+    }
+
+    /// Stop delivering: drop the handler's future and the `max_active` timer.
+    fn stop_delivering(&mut self, ctx: &mut Context<Self>) {
+        self.phase = Phase::Settling;
+        for handle in [self.delivery.take(), self.max_active.take()]
+            .into_iter()
+            .flatten()
+        {
+            ctx.cancel_future(handle);
+        }
+    }
+
+    fn lost(&mut self, failure: LeaseLost, ctx: &mut Context<Self>) {
+        self.stop_delivering(ctx);
+        if let Some(heartbeat) = self.reporter.heartbeat.take() {
+            heartbeat.do_send(StopHeartbeat);
+        }
+        self.span.in_scope(|| report_lease(&self.drain, &failure));
+        self.finish(Outcome::LeaseLost, vec![Notice::Lease(failure)], ctx);
+    }
+
+    fn delivered(&mut self, result: DeliveryResult, ctx: &mut Context<Self>) {
+        if self.phase != Phase::Delivering {
+            return;
+        }
+        self.delivery = None;
+        self.stop_delivering(ctx);
+        let extension = self
+            .heartbeat()
+            .map(|heartbeat| heartbeat.send(StopAndExtend));
+        let settle = settle_delivery(
+            self.drain.clone(),
+            self.message.clone(),
+            self.active_until,
+            extension,
+            result,
+        );
+        ctx.spawn(
+            settle
+                .instrument(self.span.clone())
+                .into_actor(self)
+                .map(|(outcome, notices), act, ctx| act.finish(outcome, notices, ctx)),
+        );
+    }
+
+    fn finish(&mut self, outcome: Outcome, notices: Vec<Notice>, ctx: &mut Context<Self>) {
+        self.phase = Phase::Done;
+        self.reporter.report(outcome, notices);
+        ctx.stop();
+    }
+}
+
+impl Actor for DeliveryActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let started_at = self.drain.now();
+        self.active_until = after(started_at, self.drain.config.max_active);
+        let heartbeat = HeartbeatActor::new(
+            self.drain.clone(),
+            self.message.clone(),
+            ctx.address().recipient(),
+            self.active_until,
+        )
+        .start();
+        self.reporter.heartbeat = Some(heartbeat);
+
+        let run = deliver(&self.drain, self.message.clone()).instrument(self.span.clone());
+        self.delivery = Some(ctx.spawn(run.into_actor(self).map(|result, act, ctx| {
+            act.delivered(result, ctx);
+        })));
+        self.max_active = Some(ctx.run_later(self.drain.config.max_active, |act, ctx| {
+            act.max_active = None;
+            if act.phase == Phase::Delivering {
+                let error = MaxActiveDurationError {
+                    id: act.message.id.clone(),
+                    max_active: act.drain.config.max_active,
+                };
+                let failure = LeaseLost::new(
+                    &act.message,
+                    LeaseOperation::MaxActive,
+                    LeaseState::Lost,
+                    false,
+                    error.into(),
+                );
+                act.lost(failure, ctx);
+            }
+        }));
+    }
+}
+
+impl Handler<LeaseLost> for DeliveryActor {
+    type Result = ();
+
+    fn handle(&mut self, failure: LeaseLost, ctx: &mut Context<Self>) {
+        // After the delivery finished, the heartbeat's answer to
+        // `StopAndExtend` carries the same failure; only act while delivering.
+        if self.phase == Phase::Delivering {
+            self.lost(failure, ctx);
+        }
+    }
+}
+
+impl Handler<Abort> for DeliveryActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Abort, ctx: &mut Context<Self>) {
+        // A delivery that already finished is settling within its own
+        // deadline; let it.
+        if self.phase != Phase::Delivering {
+            return;
+        }
+        self.stop_delivering(ctx);
+        if let Some(heartbeat) = self.reporter.heartbeat.take() {
+            heartbeat.do_send(StopHeartbeat);
+        }
+        let drain = self.drain.clone();
+        let message = self.message.clone();
+        let release = async move {
+            let call = drain.store.release_claim(ReleaseClaim {
+                id: message.id.clone(),
+                claim_token: message.claim_token.clone(),
+                now: drain.now(),
+            });
+            match tokio::time::timeout(drain.config.lease, call).await {
+                Ok(Ok(())) => {
+                    tracing::info!(target: "outbox", event = "outbox.released", id = %message.id,
+                        name = %message.name, "outbox claim released at shutdown");
+                    Outcome::Released
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(target: "outbox", event = "outbox.release_failed", id = %message.id,
+                        %error, "could not release outbox claim at shutdown; it is claimable after its lease");
+                    Outcome::LeaseLost
+                }
+                Err(_) => {
+                    tracing::warn!(target: "outbox", event = "outbox.release_failed", id = %message.id,
+                        "outbox claim release timed out at shutdown; it is claimable after its lease");
+                    Outcome::LeaseLost
+                }
+            }
+        };
+        ctx.spawn(
+            release
+                .instrument(self.span.clone())
+                .into_actor(self)
+                .map(|outcome, act, ctx| act.finish(outcome, Vec::new(), ctx)),
+        );
+    }
+}
+
+/// Decode and hand the message to its transport. Panics in the transport,
+/// synchronous or inside its future, become delivery errors.
+fn deliver(
+    drain: &DrainContext,
+    message: Arc<ClaimedMessage>,
+) -> LocalBoxFuture<'static, DeliveryResult> {
+    let payload = match drain
+        .registry
+        .decode(message.kind, &message.name, &message.payload)
+    {
+        Ok(payload) => payload,
+        Err(error) => return Box::pin(std::future::ready(Err(outbox::Error::from(error).into()))),
+    };
+    let trace = telemetry::delivery_trace(&message);
+    let delivery = Delivery {
+        payload,
+        context: DeliveryContext::new(message.clone(), trace),
+    };
+    let call = std::panic::catch_unwind(AssertUnwindSafe(|| match message.kind {
+        MessageKind::Event => drain.events.as_ref().map(|bus| bus.publish(delivery)),
+        MessageKind::Job => drain.jobs.as_ref().map(|jobs| jobs.dispatch(delivery)),
+    }));
+    match call {
+        Ok(Some(future)) => Box::pin(
+            AssertUnwindSafe(future)
+                .catch_unwind()
+                .map(|result| result.unwrap_or_else(|panic| Err(DeliveryError::panic(&*panic)))),
+        ),
+        // The capability check before each pass makes this unreachable in
+        // practice: a decodable message has a registration, so a transport.
+        Ok(None) => Box::pin(std::future::ready(Err(DeliveryError::msg(format!(
+            "no transport delivers {} messages",
+            message.kind
+        ))))),
+        Err(panic) => Box::pin(std::future::ready(Err(DeliveryError::panic(&*panic)))),
+    }
+}
+
+fn report_lease(drain: &DrainContext, failure: &LeaseLost) {
+    telemetry::lease(failure);
+    drain.observe("on_lease_error", |observer| {
+        observer.on_lease_error(failure)
+    });
+}
+
+/// The settlement write to make.
+enum Settle {
+    Delivered,
+    Failed {
+        error: ErrorRecord,
+        dead_letter: bool,
+        retry_at: Option<DateTime<Utc>>,
+        retry_delay: Duration,
+    },
+}
+
+impl Settle {
+    fn operation(&self) -> SettleOperation {
+        match self {
+            Settle::Delivered => SettleOperation::MarkDelivered,
+            Settle::Failed { .. } => SettleOperation::MarkFailed,
+        }
+    }
+}
+
+/// Why a settlement did not happen.
+struct Unsettled {
+    error: outbox::Error,
+    claim_lost: bool,
+}
+
+/// Write the outcome under the claim token: up to the configured attempts
+/// with doubling delay, each bounded by `min(locked_until, active_until)`.
+async fn settle(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    locked_until: DateTime<Utc>,
+    active_until: DateTime<Utc>,
+    settle: &Settle,
+) -> Result<(), Unsettled> {
+    let deadline = locked_until.min(active_until);
+    let attempts = drain.config.settlement.attempts;
+    let missed_deadline = || Unsettled {
+        error: LeaseLostError {
+            id: message.id.clone(),
+            reason: format!(
+                "{} did not complete before its settlement deadline",
+                match settle.operation() {
+                    SettleOperation::MarkDelivered => "mark_delivered",
+                    SettleOperation::MarkFailed => "mark_failed",
+                }
+            ),
+            source: None,
+        }
+        .into(),
+        claim_lost: true,
+    };
+    let mut last_error = None;
+    for attempt in 1..=attempts {
+        let now = drain.now();
+        let remaining = until(now, deadline);
+        if remaining.is_zero() {
+            return Err(missed_deadline());
+        }
+        let call = match settle {
+            Settle::Delivered => drain.store.mark_delivered(MarkDelivered {
+                id: message.id.clone(),
+                claim_token: message.claim_token.clone(),
+                now,
+            }),
+            Settle::Failed {
+                error,
+                dead_letter,
+                retry_at,
+                ..
+            } => drain.store.mark_failed(MarkFailed {
+                id: message.id.clone(),
+                claim_token: message.claim_token.clone(),
+                error: error.clone(),
+                dead_letter: *dead_letter,
+                now,
+                retry_at: *retry_at,
+            }),
+        };
+        match tokio::time::timeout(remaining, call).await {
+            Err(_) => return Err(missed_deadline()),
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(error)) if error.is_claim_lost() => {
+                return Err(Unsettled {
+                    error,
+                    claim_lost: true,
+                });
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(target: "outbox", id = %message.id, attempt, %error, "outbox settlement attempt failed");
+                last_error = Some(error);
+            }
+        }
+        let remaining = until(drain.now(), deadline);
+        if attempt >= attempts || remaining.is_zero() {
+            break;
+        }
+        let backoff = drain
+            .config
+            .settlement
+            .delay
+            .saturating_mul(1 << (attempt - 1).min(20));
+        tokio::time::sleep(backoff.min(remaining).max(Duration::from_millis(1))).await;
+    }
+    Err(Unsettled {
+        error: last_error.expect("at least one settlement attempt ran"),
+        claim_lost: false,
+    })
+}
+
+/// Everything after the handler returned: the extension, the settlement,
+/// and the notices, in the reference order.
+async fn settle_delivery(
+    drain: Arc<DrainContext>,
+    message: Arc<ClaimedMessage>,
+    active_until: DateTime<Utc>,
+    extension: Option<Request<HeartbeatActor, StopAndExtend>>,
+    result: DeliveryResult,
+) -> (Outcome, Vec<Notice>) {
+    let extension = match extension {
+        Some(request) => request.await.ok(),
+        None => None,
+    };
+    let extension = extension.unwrap_or_else(|| {
+        let error = LeaseLostError {
+            id: message.id.clone(),
+            reason: "the heartbeat stopped before confirming the lease".to_owned(),
+            source: None,
+        };
+        Extension::Lost(LeaseLost::new(
+            &message,
+            LeaseOperation::Renew,
+            LeaseState::Lost,
+            false,
+            error.into(),
+        ))
+    });
+    let (locked_until, renewal_error, recovered) = match extension {
+        Extension::Lost(failure) => {
+            report_lease(&drain, &failure);
+            return (Outcome::LeaseLost, vec![Notice::Lease(failure)]);
+        }
+        Extension::Held {
+            locked_until,
+            renewal_error,
+            recovered,
+        } => (locked_until, renewal_error, recovered),
+    };
+    let mut notices = Vec::new();
+    let renewal_notice = renewal_error.map(|error| {
+        let state = if recovered {
+            LeaseState::Recovered
+        } else {
+            LeaseState::Degraded
+        };
+        LeaseLost::new(&message, LeaseOperation::Renew, state, false, error)
+    });
+
+    let (write, delivery_error) = match result {
+        Ok(()) => (Settle::Delivered, None),
+        Err(error) => {
+            let failed_at = drain.now();
+            let policy = drain.retry_policy(&message);
+            let retry = !error.is_undecodable()
+                && policy.allows_retry(message.attempts, message.max_attempts, &error);
+            let retry_delay = if retry {
+                policy.delay(message.attempts, &message.id)
+            } else {
+                Duration::ZERO
+            };
+            let write = Settle::Failed {
+                error: error.to_record(),
+                dead_letter: !retry,
+                retry_at: retry.then(|| after(failed_at, retry_delay)),
+                retry_delay,
+            };
+            (write, Some(error))
+        }
+    };
+    let settled = settle(&drain, &message, locked_until, active_until, &write).await;
+
+    if let Some(notice) = renewal_notice {
+        report_lease(&drain, &notice);
+        notices.push(Notice::Lease(notice));
+    }
+    if let Some(error) = &delivery_error {
+        drain.observe("on_error", |observer| observer.on_error(error, &message));
+    }
+    if let Err(unsettled) = settled {
+        let failure = SettlementFailed {
+            id: message.id.clone(),
+            kind: message.kind,
+            name: message.name.clone(),
+            attempt: message.attempts,
+            operation: write.operation(),
+            delivery_succeeded: delivery_error.is_none(),
+            delivery_error,
+            error: unsettled.error,
+            claim_lost: unsettled.claim_lost,
+        };
+        telemetry::settlement_failed(&failure);
+        drain.observe("on_settlement_error", |observer| {
+            observer.on_settlement_error(&failure)
+        });
+        notices.push(Notice::Outcome(OutcomeNotice::SettlementFailed(failure)));
+        return (
+            Outcome::SettlementFailed {
+                claim_lost: unsettled.claim_lost,
+            },
+            notices,
+        );
+    }
+    match write {
+        Settle::Delivered => {
+            telemetry::delivered(&message);
+            (Outcome::Delivered, notices)
+        }
+        Settle::Failed {
+            error,
+            dead_letter: true,
+            ..
+        } => {
+            let dead_letter = DeadLetter::delivered(&message, error);
+            telemetry::dead_lettered(&dead_letter);
+            drain.observe("on_dead_letter", |observer| {
+                observer.on_dead_letter(&dead_letter)
+            });
+            notices.push(Notice::Outcome(OutcomeNotice::DeadLettered(dead_letter)));
+            (Outcome::DeadLettered, notices)
+        }
+        Settle::Failed {
+            error,
+            retry_at,
+            retry_delay,
+            ..
+        } => {
+            telemetry::retry_scheduled(&message, &error, retry_delay, retry_at);
+            (Outcome::Retried, notices)
+        }
+    }
+}

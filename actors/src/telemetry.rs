@@ -1,0 +1,110 @@
+//! Tracing: one span per delivery, one event per outcome.
+//!
+//! Events carry a stable `event` field (`outbox.delivered`,
+//! `outbox.retry_scheduled`, `outbox.dead_lettered`, `outbox.lease_lost`,
+//! `outbox.renewal_recovered`, `outbox.renewal_degraded`,
+//! `outbox.settlement_failed`, `outbox.pass_finished`) so log pipelines can
+//! match on it. Job messages also emit the job-level record (`job.*`).
+//! Payloads are never logged.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox::{ClaimedMessage, ErrorRecord, MessageKind, TraceCarrier};
+
+use crate::messages::{
+    DeadLetter, DrainReport, LeaseLost, LeaseOperation, LeaseState, SettlementFailed,
+};
+
+/// The span a delivery runs in: `outbox deliver {name}`.
+pub(crate) fn delivery_span(message: &ClaimedMessage) -> tracing::Span {
+    tracing::info_span!(
+        target: "outbox",
+        "outbox deliver",
+        otel.name = %format_args!("outbox deliver {}", message.name),
+        otel.kind = "consumer",
+        outbox.message_kind = message.kind.as_str(),
+        outbox.message_name = %message.name,
+        outbox.message_id = %message.id,
+        outbox.attempt = message.attempts,
+    )
+}
+
+/// The trace context handed to the handler: the one stored at enqueue.
+pub(crate) fn delivery_trace(message: &ClaimedMessage) -> Option<TraceCarrier> {
+    message.trace.clone()
+}
+
+pub(crate) fn delivered(message: &ClaimedMessage) {
+    tracing::info!(target: "outbox", event = "outbox.delivered", id = %message.id,
+        kind = message.kind.as_str(), name = %message.name, attempt = message.attempts,
+        "outbox message delivered");
+    if message.kind == MessageKind::Job {
+        tracing::info!(target: "outbox", event = "job.completed", id = %message.id,
+            job = %message.name, attempt = message.attempts, "job completed");
+    }
+}
+
+pub(crate) fn retry_scheduled(
+    message: &ClaimedMessage,
+    error: &ErrorRecord,
+    delay: Duration,
+    retry_at: Option<DateTime<Utc>>,
+) {
+    let retry_at = retry_at.map(|at| at.to_rfc3339());
+    tracing::warn!(target: "outbox", event = "outbox.retry_scheduled", id = %message.id,
+        kind = message.kind.as_str(), name = %message.name, attempt = message.attempts,
+        retry_delay_ms = delay.as_millis() as u64, retry_at = retry_at.as_deref().unwrap_or(""),
+        error = %error, "outbox delivery failed; retry scheduled");
+    if message.kind == MessageKind::Job {
+        tracing::warn!(target: "outbox", event = "job.retry_scheduled", id = %message.id,
+            job = %message.name, attempt = message.attempts,
+            retry_delay_ms = delay.as_millis() as u64, error = %error, "job failed; retry scheduled");
+    }
+}
+
+pub(crate) fn dead_lettered(dead_letter: &DeadLetter) {
+    tracing::error!(target: "outbox", event = "outbox.dead_lettered", id = %dead_letter.id,
+        kind = dead_letter.kind.as_str(), name = %dead_letter.name, attempts = dead_letter.attempts,
+        abandoned = dead_letter.abandoned, error = %dead_letter.error, "outbox message dead-lettered");
+    if dead_letter.kind == MessageKind::Job {
+        tracing::error!(target: "outbox", event = "job.dead_lettered", id = %dead_letter.id,
+            job = %dead_letter.name, abandoned = dead_letter.abandoned, error = %dead_letter.error,
+            "job dead-lettered");
+    }
+}
+
+pub(crate) fn lease(failure: &LeaseLost) {
+    let operation = match failure.operation {
+        LeaseOperation::Renew => "renew",
+        LeaseOperation::MaxActive => "max_active",
+    };
+    match failure.state {
+        LeaseState::Lost => tracing::warn!(target: "outbox", event = "outbox.lease_lost",
+            id = %failure.id, kind = failure.kind.as_str(), name = %failure.name, operation,
+            confirmed_lost = failure.confirmed_lost, error = %failure.error,
+            "outbox claim lost; delivery aborted, nothing settled"),
+        LeaseState::Recovered => {
+            tracing::info!(target: "outbox", event = "outbox.renewal_recovered",
+            id = %failure.id, kind = failure.kind.as_str(), name = %failure.name, error = %failure.error,
+            "outbox claim renewal recovered")
+        }
+        LeaseState::Degraded => tracing::warn!(target: "outbox", event = "outbox.renewal_degraded",
+            id = %failure.id, kind = failure.kind.as_str(), name = %failure.name, error = %failure.error,
+            "outbox claim renewal failed; settling under the last confirmed lease"),
+    }
+}
+
+pub(crate) fn settlement_failed(failure: &SettlementFailed) {
+    tracing::error!(target: "outbox", event = "outbox.settlement_failed", id = %failure.id,
+        kind = failure.kind.as_str(), name = %failure.name,
+        delivery_succeeded = failure.delivery_succeeded, claim_lost = failure.claim_lost,
+        error = %failure.error, "outbox settlement failed");
+}
+
+pub(crate) fn pass_finished(report: &DrainReport) {
+    tracing::debug!(target: "outbox", event = "outbox.pass_finished", claimed = report.claimed,
+        delivered = report.delivered, retried = report.retried, dead_lettered = report.dead_lettered,
+        settlement_failed = report.settlement_failed, lease_lost = report.lease_lost,
+        "outbox drain pass finished");
+}
