@@ -57,6 +57,8 @@ macro_rules! conformance_suite {
                 => expired_claim_is_reclaimed_and_old_token_refused,
             conformance_expired_claims_compete_by_available_at
                 => expired_claims_compete_by_available_at,
+            conformance_claims_judge_leases_by_their_own_now
+                => claims_judge_leases_by_their_own_now,
             conformance_exhausted_claim_is_dead_lettered_at_claim
                 => exhausted_claim_is_dead_lettered_at_claim,
             conformance_exhausted_pending_message_is_dead_lettered_at_claim
@@ -593,6 +595,43 @@ pub(crate) async fn expired_claims_compete_by_available_at<S: OutboxStore + Outb
     assert_eq!(reclaimed.id, "old");
     assert_eq!(reclaimed.attempts, 2);
     assert_eq!(claim_one(&store, 20 * SECOND, MINUTE).await.id, "new");
+}
+
+pub(crate) async fn claims_judge_leases_by_their_own_now<S: OutboxStore + OutboxAdmin + Clone>(
+    store: S,
+) {
+    for i in 0..3 {
+        put_at(&store, &format!("m{i}"), i, i, 5).await;
+    }
+    let batch = claim(&store, 3, 10, 10 * SECOND).await;
+    assert_eq!(batch.claimed.len(), 3);
+    let token = |id: &str| {
+        batch
+            .claimed
+            .iter()
+            .find(|m| m.id == id)
+            .map(|m| m.claim_token.clone())
+            .unwrap()
+    };
+
+    // A worker whose clock reads 20 s takes one of the three expired claims.
+    assert_eq!(claim_one(&store, 20 * SECOND, 10 * SECOND).await.id, "m0");
+    // Workers whose clocks are behind still see the other two as live: the
+    // lease is judged by each caller's `now`, not by what others have seen.
+    claim_nothing(&store, 9 * SECOND).await;
+    let until = store
+        .renew_claim(renew("m1", &token("m1"), 9 * SECOND, MINUTE))
+        .await
+        .expect("the lease is live at the caller's now");
+    assert_eq!(until, at(69 * SECOND));
+    assert_eq!(get(&store, "m1").await.locked_until, Some(at(69 * SECOND)));
+
+    let batch = claim(&store, 10, 20 * SECOND, MINUTE).await;
+    assert_eq!(ids(&batch), (sorted(&["m2"]), vec![]));
+    store
+        .mark_delivered(delivered("m1", &token("m1"), 30 * SECOND))
+        .await
+        .expect("the renewed claim settles");
 }
 
 pub(crate) async fn exhausted_claim_is_dead_lettered_at_claim<
