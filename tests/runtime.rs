@@ -1371,12 +1371,27 @@ fn a_busy_handler_does_not_stall_deliveries_on_other_arbiters() {
 /// dead-lettered.
 #[test]
 fn randomized_faults_keep_every_invariant() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
     for seed in 0..60u64 {
-        run(move || async move { random_run(seed).await });
+        let seen = seen.clone();
+        run(move || async move {
+            let report = random_run(seed).await;
+            seen.lock().unwrap().push(report);
+        });
     }
+    // The runs as a whole went through every kind of outcome, so the
+    // invariants above were checked against all of them.
+    let seen = seen.lock().unwrap();
+    let total = |f: fn(&DrainReport) -> u64| seen.iter().map(f).sum::<u64>();
+    assert!(total(|r| r.delivered) > 0 && total(|r| r.retried) > 0);
+    assert!(total(|r| r.lease_lost) > 0 && total(|r| r.settlement_failed) > 0);
+    assert!(
+        total(|r| r.abandoned_dead_lettered) > 0
+            && total(|r| r.dead_lettered) > total(|r| r.abandoned_dead_lettered)
+    );
 }
 
-async fn random_run(seed: u64) {
+async fn random_run(seed: u64) -> DrainReport {
     let mut rng = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
     let mut next = move |bound: u64| {
         rng ^= rng << 13;
@@ -1546,4 +1561,5 @@ async fn random_run(seed: u64) {
             lost_tokens.insert(call.token.clone());
         }
     }
+    t
 }

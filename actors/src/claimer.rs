@@ -18,7 +18,7 @@ use actix::prelude::*;
 use outbox::{ClaimBatch, ClaimedBatch, ReleaseClaim};
 
 use crate::context::DrainContext;
-use crate::coordinator::{Claimed, ClaimerDone, DrainCoordinator};
+use crate::coordinator::{Abandoned, ClaimerDone, DrainCoordinator};
 use crate::delivery::{Abort, DeliveryActor, Reporter};
 use crate::messages::DeadLetter;
 use crate::telemetry;
@@ -48,7 +48,7 @@ pub(crate) struct Claimer {
     budget: usize,
     active: HashMap<u64, Addr<DeliveryActor>>,
     next_slot: u64,
-    dispatched: u64,
+    claimed: u64,
     claiming: bool,
     exhausted: bool,
     winding_down: bool,
@@ -74,7 +74,7 @@ impl Claimer {
             next_arbiter: 0,
             active: HashMap::new(),
             next_slot: 0,
-            dispatched: 0,
+            claimed: 0,
             claiming: false,
             exhausted: false,
             winding_down: false,
@@ -152,17 +152,17 @@ impl Claimer {
             Ok(batch) if batch.is_empty() => self.exhausted = true,
             Ok(batch) => {
                 self.budget -= batch.len();
-                let claimed = batch.claimed.len() as u64;
                 let abandoned: Vec<DeadLetter> = batch
                     .dead_lettered
                     .iter()
                     .map(DeadLetter::abandoned)
                     .collect();
-                self.coordinator.do_send(Claimed {
-                    pass: self.pass,
-                    claimed,
-                    abandoned: abandoned.clone(),
-                });
+                if !abandoned.is_empty() {
+                    self.coordinator.do_send(Abandoned {
+                        pass: self.pass,
+                        dead_letters: abandoned.clone(),
+                    });
+                }
                 // Start deliveries before running abandoned-message observers,
                 // so fresh claims get their heartbeats as early as possible.
                 for message in batch.claimed {
@@ -188,7 +188,7 @@ impl Claimer {
     fn start_delivery(&mut self, message: outbox::ClaimedMessage, ctx: &mut Context<Self>) {
         let slot = self.next_slot;
         self.next_slot += 1;
-        self.dispatched += 1;
+        self.claimed += 1;
         let reporter = Reporter::new(
             self.pass,
             slot,
@@ -215,7 +215,7 @@ impl Claimer {
         if !self.claiming && done_claiming && self.active.is_empty() {
             self.coordinator.do_send(ClaimerDone {
                 pass: self.pass,
-                dispatched: self.dispatched,
+                claimed: self.claimed,
                 error: self.error.take(),
             });
             ctx.stop();

@@ -85,22 +85,22 @@ pub(crate) struct DeliveryFinished {
     pub(crate) notices: Vec<Notice>,
 }
 
-/// A claim of the running pass: how many were claimed, and the abandoned
-/// messages it dead-lettered.
+/// Messages a claim of the running pass dead-lettered because their
+/// attempts were used up.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub(crate) struct Claimed {
+pub(crate) struct Abandoned {
     pub(crate) pass: u64,
-    pub(crate) claimed: u64,
-    pub(crate) abandoned: Vec<DeadLetter>,
+    pub(crate) dead_letters: Vec<DeadLetter>,
 }
 
-/// The claimer of a pass stopped: it started `dispatched` deliveries.
+/// The claimer of a pass stopped: it claimed, and started a delivery for,
+/// `claimed` messages.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub(crate) struct ClaimerDone {
     pub(crate) pass: u64,
-    pub(crate) dispatched: u64,
+    pub(crate) claimed: u64,
     pub(crate) error: Option<outbox::Error>,
 }
 
@@ -114,9 +114,9 @@ struct Pass {
     claimer: Addr<Claimer>,
     report: DrainReport,
     finished: u64,
-    /// Known once the claimer is done; the pass ends when every one of them
-    /// has reported (reports and `ClaimerDone` may arrive in any order).
-    dispatched: Option<u64>,
+    /// Known once the claimer is done; the pass ends when every claimed
+    /// message has reported (reports and `ClaimerDone` may arrive in any order).
+    claimed: Option<u64>,
     error: Option<outbox::Error>,
     waiters: Vec<Waiter>,
 }
@@ -220,7 +220,7 @@ impl DrainCoordinator {
             claimer,
             report: DrainReport::default(),
             finished: 0,
-            dispatched: None,
+            claimed: None,
             error: None,
             waiters,
         });
@@ -243,7 +243,7 @@ impl DrainCoordinator {
         let done = self
             .pass
             .as_ref()
-            .is_some_and(|pass| pass.dispatched == Some(pass.finished));
+            .is_some_and(|pass| pass.claimed == Some(pass.finished));
         if !done {
             return;
         }
@@ -438,17 +438,16 @@ impl Handler<DeliveryFinished> for DrainCoordinator {
     }
 }
 
-impl Handler<Claimed> for DrainCoordinator {
+impl Handler<Abandoned> for DrainCoordinator {
     type Result = ();
 
-    fn handle(&mut self, claimed: Claimed, _: &mut Context<Self>) {
-        if let Some(pass) = self.current(claimed.pass) {
-            let abandoned = claimed.abandoned.len() as u64;
-            pass.report.claimed += claimed.claimed;
-            pass.report.dead_lettered += abandoned;
-            pass.report.abandoned_dead_lettered += abandoned;
+    fn handle(&mut self, abandoned: Abandoned, _: &mut Context<Self>) {
+        if let Some(pass) = self.current(abandoned.pass) {
+            let count = abandoned.dead_letters.len() as u64;
+            pass.report.dead_lettered += count;
+            pass.report.abandoned_dead_lettered += count;
         }
-        for dead_letter in claimed.abandoned {
+        for dead_letter in abandoned.dead_letters {
             self.notify(Notice::Outcome(OutcomeNotice::DeadLettered(dead_letter)));
         }
     }
@@ -459,7 +458,8 @@ impl Handler<ClaimerDone> for DrainCoordinator {
 
     fn handle(&mut self, done: ClaimerDone, ctx: &mut Context<Self>) {
         if let Some(pass) = self.current(done.pass) {
-            pass.dispatched = Some(done.dispatched);
+            pass.claimed = Some(done.claimed);
+            pass.report.claimed = done.claimed;
             pass.error = done.error;
         }
         self.end_pass_if_done(ctx);

@@ -40,9 +40,18 @@ use crate::telemetry;
 #[rtype(result = "()")]
 pub(crate) struct Abort;
 
+/// The heartbeat's answer to `StopAndExtend`.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct Extended(pub(crate) Extension);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// The handler runs; lease loss or `max_active` aborts it.
     Delivering,
+    /// The handler returned; waiting for the heartbeat's final extension.
+    Extending,
+    /// Writing the outcome under the claim token.
     Settling,
     Done,
 }
@@ -124,6 +133,8 @@ pub(crate) struct DeliveryActor {
     active_until: DateTime<Utc>,
     delivery: Option<SpawnHandle>,
     max_active: Option<SpawnHandle>,
+    /// The handler's result, kept while the extension is under way.
+    result: Option<DeliveryResult>,
     span: tracing::Span,
 }
 
@@ -139,16 +150,12 @@ impl DeliveryActor {
             phase: Phase::Delivering,
             delivery: None,
             max_active: None,
+            result: None,
         }
-    }
-
-    fn heartbeat(&self) -> Option<&Addr<HeartbeatActor>> {
-        self.reporter.heartbeat.as_ref()
     }
 
     /// Stop delivering: drop the handler's future and the `max_active` timer.
     fn stop_delivering(&mut self, ctx: &mut Context<Self>) {
-        self.phase = Phase::Settling;
         for handle in [self.delivery.take(), self.max_active.take()]
             .into_iter()
             .flatten()
@@ -172,22 +179,15 @@ impl DeliveryActor {
         }
         self.delivery = None;
         self.stop_delivering(ctx);
-        let extension = self
-            .heartbeat()
-            .map(|heartbeat| heartbeat.send(StopAndExtend));
-        let settle = settle_delivery(
-            self.drain.clone(),
-            self.message.clone(),
-            self.active_until,
-            extension,
-            result,
-        );
-        ctx.spawn(
-            settle
-                .instrument(self.span.clone())
-                .into_actor(self)
-                .map(|(outcome, notices), act, ctx| act.finish(outcome, notices, ctx)),
-        );
+        self.phase = Phase::Extending;
+        self.result = Some(result);
+        match &self.reporter.heartbeat {
+            Some(heartbeat) => heartbeat.do_send(StopAndExtend),
+            None => {
+                let failure = heartbeat_gone(&self.message);
+                self.lost(failure, ctx);
+            }
+        }
     }
 
     fn finish(&mut self, outcome: Outcome, notices: Vec<Notice>, ctx: &mut Context<Self>) {
@@ -206,7 +206,7 @@ impl Actor for DeliveryActor {
         let heartbeat = HeartbeatActor::new(
             self.drain.clone(),
             self.message.clone(),
-            ctx.address().recipient(),
+            ctx.address(),
             self.active_until,
         )
         .start();
@@ -240,11 +240,41 @@ impl Handler<LeaseLost> for DeliveryActor {
     type Result = ();
 
     fn handle(&mut self, failure: LeaseLost, ctx: &mut Context<Self>) {
-        // After the delivery finished, the heartbeat's answer to
-        // `StopAndExtend` carries the same failure; only act while delivering.
-        if self.phase == Phase::Delivering {
+        // While extending, a loss the heartbeat reported (or its death) is
+        // the answer; any `Extended` still on its way is then ignored.
+        if matches!(self.phase, Phase::Delivering | Phase::Extending) {
             self.lost(failure, ctx);
         }
+    }
+}
+
+impl Handler<Extended> for DeliveryActor {
+    type Result = ();
+
+    fn handle(&mut self, Extended(extension): Extended, ctx: &mut Context<Self>) {
+        if self.phase != Phase::Extending {
+            return;
+        }
+        self.phase = Phase::Settling;
+        // The heartbeat stops itself after answering.
+        self.reporter.heartbeat = None;
+        let result = self
+            .result
+            .take()
+            .expect("a result is kept while extending");
+        let settle = settle_delivery(
+            self.drain.clone(),
+            self.message.clone(),
+            self.active_until,
+            extension,
+            result,
+        );
+        ctx.spawn(
+            settle
+                .instrument(self.span.clone())
+                .into_actor(self)
+                .map(|(outcome, notices), act, ctx| act.finish(outcome, notices, ctx)),
+        );
     }
 }
 
@@ -258,6 +288,7 @@ impl Handler<Abort> for DeliveryActor {
             return;
         }
         self.stop_delivering(ctx);
+        self.phase = Phase::Settling;
         if let Some(heartbeat) = self.reporter.heartbeat.take() {
             heartbeat.do_send(StopHeartbeat);
         }
@@ -332,6 +363,22 @@ fn deliver(
         ))))),
         Err(panic) => Box::pin(std::future::ready(Err(DeliveryError::panic(&*panic)))),
     }
+}
+
+/// The loss reported when the heartbeat is gone without an answer.
+fn heartbeat_gone(message: &ClaimedMessage) -> LeaseLost {
+    let error = LeaseLostError {
+        id: message.id.clone(),
+        reason: "the heartbeat stopped before confirming the lease".to_owned(),
+        source: None,
+    };
+    LeaseLost::new(
+        message,
+        LeaseOperation::Renew,
+        LeaseState::Lost,
+        false,
+        error.into(),
+    )
 }
 
 fn report_lease(drain: &DrainContext, failure: &LeaseLost) {
@@ -457,27 +504,9 @@ async fn settle_delivery(
     drain: Arc<DrainContext>,
     message: Arc<ClaimedMessage>,
     active_until: DateTime<Utc>,
-    extension: Option<Request<HeartbeatActor, StopAndExtend>>,
+    extension: Extension,
     result: DeliveryResult,
 ) -> (Outcome, Vec<Notice>) {
-    let extension = match extension {
-        Some(request) => request.await.ok(),
-        None => None,
-    };
-    let extension = extension.unwrap_or_else(|| {
-        let error = LeaseLostError {
-            id: message.id.clone(),
-            reason: "the heartbeat stopped before confirming the lease".to_owned(),
-            source: None,
-        };
-        Extension::Lost(LeaseLost::new(
-            &message,
-            LeaseOperation::Renew,
-            LeaseState::Lost,
-            false,
-            error.into(),
-        ))
-    });
     let (locked_until, renewal_error, recovered) = match extension {
         Extension::Lost(failure) => {
             report_lease(&drain, &failure);

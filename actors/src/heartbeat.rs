@@ -6,24 +6,24 @@
 //! errors are retried after `min(heartbeat, remaining / 3)` until the
 //! deadline; a renewal that does not answer before the deadline is loss
 //! (unconfirmed). Loss is told to the parent as [`LeaseLost`]. When the
-//! delivery is done the parent asks [`StopAndExtend`]: the heartbeat stops
-//! without cutting a renewal in flight, then renews once more (the
-//! extension) and answers with the lease the settlement may use.
+//! delivery is done the parent sends [`StopAndExtend`]: the heartbeat stops
+//! without cutting a renewal in flight, renews once more (the extension),
+//! answers [`Extended`] with the lease the settlement may use, and stops.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::context::{DrainContext, until};
+use crate::delivery::{DeliveryActor, Extended};
+use crate::messages::{LeaseLost, LeaseOperation, LeaseState};
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
 use outbox::{ClaimedMessage, LeaseLostError, MaxActiveDurationError, RenewClaim};
-use tokio::sync::oneshot;
 
-use crate::context::{DrainContext, until};
-use crate::messages::{LeaseLost, LeaseOperation, LeaseState};
-
-/// Stop renewing, let a renewal in flight finish, then renew once more.
+/// Stop renewing, let a renewal in flight finish, then renew once more and
+/// answer [`Extended`].
 #[derive(Debug, Message)]
-#[rtype(result = "Extension")]
+#[rtype(result = "()")]
 pub(crate) struct StopAndExtend;
 
 /// Stop at once; a renewal in flight is abandoned.
@@ -31,7 +31,7 @@ pub(crate) struct StopAndExtend;
 #[rtype(result = "()")]
 pub(crate) struct StopHeartbeat;
 
-/// The answer to [`StopAndExtend`].
+/// What the final extension found.
 #[derive(Debug)]
 pub(crate) enum Extension {
     /// The claim is held until `locked_until`; settle before then.
@@ -99,7 +99,7 @@ async fn bounded_renewal(
 pub(crate) struct HeartbeatActor {
     drain: Arc<DrainContext>,
     message: Arc<ClaimedMessage>,
-    parent: Recipient<LeaseLost>,
+    parent: Addr<DeliveryActor>,
     locked_until: DateTime<Utc>,
     active_until: DateTime<Utc>,
     /// The first transient renewal error, reported as *recovered* if a later
@@ -109,8 +109,8 @@ pub(crate) struct HeartbeatActor {
     failure: Option<LeaseLost>,
     renewing: bool,
     stopped: bool,
-    /// A `StopAndExtend` that arrived during a renewal, answered after it.
-    pending_stop: Option<oneshot::Sender<Extension>>,
+    /// A `StopAndExtend` arrived during a renewal; answer it after that.
+    pending_stop: bool,
     tick: Option<SpawnHandle>,
     /// Cleared on every orderly stop; if the actor is dropped while still
     /// armed it died, and the parent must hear that the lease is unconfirmed.
@@ -121,7 +121,7 @@ impl HeartbeatActor {
     pub(crate) fn new(
         drain: Arc<DrainContext>,
         message: Arc<ClaimedMessage>,
-        parent: Recipient<LeaseLost>,
+        parent: Addr<DeliveryActor>,
         active_until: DateTime<Utc>,
     ) -> Self {
         HeartbeatActor {
@@ -134,7 +134,7 @@ impl HeartbeatActor {
             failure: None,
             renewing: false,
             stopped: false,
-            pending_stop: None,
+            pending_stop: false,
             tick: None,
             armed: true,
         }
@@ -276,8 +276,8 @@ impl HeartbeatActor {
                 }
             }
         }
-        if let Some(reply) = self.pending_stop.take() {
-            self.extend(reply, ctx);
+        if std::mem::take(&mut self.pending_stop) {
+            self.extend(ctx);
         }
     }
 
@@ -288,15 +288,15 @@ impl HeartbeatActor {
         self.stopped = true;
         // A parent waiting on `StopAndExtend` gets the failure as its answer;
         // only a parent still delivering needs to be told.
-        if self.pending_stop.is_none() {
+        if !self.pending_stop {
             self.parent.do_send(failure.clone());
         }
         self.failure = Some(failure);
     }
 
-    fn extend(&mut self, reply: oneshot::Sender<Extension>, ctx: &mut Context<Self>) {
+    fn extend(&mut self, ctx: &mut Context<Self>) {
         if let Some(failure) = self.failure.clone() {
-            self.answer(reply, Extension::Lost(failure), ctx);
+            self.answer(Extension::Lost(failure), ctx);
             return;
         }
         let (deadline, active_first) = self.deadline();
@@ -307,13 +307,13 @@ impl HeartbeatActor {
                 "the lease ran out before the delivery finished",
                 None,
             );
-            self.answer(reply, Extension::Lost(failure), ctx);
+            self.answer(Extension::Lost(failure), ctx);
             return;
         }
         let renewal = bounded_renewal(self.drain.clone(), self.message.clone(), deadline);
         ctx.spawn(renewal.into_actor(self).map(move |renewal, act, ctx| {
             let extension = act.extension(renewal, active_first);
-            act.answer(reply, extension, ctx);
+            act.answer(extension, ctx);
         }));
     }
 
@@ -354,13 +354,8 @@ impl HeartbeatActor {
         }
     }
 
-    fn answer(
-        &mut self,
-        reply: oneshot::Sender<Extension>,
-        extension: Extension,
-        ctx: &mut Context<Self>,
-    ) {
-        let _ = reply.send(extension);
+    fn answer(&mut self, extension: Extension, ctx: &mut Context<Self>) {
+        self.parent.do_send(Extended(extension));
         self.armed = false;
         ctx.stop();
     }
@@ -389,36 +384,18 @@ impl Drop for HeartbeatActor {
 }
 
 impl Handler<StopAndExtend> for HeartbeatActor {
-    type Result = ResponseFuture<Extension>;
+    type Result = ();
 
-    fn handle(&mut self, _: StopAndExtend, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: StopAndExtend, ctx: &mut Context<Self>) {
         self.stopped = true;
         if let Some(tick) = self.tick.take() {
             ctx.cancel_future(tick);
         }
-        let (reply, answer) = oneshot::channel();
         if self.renewing {
-            self.pending_stop = Some(reply);
+            self.pending_stop = true;
         } else {
-            self.extend(reply, ctx);
+            self.extend(ctx);
         }
-        let message = self.message.clone();
-        Box::pin(async move {
-            answer.await.unwrap_or_else(|_| {
-                let error = LeaseLostError {
-                    id: message.id.clone(),
-                    reason: "the heartbeat stopped before confirming the lease".to_owned(),
-                    source: None,
-                };
-                Extension::Lost(LeaseLost::new(
-                    &message,
-                    LeaseOperation::Renew,
-                    LeaseState::Lost,
-                    false,
-                    error.into(),
-                ))
-            })
-        })
     }
 }
 
