@@ -307,6 +307,28 @@ fn expired_lease_answer_is_a_transient_renewal_error() {
 }
 
 #[test]
+fn the_extension_waits_for_a_renewal_in_flight() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.fault(Op::Renew, 1, Fault::Delay(Duration::from_secs(2)));
+        let h = Harness::start_with(store, config(), |b| b);
+        h.enqueue(ping(1, 11_000)).await;
+        assert_eq!(h.drain().await.delivered, 1);
+        // The heartbeat's renewal started at 10 s and answered at 12 s; the
+        // handler finished at 11 s, but the extension waited for the answer.
+        let renewals: Vec<(i64, support::Answer)> = h
+            .store
+            .log()
+            .iter()
+            .filter(|c| c.op == Op::Renew)
+            .map(|c| ((c.now - support::epoch()).num_milliseconds(), c.answer))
+            .collect();
+        assert_eq!(renewals, [(10_000, support::Answer::Ok), (12_000, support::Answer::Ok)]);
+        assert!(h.leases().is_empty());
+    });
+}
+
+#[test]
 fn confirmed_loss_at_renewal_aborts_the_delivery() {
     run(|| async {
         let store = FaultStore::new();
@@ -1291,6 +1313,24 @@ fn invalid_configuration_is_refused_at_start_naming_each_field() {
             config.names("concurrency") && config.names("lease"),
             "{error}"
         );
+    });
+}
+
+/// A coordinator started on another arbiter answers like any other.
+#[test]
+fn a_coordinator_runs_on_a_given_arbiter() {
+    actix::System::new().block_on(async {
+        let arbiter = Arbiter::new();
+        let store = FaultStore::new();
+        store.enqueue(NewMessage::event(&ping(1, 0)).unwrap()).await.unwrap();
+        let coordinator = DrainCoordinator::builder(store.clone())
+            .registry(registry())
+            .event_bus(InProcessBus::new().on(|_: Arc<Ping>, _| async { Ok(()) }))
+            .start_in(&arbiter.handle())
+            .unwrap();
+        assert_eq!(coordinator.send(Drain).await.unwrap().unwrap().delivered, 1);
+        coordinator.send(Shutdown { grace: Duration::ZERO }).await.unwrap();
+        arbiter.stop();
     });
 }
 
