@@ -323,7 +323,10 @@ fn the_extension_waits_for_a_renewal_in_flight() {
             .filter(|c| c.op == Op::Renew)
             .map(|c| ((c.now - support::epoch()).num_milliseconds(), c.answer))
             .collect();
-        assert_eq!(renewals, [(10_000, support::Answer::Ok), (12_000, support::Answer::Ok)]);
+        assert_eq!(
+            renewals,
+            [(10_000, support::Answer::Ok), (12_000, support::Answer::Ok)]
+        );
         assert!(h.leases().is_empty());
     });
 }
@@ -388,6 +391,66 @@ fn renewal_that_never_answers_is_unconfirmed_loss() {
         assert!(!leases[0].confirmed_lost);
         // Lost when the lease ran out (30 s), not when the handler finished.
         assert_eq!((h.clock.now() - started).num_seconds(), 30);
+    });
+}
+
+#[test]
+fn renewals_that_keep_failing_lose_the_lease_when_it_ends() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.always(Op::Renew, Fault::Transient);
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                batch_size: 1,
+                ..config()
+            },
+            |b| b,
+        );
+        h.enqueue(ping(1, 120_000)).await;
+        let started = h.clock.now();
+        assert_eq!(h.drain().await.lease_lost, 1);
+        // Retries came ever closer to the end of the lease (a third of what
+        // was left each time), and the claim was given up when it ended.
+        assert_eq!((h.clock.now() - started).num_seconds(), 30);
+        assert!(h.store.calls(Op::Renew) > 5);
+        let leases = h.leases();
+        assert_eq!(
+            (leases[0].operation, leases[0].state),
+            (LeaseOperation::Renew, LeaseState::Lost)
+        );
+        // The last retry found the lease already over: that loss is certain.
+        assert!(leases[0].confirmed_lost);
+        let CoreError::LeaseLost(lost) = &leases[0].error else {
+            panic!("{:?}", leases[0].error)
+        };
+        assert!(lost.reason.contains("ran out"), "{}", lost.reason);
+        assert_eq!(h.probe.aborted(), 1);
+    });
+}
+
+#[test]
+fn renewal_retries_are_bounded_by_max_active_when_it_ends_first() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.always(Op::Renew, Fault::Transient);
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                batch_size: 1,
+                max_active: Duration::from_secs(20),
+                ..config()
+            },
+            |b| b,
+        );
+        h.enqueue(ping(1, 120_000)).await;
+        let started = h.clock.now();
+        assert_eq!(h.drain().await.lease_lost, 1);
+        assert_eq!((h.clock.now() - started).num_seconds(), 20);
+        let leases = h.leases();
+        assert_eq!(leases.len(), 1, "{leases:?}");
+        assert_eq!(leases[0].operation, LeaseOperation::MaxActive);
+        assert!(matches!(leases[0].error, CoreError::MaxActiveDuration(_)));
     });
 }
 
@@ -1322,14 +1385,22 @@ fn a_coordinator_runs_on_a_given_arbiter() {
     actix::System::new().block_on(async {
         let arbiter = Arbiter::new();
         let store = FaultStore::new();
-        store.enqueue(NewMessage::event(&ping(1, 0)).unwrap()).await.unwrap();
+        store
+            .enqueue(NewMessage::event(&ping(1, 0)).unwrap())
+            .await
+            .unwrap();
         let coordinator = DrainCoordinator::builder(store.clone())
             .registry(registry())
             .event_bus(InProcessBus::new().on(|_: Arc<Ping>, _| async { Ok(()) }))
             .start_in(&arbiter.handle())
             .unwrap();
         assert_eq!(coordinator.send(Drain).await.unwrap().unwrap().delivered, 1);
-        coordinator.send(Shutdown { grace: Duration::ZERO }).await.unwrap();
+        coordinator
+            .send(Shutdown {
+                grace: Duration::ZERO,
+            })
+            .await
+            .unwrap();
         arbiter.stop();
     });
 }
