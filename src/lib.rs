@@ -76,6 +76,10 @@ pub use message::{
 pub use registry::{Event, Job, Registry, RegistryBuilder};
 pub use retry::RetryPolicy;
 pub use store::memory::MemoryOutbox;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use store::sql::{SettlementMode, TableName};
+#[cfg(feature = "sqlite")]
+pub use store::sqlite::SqliteOutbox;
 pub use store::{
     ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages, MarkDelivered, MarkFailed,
     MessagePage, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
