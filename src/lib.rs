@@ -76,6 +76,8 @@ pub use message::{
 pub use registry::{Event, Job, Registry, RegistryBuilder};
 pub use retry::RetryPolicy;
 pub use store::memory::MemoryOutbox;
+#[cfg(feature = "postgres")]
+pub use store::postgres::PostgresOutbox;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::sql::{SettlementMode, TableName};
 #[cfg(feature = "sqlite")]
