@@ -340,7 +340,7 @@ impl Statements {
                    ORDER BY available_at, created_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
                  expired AS ( \
                    SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
-                   FROM {t} WHERE status = 'claimed' AND locked_until <= $1 AND available_at <= $1 \
+                   FROM {t} WHERE status = 'claimed' AND locked_until <= $1 \
                    ORDER BY available_at, created_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
                  picked AS ( \
                    SELECT * FROM pending UNION ALL SELECT * FROM expired \

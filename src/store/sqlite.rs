@@ -349,7 +349,7 @@ impl Statements {
                      UNION ALL \
                      SELECT * FROM ( \
                        SELECT seq, available_at, created_at FROM {t} \
-                       WHERE status = 'claimed' AND locked_until <= ?1 AND available_at <= ?1 \
+                       WHERE status = 'claimed' AND locked_until <= ?1 \
                        ORDER BY available_at, created_at, seq LIMIT ?3)) \
                    ORDER BY available_at, created_at, seq LIMIT ?3) \
                  RETURNING {COLUMNS}"
