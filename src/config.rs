@@ -122,7 +122,11 @@ impl DrainConfig {
         if self.lease < MIN_LEASE {
             bad(
                 "lease",
-                format!("must be at least {} ({} given)", show(MIN_LEASE), show(self.lease)),
+                format!(
+                    "must be at least {} ({} given)",
+                    show(MIN_LEASE),
+                    show(self.lease)
+                ),
             );
         }
         let heartbeat = self.heartbeat();
@@ -167,7 +171,11 @@ impl DrainConfig {
             if let Some(value) = value.filter(|v| *v > MAX_DURATION) {
                 bad(
                     field,
-                    format!("must be at most {} ({} given)", show(MAX_DURATION), show(value)),
+                    format!(
+                        "must be at most {} ({} given)",
+                        show(MAX_DURATION),
+                        show(value)
+                    ),
                 );
             }
         }
@@ -212,10 +220,19 @@ mod tests {
             ..DrainConfig::default()
         };
         let error = config.validate().unwrap_err();
-        for field in ["batch_size", "concurrency", "lease", "max_active", "settlement.attempts"] {
+        for field in [
+            "batch_size",
+            "concurrency",
+            "lease",
+            "max_active",
+            "settlement.attempts",
+        ] {
             assert!(error.names(field), "{field} missing from {error}");
         }
-        assert!(error.to_string().contains("`lease` must be at least 2ms"), "{error}");
+        assert!(
+            error.to_string().contains("`lease` must be at least 2ms"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -228,7 +245,10 @@ mod tests {
             ..DrainConfig::default()
         };
         let error = config.validate().unwrap_err();
-        assert!(error.names("concurrency") && error.names("heartbeat"), "{error}");
+        assert!(
+            error.names("concurrency") && error.names("heartbeat"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -249,6 +269,9 @@ mod tests {
         let unknown = serde_json::from_str::<DrainConfig>(r#"{"leese":"1m"}"#).unwrap_err();
         assert!(unknown.to_string().contains("leese"), "{unknown}");
         let bad_duration = serde_json::from_str::<DrainConfig>(r#"{"lease":"soon"}"#).unwrap_err();
-        assert!(bad_duration.to_string().contains("soon") || bad_duration.to_string().contains("unit"), "{bad_duration}");
+        assert!(
+            bad_duration.to_string().contains("soon") || bad_duration.to_string().contains("unit"),
+            "{bad_duration}"
+        );
     }
 }

@@ -182,7 +182,9 @@ impl fmt::Display for ClaimLoss {
 /// This is the only store error the runtime treats as *confirmed* loss: the
 /// message is not settled by this worker, since another may own it now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("outbox message {id:?} is no longer owned by this claim token ({reason}); it must not be settled by this worker")]
+#[error(
+    "outbox message {id:?} is no longer owned by this claim token ({reason}); it must not be settled by this worker"
+)]
 pub struct ClaimError {
     /// The message id.
     pub id: String,
@@ -203,7 +205,9 @@ impl ClaimError {
 /// Recorded when an eligible message has used up its attempts without a
 /// terminal settlement (its workers kept losing their leases).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("outbox message {id:?} used {attempts} of {max_attempts} claim attempts without a terminal settlement")]
+#[error(
+    "outbox message {id:?} used {attempts} of {max_attempts} claim attempts without a terminal settlement"
+)]
 pub struct AbandonedClaimError {
     /// The message id.
     pub id: String,
@@ -242,7 +246,9 @@ pub struct MaxActiveDurationError {
 pub enum RegistryError {
     /// No registration for this kind and name (a newer worker may know it, so
     /// the runtime retries such messages).
-    #[error("the outbox registry has no {kind} named {name:?}; register it, or deploy the worker that knows it")]
+    #[error(
+        "the outbox registry has no {kind} named {name:?}; register it, or deploy the worker that knows it"
+    )]
     UnknownName {
         /// The message kind.
         kind: MessageKind,
@@ -273,7 +279,9 @@ pub enum RegistryError {
         source: Arc<serde_json::Error>,
     },
     /// Two registrations share a kind and name.
-    #[error("the outbox registry already has a {kind} named {name:?}; names must be unique per kind")]
+    #[error(
+        "the outbox registry already has a {kind} named {name:?}; names must be unique per kind"
+    )]
     DuplicateName {
         /// The message kind.
         kind: MessageKind,
@@ -281,7 +289,9 @@ pub enum RegistryError {
         name: String,
     },
     /// A handler was registered for a different payload type than the registry's.
-    #[error("{kind} {name:?} is registered with payload {registered} but its handler expects {expected}")]
+    #[error(
+        "{kind} {name:?} is registered with payload {registered} but its handler expects {expected}"
+    )]
     TypeMismatch {
         /// The message kind.
         kind: MessageKind,
@@ -307,7 +317,9 @@ pub enum RegistryError {
 #[non_exhaustive]
 pub enum AdminError {
     /// The message is claimed by a live lease; changing it would race its worker.
-    #[error("outbox message {id:?} is claimed until {locked_until}; wait for its lease to end before changing it")]
+    #[error(
+        "outbox message {id:?} is claimed until {locked_until}; wait for its lease to end before changing it"
+    )]
     ClaimLive {
         /// The message id.
         id: String,
@@ -315,7 +327,9 @@ pub enum AdminError {
         locked_until: DateTime<Utc>,
     },
     /// Only dead-lettered messages can be requeued.
-    #[error("outbox message {id:?} is {status}, not dead-lettered; only dead letters can be requeued")]
+    #[error(
+        "outbox message {id:?} is {status}, not dead-lettered; only dead letters can be requeued"
+    )]
     NotDeadLettered {
         /// The message id.
         id: String,
@@ -323,7 +337,9 @@ pub enum AdminError {
         status: MessageStatus,
     },
     /// Purging pending or claimed messages would lose work.
-    #[error("refusing to purge {status} messages: only delivered and dead-lettered messages can be purged")]
+    #[error(
+        "refusing to purge {status} messages: only delivered and dead-lettered messages can be purged"
+    )]
     UnsafePurge {
         /// The status that was asked for.
         status: MessageStatus,

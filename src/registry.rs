@@ -53,7 +53,9 @@ type Decoder = fn(&Payload) -> serde_json::Result<DecodedPayload>;
 fn decode_as<T: DeserializeOwned + Send + Sync + 'static>(
     payload: &Payload,
 ) -> serde_json::Result<DecodedPayload> {
-    payload.decode::<T>().map(|value| Box::new(value) as Box<dyn Any + Send + Sync>)
+    payload
+        .decode::<T>()
+        .map(|value| Box::new(value) as Box<dyn Any + Send + Sync>)
 }
 
 #[derive(Clone)]
@@ -117,7 +119,9 @@ impl Registry {
 
     /// The job's own retry policy, if it declares one.
     pub fn retry_policy(&self, kind: MessageKind, name: &str) -> Option<&RetryPolicy> {
-        self.table(kind).get(name).and_then(|entry| entry.retry.as_ref())
+        self.table(kind)
+            .get(name)
+            .and_then(|entry| entry.retry.as_ref())
     }
 
     /// The registered names of `kind`, sorted.

@@ -238,7 +238,10 @@ mod tests {
         assert_ne!(a, policy.delay(3, "message-2"));
         for n in 1..100 {
             let d = policy.delay(n, "message-1");
-            assert!(d <= Duration::from_secs(10) && d >= Duration::from_secs(5), "{d:?}");
+            assert!(
+                d <= Duration::from_secs(10) && d >= Duration::from_secs(5),
+                "{d:?}"
+            );
         }
     }
 

@@ -200,8 +200,11 @@ type SharedHandler = Arc<
         + Sync,
 >;
 
-type OwnedHandler =
-    Arc<dyn Fn(DecodedPayload, DeliveryContext) -> LocalBoxFuture<'static, DeliveryResult> + Send + Sync>;
+type OwnedHandler = Arc<
+    dyn Fn(DecodedPayload, DeliveryContext) -> LocalBoxFuture<'static, DeliveryResult>
+        + Send
+        + Sync,
+>;
 
 /// An in-process event bus: async handlers by event name.
 ///
@@ -226,15 +229,14 @@ impl InProcessBus {
         F: Fn(Arc<E>, DeliveryContext) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = DeliveryResult> + 'static,
     {
-        let erased: SharedHandler = Arc::new(move |payload, context| {
-            match payload.downcast::<E>() {
+        let erased: SharedHandler =
+            Arc::new(move |payload, context| match payload.downcast::<E>() {
                 Ok(event) => Box::pin(handler(event, context)),
                 Err(_) => Box::pin(std::future::ready(Err(type_mismatch::<E>(
                     MessageKind::Event,
                     E::NAME,
                 )))),
-            }
-        });
+            });
         self.handlers.entry(E::NAME).or_default().push(erased);
         self
     }
@@ -249,7 +251,9 @@ impl fmt::Debug for InProcessBus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut names: Vec<_> = self.handlers.keys().collect();
         names.sort();
-        f.debug_struct("InProcessBus").field("events", &names).finish()
+        f.debug_struct("InProcessBus")
+            .field("events", &names)
+            .finish()
     }
 }
 
@@ -297,13 +301,14 @@ impl InProcessJobs {
         F: Fn(J, DeliveryContext) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = DeliveryResult> + 'static,
     {
-        let erased: OwnedHandler = Arc::new(move |payload, context| match payload.downcast::<J>() {
-            Ok(job) => Box::pin(handler(*job, context)),
-            Err(_) => Box::pin(std::future::ready(Err(type_mismatch::<J>(
-                MessageKind::Job,
-                J::NAME,
-            )))),
-        });
+        let erased: OwnedHandler =
+            Arc::new(move |payload, context| match payload.downcast::<J>() {
+                Ok(job) => Box::pin(handler(*job, context)),
+                Err(_) => Box::pin(std::future::ready(Err(type_mismatch::<J>(
+                    MessageKind::Job,
+                    J::NAME,
+                )))),
+            });
         self.handlers.insert(J::NAME, erased);
         self
     }
@@ -318,7 +323,9 @@ impl fmt::Debug for InProcessJobs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut names: Vec<_> = self.handlers.keys().collect();
         names.sort();
-        f.debug_struct("InProcessJobs").field("jobs", &names).finish()
+        f.debug_struct("InProcessJobs")
+            .field("jobs", &names)
+            .finish()
     }
 }
 

@@ -1,31 +1,31 @@
 //! An in-memory store: the full contract, for tests, demos and benchmarks.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use chrono::{DateTime, Utc};
 
 use super::{
-    ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, OutboxAdmin,
-    OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters,
-    WakeupSender, Wakeups, check, lease_end,
+    ClaimBatch, ClaimedBatch, ListCursor, ListMessages, MarkDelivered, MarkFailed, MessagePage,
+    OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
+    RequeueDeadLetters, WakeupSender, Wakeups, check, lease_end,
 };
-use crate::error::{
-    AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, Result,
+use crate::error::{AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, Result};
+use crate::message::{
+    ClaimedMessage, ErrorRecord, MessageStatus, NewMessage, OutboxMessage, new_claim_token,
 };
-use crate::message::{ClaimedMessage, ErrorRecord, MessageStatus, NewMessage, OutboxMessage, new_claim_token};
-use crate::store::ListCursor;
 
 /// An outbox held in process memory. Cheap to clone; clones share the data.
 ///
-/// Safe to share across threads. Claims do not scan every message: unsettled
-/// messages are kept in an index ordered by `(available_at, created_at)`, so
-/// a claim walks only the due prefix of it (plus any live claims in that
-/// prefix), whether a thousand or a million messages wait behind it.
+/// Safe to share across threads. A claim reads only the messages it takes:
+/// pending messages and claims sit in separate ordered indexes, and settled
+/// messages in none, so a claim costs the same with a thousand or a million
+/// messages stored, and with any number of live claims ahead of the due ones.
 #[derive(Clone, Default)]
 pub struct MemoryOutbox {
     // A std mutex, not tokio's: no critical section awaits, each is a few
-    // map operations, and a std lock is several times cheaper uncontended.
+    // index operations, and a std lock is several times cheaper uncontended.
     state: Arc<Mutex<State>>,
     wake: WakeupSender,
 }
@@ -34,68 +34,144 @@ impl std::fmt::Debug for MemoryOutbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = self.lock();
         f.debug_struct("MemoryOutbox")
-            .field("messages", &state.messages.len())
-            .field("unsettled", &state.queue.len())
+            .field("messages", &state.ids.len())
+            .field("pending", &state.pending.len())
+            .field("claimed", &(state.leases.len() + state.expired.len()))
             .finish()
     }
 }
 
+/// The data behind the lock.
+///
+/// Invariant: every stored message is in exactly the index its `place`
+/// names, under the key made from its current fields. All changes to a
+/// stored message go through [`State::update`], which keeps it so.
 #[derive(Default)]
 struct State {
-    messages: HashMap<Arc<str>, Stored>,
-    /// Pending and claimed messages: the only ones a claim can take.
-    queue: BTreeSet<QueueKey>,
+    /// Messages by slot. Slots are handed out in enqueue order, so messages
+    /// claimed together sit together in memory; a purge frees slots for reuse.
+    slots: Vec<Option<Stored>>,
+    free: Vec<usize>,
+    ids: HashMap<Arc<str>, usize>,
+    /// Pending messages, in claim order.
+    pending: BTreeSet<DueKey>,
+    /// Claims, by lease end, until a claim finds them expired.
+    leases: BTreeSet<LeaseKey>,
+    /// Claims a claim found expired, in claim order. Kept apart from
+    /// `leases` so a claim never walks past live claims to reach them.
+    expired: BTreeSet<DueKey>,
     /// Every message by `(created_at, id)`, for stable listing.
-    listing: BTreeSet<(DateTime<Utc>, Arc<str>)>,
+    listing: BTreeMap<(DateTime<Utc>, Arc<str>), usize>,
     next_seq: u64,
     counts: [u64; 4],
 }
 
 struct Stored {
     message: OutboxMessage,
-    /// Insertion order: the tie-break after `created_at`.
+    /// Enqueue order: the tie-break after `created_at`.
     seq: u64,
+    place: Place,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct QueueKey {
+/// Which index holds a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Pending,
+    Leased,
+    Expired,
+    Settled,
+}
+
+/// Claim order: `available_at`, then `created_at`, then enqueue order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct DueKey {
     available_at: DateTime<Utc>,
     created_at: DateTime<Utc>,
     seq: u64,
-    id: Arc<str>,
+    slot: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct LeaseKey {
+    locked_until: DateTime<Utc>,
+    seq: u64,
+    slot: usize,
 }
 
 impl Stored {
-    fn key(&self, id: &Arc<str>) -> QueueKey {
-        QueueKey {
+    fn due_key(&self, slot: usize) -> DueKey {
+        DueKey {
             available_at: self.message.available_at,
             created_at: self.message.created_at,
             seq: self.seq,
-            id: id.clone(),
+            slot,
+        }
+    }
+
+    fn lease_key(&self, slot: usize) -> LeaseKey {
+        LeaseKey {
+            locked_until: self.message.locked_until.expect("a claim has a lease"),
+            seq: self.seq,
+            slot,
         }
     }
 }
 
-fn status_slot(status: MessageStatus) -> usize {
+fn status_index(status: MessageStatus) -> usize {
     status as usize
 }
 
+fn clear_claim(message: &mut OutboxMessage) {
+    message.claim_token = None;
+    message.claimed_at = None;
+    message.locked_until = None;
+}
+
 impl State {
-    fn set_status(&mut self, id: &str, status: MessageStatus) {
-        let stored = self.messages.get_mut(id).expect("message exists");
-        let old = stored.message.status;
-        self.counts[status_slot(old)] -= 1;
-        self.counts[status_slot(status)] += 1;
-        stored.message.status = status;
+    fn stored(&self, slot: usize) -> &Stored {
+        self.slots[slot]
+            .as_ref()
+            .expect("an indexed slot holds a message")
     }
 
-    /// The message if `claim_token` owns it with a live lease at `now`.
-    fn fenced(&mut self, id: &str, claim_token: &str, now: DateTime<Utc>) -> Result<Arc<str>> {
-        let (key, stored) = self
-            .messages
-            .get_key_value(id)
+    /// Change one message and move it to the index its new fields call for.
+    fn update<R>(&mut self, slot: usize, change: impl FnOnce(&mut OutboxMessage) -> R) -> R {
+        let stored = self.slots[slot]
+            .as_mut()
+            .expect("an indexed slot holds a message");
+        // Out of its index first, while its key still matches its fields.
+        match stored.place {
+            Place::Pending => self.pending.remove(&stored.due_key(slot)),
+            Place::Leased => self.leases.remove(&stored.lease_key(slot)),
+            Place::Expired => self.expired.remove(&stored.due_key(slot)),
+            Place::Settled => true,
+        };
+        let before = stored.message.status;
+        let result = change(&mut stored.message);
+        let after = stored.message.status;
+        stored.place = match after {
+            MessageStatus::Pending => {
+                self.pending.insert(stored.due_key(slot));
+                Place::Pending
+            }
+            MessageStatus::Claimed => {
+                self.leases.insert(stored.lease_key(slot));
+                Place::Leased
+            }
+            MessageStatus::Delivered | MessageStatus::DeadLettered => Place::Settled,
+        };
+        self.counts[status_index(before)] -= 1;
+        self.counts[status_index(after)] += 1;
+        result
+    }
+
+    /// The slot of `id` if `claim_token` owns it with a live lease at `now`.
+    fn fenced(&self, id: &str, claim_token: &str, now: DateTime<Utc>) -> Result<usize> {
+        let slot = *self
+            .ids
+            .get(id)
             .ok_or_else(|| ClaimError::new(id, ClaimLoss::Missing))?;
-        let message = &stored.message;
+        let message = &self.stored(slot).message;
         if message.status != MessageStatus::Claimed {
             return Err(ClaimError::new(id, ClaimLoss::NotClaimed).into());
         }
@@ -105,32 +181,54 @@ impl State {
         if message.locked_until.is_none_or(|until| until <= now) {
             return Err(ClaimError::new(id, ClaimLoss::LeaseExpired).into());
         }
-        Ok(key.clone())
+        Ok(slot)
     }
 
-    /// End a claim: clear its fields, then leave the queue (terminal) or
-    /// move to a new place in it (pending again at `available_at`).
-    fn settle(
-        &mut self,
-        id: &Arc<str>,
-        status: MessageStatus,
-        available_at: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) {
-        let stored = self.messages.get_mut(id).expect("message exists");
-        let old_key = stored.key(id);
-        let message = &mut stored.message;
-        message.claim_token = None;
-        message.claimed_at = None;
-        message.locked_until = None;
-        message.updated_at = now;
-        message.available_at = available_at;
-        let new_key = stored.key(id);
-        self.queue.remove(&old_key);
-        if !status.is_terminal() {
-            self.queue.insert(new_key);
+    /// Up to `limit` claimable slots at `now`, in claim order.
+    fn select(&mut self, limit: usize, now: DateTime<Utc>) -> Vec<usize> {
+        // Leases that ran out by `now` join the claimable, in claim order.
+        // Each claim moves once, so this costs nothing when none expired.
+        while let Some(lease) = self.leases.first().copied() {
+            if lease.locked_until > now {
+                break;
+            }
+            self.leases.pop_first();
+            let stored = self.slots[lease.slot]
+                .as_mut()
+                .expect("a leased slot holds a message");
+            stored.place = Place::Expired;
+            self.expired.insert(stored.due_key(lease.slot));
         }
-        self.set_status(id, status);
+
+        let slots = &self.slots;
+        let mut pending = self
+            .pending
+            .iter()
+            .take_while(|key| key.available_at <= now)
+            .peekable();
+        // A claim found expired stays claimable; this only matters when
+        // callers' clocks disagree and `now` is earlier than that claim's.
+        let mut expired = self
+            .expired
+            .iter()
+            .filter(|key| {
+                let message = &slots[key.slot]
+                    .as_ref()
+                    .expect("an expired slot holds a message");
+                message.message.is_claimable(now)
+            })
+            .peekable();
+        let mut selected = Vec::with_capacity(limit.min(1024));
+        while selected.len() < limit {
+            let next = match (pending.peek(), expired.peek()) {
+                (Some(p), Some(e)) if p <= e => pending.next(),
+                (_, Some(_)) => expired.next(),
+                (Some(_), None) => pending.next(),
+                (None, None) => break,
+            };
+            selected.extend(next.map(|key| key.slot));
+        }
+        selected
     }
 }
 
@@ -141,15 +239,15 @@ impl MemoryOutbox {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // No critical section can leave the state half-updated on a panic
-        // that matters to callers (they only panic on broken invariants), so
-        // a poisoned lock is still usable.
+        // Critical sections panic only on a broken invariant, and then the
+        // data is wrong with or without the lock; poisoning would only turn
+        // one bug into a store that refuses every later call.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Number of stored messages.
     pub fn len(&self) -> usize {
-        self.lock().messages.len()
+        self.lock().ids.len()
     }
 
     /// `true` when nothing is stored.
@@ -162,8 +260,8 @@ impl MemoryOutbox {
         let state = self.lock();
         state
             .listing
-            .iter()
-            .map(|(_, id)| state.messages[id].message.clone())
+            .values()
+            .map(|&slot| state.stored(slot).message.clone())
             .collect()
     }
 
@@ -171,12 +269,6 @@ impl MemoryOutbox {
         message.validate()?;
         let id: Arc<str> = Arc::from(message.resolve_id());
         let now = message.now;
-        let mut state = self.lock();
-        if state.messages.contains_key(&id) {
-            return Err(Error::DuplicateId { id: id.to_string() });
-        }
-        let seq = state.next_seq;
-        state.next_seq += 1;
         let stored = Stored {
             message: OutboxMessage {
                 id: id.to_string(),
@@ -196,12 +288,28 @@ impl MemoryOutbox {
                 updated_at: now,
                 delivered_at: None,
             },
-            seq,
+            seq: 0,
+            place: Place::Pending,
         };
-        state.queue.insert(stored.key(&id));
-        state.listing.insert((now, id.clone()));
-        state.messages.insert(id.clone(), stored);
-        state.counts[status_slot(MessageStatus::Pending)] += 1;
+        let mut state = self.lock();
+        if state.ids.contains_key(&id) {
+            return Err(Error::DuplicateId { id: id.to_string() });
+        }
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        let stored = Stored { seq, ..stored };
+        let slot = match state.free.pop() {
+            Some(slot) => slot,
+            None => {
+                state.slots.push(None);
+                state.slots.len() - 1
+            }
+        };
+        state.pending.insert(stored.due_key(slot));
+        state.slots[slot] = Some(stored);
+        state.ids.insert(id.clone(), slot);
+        state.listing.insert((now, id.clone()), slot);
+        state.counts[status_index(MessageStatus::Pending)] += 1;
         drop(state);
         self.wake.wake();
         Ok(id.to_string())
@@ -212,55 +320,49 @@ impl MemoryOutbox {
         let ClaimBatch { limit, now, lease } = params;
         let locked_until = lease_end(now, lease)?;
         let mut state = self.lock();
-        let mut selected = Vec::with_capacity(limit.min(1024));
-        for key in &state.queue {
-            if key.available_at > now || selected.len() == limit {
-                break;
-            }
-            if state.messages[&key.id].message.is_claimable(now) {
-                selected.push(key.id.clone());
-            }
-        }
         let mut batch = ClaimedBatch::default();
-        for id in selected {
-            let stored = state.messages.get_mut(&id).expect("selected message exists");
-            let message = &mut stored.message;
+        for slot in state.select(limit, now) {
+            let message = &state.stored(slot).message;
             if message.attempts >= message.max_attempts {
-                message.last_error = Some(ErrorRecord::from_error(&AbandonedClaimError {
-                    id: id.to_string(),
+                let error = ErrorRecord::from_error(&AbandonedClaimError {
+                    id: message.id.clone(),
                     attempts: message.attempts,
                     max_attempts: message.max_attempts,
-                }));
-                let available_at = message.available_at;
-                state.settle(&id, MessageStatus::DeadLettered, available_at, now);
-                batch
-                    .dead_lettered
-                    .push(state.messages[&id].message.clone());
+                });
+                let dead = state.update(slot, |message| {
+                    message.status = MessageStatus::DeadLettered;
+                    message.last_error = Some(error);
+                    message.updated_at = now;
+                    clear_claim(message);
+                    message.clone()
+                });
+                batch.dead_lettered.push(dead);
                 continue;
             }
-            let token = new_claim_token();
-            message.attempts += 1;
-            message.claim_token = Some(token.clone());
-            message.claimed_at = Some(now);
-            message.locked_until = Some(locked_until);
-            message.updated_at = now;
-            batch.claimed.push(ClaimedMessage {
-                id: message.id.clone(),
-                kind: message.kind,
-                name: message.name.clone(),
-                payload: message.payload.clone(),
-                trace: message.trace.clone(),
-                attempts: message.attempts,
-                max_attempts: message.max_attempts,
-                available_at: message.available_at,
-                created_at: message.created_at,
-                claim_token: token,
-                claimed_at: now,
-                locked_until,
+            let claim_token = new_claim_token();
+            let claimed = state.update(slot, |message| {
+                message.status = MessageStatus::Claimed;
+                message.attempts += 1;
+                message.claim_token = Some(claim_token.clone());
+                message.claimed_at = Some(now);
+                message.locked_until = Some(locked_until);
+                message.updated_at = now;
+                ClaimedMessage {
+                    id: message.id.clone(),
+                    kind: message.kind,
+                    name: message.name.clone(),
+                    payload: message.payload.clone(),
+                    trace: message.trace.clone(),
+                    attempts: message.attempts,
+                    max_attempts: message.max_attempts,
+                    available_at: message.available_at,
+                    created_at: message.created_at,
+                    claim_token,
+                    claimed_at: now,
+                    locked_until,
+                }
             });
-            if message.status != MessageStatus::Claimed {
-                state.set_status(&id, MessageStatus::Claimed);
-            }
+            batch.claimed.push(claimed);
         }
         Ok(batch)
     }
@@ -270,53 +372,64 @@ impl MemoryOutbox {
         check::positive_lease(params.lease)?;
         let locked_until = lease_end(params.now, params.lease)?;
         let mut state = self.lock();
-        let id = state.fenced(&params.id, &params.claim_token, params.now)?;
-        let message = &mut state.messages.get_mut(&id).expect("fenced message exists").message;
-        message.locked_until = Some(locked_until);
-        message.updated_at = params.now;
+        let slot = state.fenced(&params.id, &params.claim_token, params.now)?;
+        state.update(slot, |message| {
+            message.locked_until = Some(locked_until);
+            message.updated_at = params.now;
+        });
         Ok(locked_until)
     }
 
     fn deliver_now(&self, params: MarkDelivered) -> Result<()> {
         check::fence(&params.id, &params.claim_token)?;
         let mut state = self.lock();
-        let id = state.fenced(&params.id, &params.claim_token, params.now)?;
-        let available_at = state.messages[&id].message.available_at;
-        state.settle(&id, MessageStatus::Delivered, available_at, params.now);
-        let message = &mut state.messages.get_mut(&id).expect("settled message exists").message;
-        message.delivered_at = Some(params.now);
+        let slot = state.fenced(&params.id, &params.claim_token, params.now)?;
+        state.update(slot, |message| {
+            message.status = MessageStatus::Delivered;
+            message.delivered_at = Some(params.now);
+            message.updated_at = params.now;
+            clear_claim(message);
+        });
         Ok(())
     }
 
     fn fail_now(&self, params: MarkFailed) -> Result<()> {
         check::fence(&params.id, &params.claim_token)?;
+        // Bounding a huge error is the slow part; do it before taking the lock.
+        let error = params.error.bounded();
         let mut state = self.lock();
-        let id = state.fenced(&params.id, &params.claim_token, params.now)?;
-        let (status, available_at) = if params.dead_letter {
-            let current = state.messages[&id].message.available_at;
-            (MessageStatus::DeadLettered, current)
-        } else {
-            (MessageStatus::Pending, params.retry_at.unwrap_or(params.now))
-        };
-        state.settle(&id, status, available_at, params.now);
-        let message = &mut state.messages.get_mut(&id).expect("settled message exists").message;
-        message.last_error = Some(params.error.bounded());
+        let slot = state.fenced(&params.id, &params.claim_token, params.now)?;
+        state.update(slot, |message| {
+            if params.dead_letter {
+                message.status = MessageStatus::DeadLettered;
+            } else {
+                message.status = MessageStatus::Pending;
+                message.available_at = params.retry_at.unwrap_or(params.now);
+            }
+            message.last_error = Some(error);
+            message.updated_at = params.now;
+            clear_claim(message);
+        });
         Ok(())
     }
 
     fn release_now(&self, params: ReleaseClaim) -> Result<()> {
         check::fence(&params.id, &params.claim_token)?;
         let mut state = self.lock();
-        let id = state.fenced(&params.id, &params.claim_token, params.now)?;
-        state.settle(&id, MessageStatus::Pending, params.now, params.now);
-        let message = &mut state.messages.get_mut(&id).expect("released message exists").message;
-        message.attempts = message.attempts.saturating_sub(1);
+        let slot = state.fenced(&params.id, &params.claim_token, params.now)?;
+        state.update(slot, |message| {
+            message.status = MessageStatus::Pending;
+            message.available_at = params.now;
+            message.attempts = message.attempts.saturating_sub(1);
+            message.updated_at = params.now;
+            clear_claim(message);
+        });
         Ok(())
     }
 
     fn stats_now(&self, now: DateTime<Utc>) -> OutboxStats {
         let state = self.lock();
-        let count = |status| state.counts[status_slot(status)];
+        let count = |status| state.counts[status_index(status)];
         let mut stats = OutboxStats {
             pending: count(MessageStatus::Pending),
             claimed: count(MessageStatus::Claimed),
@@ -324,20 +437,20 @@ impl MemoryOutbox {
             dead_lettered: count(MessageStatus::DeadLettered),
             ..OutboxStats::default()
         };
-        for key in &state.queue {
-            let message = &state.messages[&key.id].message;
-            match message.status {
-                MessageStatus::Claimed if message.has_live_claim(now) => stats.live_claims += 1,
-                MessageStatus::Claimed => stats.expired_claims += 1,
-                MessageStatus::Pending if message.available_at <= now => {
-                    stats.oldest_due_at = Some(match stats.oldest_due_at {
-                        Some(oldest) => oldest.min(message.available_at),
-                        None => message.available_at,
-                    });
-                }
-                _ => {}
+        let claims = state.leases.iter().map(|key| key.slot);
+        for slot in claims.chain(state.expired.iter().map(|key| key.slot)) {
+            if state.stored(slot).message.has_live_claim(now) {
+                stats.live_claims += 1;
+            } else {
+                stats.expired_claims += 1;
             }
         }
+        // `pending` is ordered by `available_at`, so its first entry is the oldest.
+        stats.oldest_due_at = state
+            .pending
+            .first()
+            .map(|key| key.available_at)
+            .filter(|available_at| *available_at <= now);
         stats
     }
 
@@ -345,15 +458,22 @@ impl MemoryOutbox {
         check::list(&params)?;
         let state = self.lock();
         let start = match &params.after {
-            Some(cursor) => std::ops::Bound::Excluded((cursor.created_at, Arc::from(cursor.id.as_str()))),
-            None => std::ops::Bound::Unbounded,
+            Some(cursor) => Bound::Excluded((cursor.created_at, Arc::from(cursor.id.as_str()))),
+            None => Bound::Unbounded,
         };
         let mut messages = Vec::new();
         let mut more = false;
-        for (_, id) in state.listing.range((start, std::ops::Bound::Unbounded)) {
-            let message = &state.messages[id].message;
+        for &slot in state
+            .listing
+            .range((start, Bound::Unbounded))
+            .map(|(_, slot)| slot)
+        {
+            let message = &state.stored(slot).message;
             if params.status.is_some_and(|status| status != message.status)
-                || params.name.as_deref().is_some_and(|name| name != message.name)
+                || params
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| name != message.name)
             {
                 continue;
             }
@@ -374,10 +494,11 @@ impl MemoryOutbox {
     }
 
     fn get_now(&self, id: &str) -> Result<OutboxMessage> {
-        self.lock()
-            .messages
+        let state = self.lock();
+        state
+            .ids
             .get(id)
-            .map(|stored| stored.message.clone())
+            .map(|&slot| state.stored(slot).message.clone())
             .ok_or_else(|| Error::NotFound { id: id.to_owned() })
     }
 
@@ -385,13 +506,13 @@ impl MemoryOutbox {
         check::requeue(&params)?;
         let now = params.now;
         let mut state = self.lock();
-        let targets: Vec<Arc<str>> = match &params.id {
+        let targets: Vec<usize> = match &params.id {
             Some(id) => {
-                let (key, stored) = state
-                    .messages
-                    .get_key_value(id.as_str())
+                let slot = *state
+                    .ids
+                    .get(id.as_str())
                     .ok_or_else(|| Error::NotFound { id: id.clone() })?;
-                let message = &stored.message;
+                let message = &state.stored(slot).message;
                 if message.has_live_claim(now) {
                     return Err(AdminError::ClaimLive {
                         id: id.clone(),
@@ -406,26 +527,30 @@ impl MemoryOutbox {
                     }
                     .into());
                 }
-                vec![key.clone()]
+                vec![slot]
             }
             None => state
-                .messages
+                .slots
                 .iter()
-                .filter(|(_, stored)| {
-                    stored.message.status == MessageStatus::DeadLettered
-                        && params.name.as_deref().is_none_or(|name| name == stored.message.name)
+                .enumerate()
+                .filter_map(|(slot, stored)| Some((slot, &stored.as_ref()?.message)))
+                .filter(|(_, message)| {
+                    message.status == MessageStatus::DeadLettered
+                        && params
+                            .name
+                            .as_deref()
+                            .is_none_or(|name| name == message.name)
                 })
-                .map(|(id, _)| id.clone())
+                .map(|(slot, _)| slot)
                 .collect(),
         };
-        for id in &targets {
-            let stored = state.messages.get_mut(id).expect("target exists");
-            stored.message.attempts = 0;
-            stored.message.available_at = now;
-            stored.message.updated_at = now;
-            let key = stored.key(id);
-            state.queue.insert(key);
-            state.set_status(id, MessageStatus::Pending);
+        for &slot in &targets {
+            state.update(slot, |message| {
+                message.status = MessageStatus::Pending;
+                message.attempts = 0;
+                message.available_at = now;
+                message.updated_at = now;
+            });
         }
         drop(state);
         if !targets.is_empty() {
@@ -437,21 +562,33 @@ impl MemoryOutbox {
     fn purge_now(&self, params: PurgeMessages) -> Result<u64> {
         check::purge(&params)?;
         let mut state = self.lock();
-        let doomed: Vec<(Arc<str>, DateTime<Utc>, MessageStatus)> = state
-            .messages
+        let doomed: Vec<usize> = state
+            .slots
             .iter()
-            .filter(|(_, stored)| {
-                let message = &stored.message;
+            .enumerate()
+            .filter_map(|(slot, stored)| Some((slot, &stored.as_ref()?.message)))
+            .filter(|(_, message)| {
                 message.status.is_terminal()
                     && params.status.is_none_or(|status| status == message.status)
                     && message.updated_at < params.older_than
             })
-            .map(|(id, stored)| (id.clone(), stored.message.created_at, stored.message.status))
+            .map(|(slot, _)| slot)
             .collect();
-        for (id, created_at, status) in &doomed {
-            state.messages.remove(id);
-            state.listing.remove(&(*created_at, id.clone()));
-            state.counts[status_slot(*status)] -= 1;
+        for &slot in &doomed {
+            let stored = state.slots[slot]
+                .take()
+                .expect("a doomed slot holds a message");
+            // Terminal messages are in no claim index; only the lookups go.
+            debug_assert_eq!(stored.place, Place::Settled);
+            let message = stored.message;
+            let id = state
+                .ids
+                .remove_entry(message.id.as_str())
+                .map(|(id, _)| id)
+                .expect("a stored message has an id entry");
+            state.listing.remove(&(message.created_at, id));
+            state.counts[status_index(message.status)] -= 1;
+            state.free.push(slot);
         }
         Ok(doomed.len() as u64)
     }
@@ -506,5 +643,122 @@ impl OutboxAdmin for MemoryOutbox {
 
     async fn purge(&self, params: PurgeMessages) -> Result<u64> {
         self.purge_now(params)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{MessageKind, Payload};
+    use chrono::TimeZone;
+    use std::time::Duration;
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap() + chrono::Duration::seconds(secs)
+    }
+
+    fn claim(store: &MemoryOutbox, limit: usize, now: i64) -> ClaimedBatch {
+        let lease = Duration::from_secs(10);
+        store
+            .claim_now(ClaimBatch {
+                limit,
+                now: at(now),
+                lease,
+            })
+            .unwrap()
+    }
+
+    fn claimed(batch: &ClaimedBatch) -> Vec<&str> {
+        batch.claimed.iter().map(|m| m.id.as_str()).collect()
+    }
+
+    fn dead(batch: &ClaimedBatch) -> Vec<&str> {
+        batch.dead_lettered.iter().map(|m| m.id.as_str()).collect()
+    }
+
+    /// The indexes agree with the messages: each message is in the index
+    /// its status calls for, under its current key, and nowhere else.
+    fn assert_consistent(store: &MemoryOutbox) {
+        let state = store.lock();
+        let mut indexed = 0;
+        for (slot, stored) in state.slots.iter().enumerate() {
+            let Some(stored) = stored else { continue };
+            indexed += 1;
+            let in_pending = state.pending.contains(&stored.due_key(slot));
+            let in_expired = state.expired.contains(&stored.due_key(slot));
+            let in_leases = stored.message.locked_until.is_some()
+                && state.leases.contains(&stored.lease_key(slot));
+            let expected = match stored.message.status {
+                MessageStatus::Pending => (true, false, false),
+                MessageStatus::Claimed => (
+                    false,
+                    stored.place == Place::Expired,
+                    stored.place == Place::Leased,
+                ),
+                _ => (false, false, false),
+            };
+            assert_eq!(
+                (in_pending, in_expired, in_leases),
+                expected,
+                "{:?}",
+                stored.message.id
+            );
+        }
+        assert_eq!(
+            state.pending.len() + state.leases.len() + state.expired.len(),
+            (state.counts[0] + state.counts[1]) as usize
+        );
+        assert_eq!(indexed, state.ids.len());
+        assert_eq!(indexed, state.listing.len());
+        assert_eq!(indexed as u64, state.counts.iter().sum::<u64>());
+    }
+
+    #[test]
+    fn indexes_follow_every_transition() {
+        let store = MemoryOutbox::new();
+        for i in 0..6 {
+            let new = NewMessage::new(MessageKind::Event, "e", Payload::from(serde_json::json!(i)))
+                .with_id(format!("m{i}"))
+                .with_max_attempts(2)
+                .at(at(i));
+            store.enqueue_now(new).unwrap();
+        }
+        assert_consistent(&store);
+        let first = claim(&store, 4, 10);
+        assert_eq!(claimed(&first), ["m0", "m1", "m2", "m3"]);
+        assert_consistent(&store);
+        let renew = |m: &ClaimedMessage| RenewClaim {
+            id: m.id.clone(),
+            claim_token: m.claim_token.clone(),
+            now: at(15),
+            lease: Duration::from_secs(60),
+        };
+        store.renew_now(renew(&first.claimed[0])).unwrap();
+        store.renew_now(renew(&first.claimed[1])).unwrap();
+        assert_consistent(&store);
+        // m2 and m3 ran out at 20 s; this claim finds both expired, takes one.
+        assert_eq!(claimed(&claim(&store, 1, 25)), ["m2"]);
+        assert_consistent(&store);
+        // A caller whose clock is behind still sees m3's claim as live.
+        assert_eq!(claimed(&claim(&store, 10, 19)), ["m4", "m5"]);
+        assert_consistent(&store);
+        assert_eq!(claimed(&claim(&store, 10, 20)), ["m3"]);
+        let last = claim(&store, 10, 100);
+        assert_eq!(claimed(&last), ["m0", "m1", "m4", "m5"]);
+        assert_eq!(dead(&last), ["m2", "m3"]);
+        assert_consistent(&store);
+        let purged = store
+            .purge_now(PurgeMessages {
+                status: None,
+                older_than: at(101),
+            })
+            .unwrap();
+        assert_eq!(purged, 2);
+        assert_consistent(&store);
+        let new = NewMessage::new(MessageKind::Event, "e", Payload::from(serde_json::json!(7)))
+            .at(at(50));
+        store.enqueue_now(new).unwrap();
+        assert_eq!(store.lock().slots.len(), 6, "a purged slot is reused");
+        assert_consistent(&store);
     }
 }

@@ -178,10 +178,8 @@ pub trait OutboxStore: Send + Sync + 'static {
     fn claim_batch(&self, params: ClaimBatch) -> impl Future<Output = Result<ClaimedBatch>> + Send;
 
     /// Extend a live claim; returns the new `locked_until`.
-    fn renew_claim(
-        &self,
-        params: RenewClaim,
-    ) -> impl Future<Output = Result<DateTime<Utc>>> + Send;
+    fn renew_claim(&self, params: RenewClaim)
+    -> impl Future<Output = Result<DateTime<Utc>>> + Send;
 
     /// Settle as delivered: `delivered_at = now`, claim cleared.
     fn mark_delivered(&self, params: MarkDelivered) -> impl Future<Output = Result<()>> + Send;

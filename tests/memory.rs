@@ -1,0 +1,11 @@
+//! The store contract, run on [`MemoryOutbox`].
+
+mod conformance;
+
+use outbox::MemoryOutbox;
+
+async fn setup() -> MemoryOutbox {
+    MemoryOutbox::new()
+}
+
+conformance::conformance_suite!(setup);
