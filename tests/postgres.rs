@@ -7,6 +7,7 @@
 //! paused clock would fire pool timeouts and batch windows while the runtime
 //! waits for the database.
 
+mod conformance;
 mod sql_support;
 
 use std::str::FromStr;
@@ -82,6 +83,13 @@ async fn backends(pool: &PgPool, application_name: &str, filter: &str) -> Vec<i3
     .await
     .unwrap()
 }
+
+/// A fresh store for each conformance case: a table of its own.
+async fn setup() -> PostgresOutbox {
+    store(&pool().await, &unique("case"), SettlementMode::default()).await
+}
+
+conformance::conformance_suite!(setup);
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct OrderPlaced {

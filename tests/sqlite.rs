@@ -4,6 +4,7 @@
 //! paused clock would fire pool timeouts and batch windows while the runtime
 //! waits for the database.
 
+mod conformance;
 mod sql_support;
 
 use std::path::PathBuf;
@@ -57,6 +58,23 @@ async fn store(pool: &SqlitePool, table: &str, mode: SettlementMode) -> SqliteOu
     outbox.setup().await.unwrap();
     outbox
 }
+
+/// A fresh store for each conformance case: a database file of its own, with
+/// the same settings as [`SqliteOutbox::connect`]. The files stay under
+/// cargo's target directory until the next run, which clears them.
+async fn setup() -> SqliteOutbox {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sqlite-conformance");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    });
+    let url = format!("sqlite://{}/{}.db", dir.display(), unique("case"));
+    SqliteOutbox::connect(&url).await.unwrap()
+}
+
+conformance::conformance_suite!(setup);
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct OrderPlaced {
