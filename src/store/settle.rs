@@ -96,6 +96,8 @@ pub(crate) trait SettleBackend: Send + Sync + 'static {
 struct Pending {
     row: Settle,
     reply: oneshot::Sender<Result<()>>,
+    /// When the call was made: its wait for a batch counts from here.
+    arrived: tokio::time::Instant,
 }
 
 /// Sends fenced writes to a backend, alone or in batches.
@@ -141,7 +143,11 @@ impl<B: SettleBackend> Settler<B> {
             });
         };
         let (reply, answer) = oneshot::channel();
-        let mut pending = Pending { row, reply };
+        let mut pending = Pending {
+            row,
+            reply,
+            arrived: tokio::time::Instant::now(),
+        };
         // The batch task lives on the runtime of the call that started it; if
         // that runtime has shut down since, start a new one here.
         for _ in 0..2 {
@@ -174,39 +180,82 @@ impl<B: SettleBackend> Settler<B> {
     }
 }
 
-/// Gather rows for `window` after the first (or until `max_rows`), apply
-/// them, repeat; ends when the store is dropped.
+/// Gather rows into batches and apply them, one statement at a time; ends
+/// when the store is dropped.
+///
+/// A batch closes at `max_rows`, or `window` after its first row arrived, or
+/// as soon as no statement runs and no other caller is ready to add a row
+/// (checked by letting the runtime run every task that is ready first). So a
+/// lone caller does not wait for a window that nobody else will use, while
+/// callers that arrive together, or while a statement runs, share the next
+/// one. Statements run one after another, so writes to one message apply in
+/// call order.
 async fn batch_loop<B: SettleBackend>(
     backend: Arc<B>,
     mut queue: mpsc::UnboundedReceiver<Pending>,
     window: Duration,
     max_rows: usize,
 ) {
+    /// How many times the batch lets other tasks run without any of them
+    /// adding a row before it decides nobody else is coming.
+    const QUIET_YIELDS: u32 = 2;
     let mut carried: Option<Pending> = None;
+    let mut running: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let first = match carried.take() {
             Some(pending) => pending,
             None => match queue.recv().await {
                 Some(pending) => pending,
-                None => return,
+                None => break,
             },
         };
-        let deadline = tokio::time::Instant::now() + window;
+        let deadline = first.arrived + window;
         let mut ids = HashSet::from([first.row.id.clone()]);
         let mut batch = vec![first];
+        let mut quiet = 0;
         while batch.len() < max_rows {
-            let Ok(Some(next)) = tokio::time::timeout_at(deadline, queue.recv()).await else {
-                break;
+            let next = match queue.try_recv() {
+                Ok(next) => Some(next),
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => match running.as_mut() {
+                    // A statement runs: gather until it ends (it must end
+                    // before this batch can start anyway).
+                    Some(statement) => tokio::select! {
+                        next = queue.recv() => next,
+                        _ = statement => {
+                            running = None;
+                            None
+                        }
+                    },
+                    None if quiet < QUIET_YIELDS && tokio::time::Instant::now() < deadline => {
+                        quiet += 1;
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    None => break,
+                },
             };
+            let Some(next) = next else { continue };
+            quiet = 0;
             // Two writes to one message must run in call order; the second
-            // waits for the next batch.
+            // waits for the next statement.
             if !ids.insert(next.row.id.clone()) {
                 carried = Some(next);
                 break;
             }
             batch.push(next);
+            if tokio::time::Instant::now() >= deadline && running.is_none() {
+                break;
+            }
         }
-        flush(&*backend, batch).await;
+        if let Some(previous) = running.take() {
+            let _ = previous.await;
+        }
+        let backend = backend.clone();
+        running = Some(tokio::spawn(async move { flush(&*backend, batch).await }));
+    }
+    if let Some(previous) = running {
+        let _ = previous.await;
     }
 }
 
@@ -252,4 +301,201 @@ struct BatchLost;
 
 fn batch_lost(operation: &'static str) -> Error {
     Error::store(operation, BatchLost)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures_util::future::join_all;
+
+    use super::*;
+    use crate::error::{ClaimError, ClaimLoss};
+
+    /// Records each batch; refuses rows whose token is `lost`, fails whole
+    /// batches that contain the id `broken`.
+    #[derive(Default)]
+    struct Recorder {
+        batches: Mutex<Vec<Vec<String>>>,
+        /// How long each statement takes.
+        delay: Duration,
+    }
+
+    impl SettleBackend for Recorder {
+        async fn settle(&self, rows: &[Settle]) -> Result<Vec<Result<()>>> {
+            self.batches
+                .lock()
+                .unwrap()
+                .push(rows.iter().map(|r| r.id.clone()).collect());
+            tokio::time::sleep(self.delay).await;
+            if rows.iter().any(|r| r.id == "broken") {
+                return Err(Error::store(
+                    "settle",
+                    std::io::Error::other("connection reset"),
+                ));
+            }
+            Ok(rows
+                .iter()
+                .map(|r| match r.claim_token.as_str() {
+                    "lost" => Err(ClaimError::new(&r.id, ClaimLoss::TokenMismatch).into()),
+                    _ => Ok(()),
+                })
+                .collect())
+        }
+    }
+
+    fn row(id: &str, token: &str) -> Settle {
+        Settle {
+            op: SettleOp::Deliver,
+            id: id.into(),
+            claim_token: token.into(),
+            now: DateTime::UNIX_EPOCH,
+            error: None,
+        }
+    }
+
+    fn batched(window_ms: u64, max_rows: usize) -> (Arc<Recorder>, Settler<Recorder>) {
+        let recorder = Arc::new(Recorder::default());
+        let mode = SettlementMode::Batched {
+            window: Duration::from_millis(window_ms),
+            max_rows,
+        };
+        (recorder.clone(), Settler::new(recorder, mode))
+    }
+
+    fn outcome(result: &Result<()>) -> &'static str {
+        match result {
+            Ok(()) => "ok",
+            Err(Error::Claim(_)) => "lost",
+            Err(Error::Store {
+                operation: "mark_delivered",
+                ..
+            }) => "store",
+            Err(_) => "other",
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_calls_share_one_statement_with_a_result_each() {
+        let (recorder, settler) = batched(1, 128);
+        let rows = [row("a", "t"), row("b", "lost"), row("c", "t")];
+        let results = join_all(rows.map(|r| settler.run(r))).await;
+        assert_eq!(
+            results.iter().map(outcome).collect::<Vec<_>>(),
+            ["ok", "lost", "ok"]
+        );
+        assert_eq!(*recorder.batches.lock().unwrap(), [["a", "b", "c"]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batches_close_at_max_rows_and_at_a_repeated_id() {
+        let (recorder, settler) = batched(1, 2);
+        let rows = [row("a", "t"), row("b", "t"), row("c", "t")];
+        join_all(rows.map(|r| settler.run(r))).await;
+        assert_eq!(
+            *recorder.batches.lock().unwrap(),
+            [vec!["a", "b"], vec!["c"]]
+        );
+
+        let (recorder, settler) = batched(1, 128);
+        let rows = [row("a", "t"), row("a", "lost"), row("b", "t")];
+        let results = join_all(rows.map(|r| settler.run(r))).await;
+        assert_eq!(
+            results.iter().map(outcome).collect::<Vec<_>>(),
+            ["ok", "lost", "ok"]
+        );
+        // The second write to `a` waits for the next statement, in call order.
+        assert_eq!(
+            *recorder.batches.lock().unwrap(),
+            [vec!["a"], vec!["a", "b"]]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_call_does_not_wait_for_the_window() {
+        let (recorder, settler) = batched(50, 128);
+        let start = tokio::time::Instant::now();
+        settler.run(row("a", "t")).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(*recorder.batches.lock().unwrap(), [["a"]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_made_while_a_statement_runs_share_the_next_one() {
+        let recorder = Arc::new(Recorder {
+            delay: Duration::from_millis(5),
+            ..Recorder::default()
+        });
+        let mode = SettlementMode::Batched {
+            window: Duration::from_millis(1),
+            max_rows: 128,
+        };
+        let settler = Arc::new(Settler::new(recorder.clone(), mode));
+        let start = tokio::time::Instant::now();
+        let calls = ["a", "b", "c"].into_iter().enumerate().map(|(i, id)| {
+            let settler = settler.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(2 * i as u64)).await;
+                settler.run(row(id, "t")).await.unwrap();
+                tokio::time::Instant::now()
+            })
+        });
+        let finished: Vec<_> = join_all(calls)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        // `a` goes alone; `b` and `c` arrive while it runs (past their
+        // window) and go out together as soon as it ends.
+        assert_eq!(
+            *recorder.batches.lock().unwrap(),
+            [vec!["a"], vec!["b", "c"]]
+        );
+        let ms = |at: tokio::time::Instant| (at - start).as_millis();
+        assert_eq!(
+            finished.into_iter().map(ms).collect::<Vec<_>>(),
+            [5, 10, 10]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_statement_fails_every_row_as_its_own_operation() {
+        let (_, settler) = batched(1, 128);
+        let rows = [row("a", "t"), row("broken", "t")];
+        let results = join_all(rows.map(|r| settler.run(r))).await;
+        assert_eq!(
+            results.iter().map(outcome).collect::<Vec<_>>(),
+            ["store", "store"]
+        );
+    }
+
+    #[tokio::test]
+    async fn per_message_mode_sends_each_call_alone() {
+        let recorder = Arc::new(Recorder::default());
+        let settler = Settler::new(recorder.clone(), SettlementMode::PerMessage);
+        let rows = [row("a", "t"), row("b", "lost")];
+        let results = join_all(rows.map(|r| settler.run(r))).await;
+        assert_eq!(
+            results.iter().map(outcome).collect::<Vec<_>>(),
+            ["ok", "lost"]
+        );
+        assert_eq!(*recorder.batches.lock().unwrap(), [["a"], ["b"]]);
+    }
+
+    #[test]
+    fn a_batch_outlives_the_runtime_that_started_it() {
+        let recorder = Arc::new(Recorder::default());
+        let settler = Settler::new(recorder.clone(), SettlementMode::DEFAULT_BATCHED);
+        for _ in 0..2 {
+            // Each runtime shuts down after its call, taking the batch task
+            // with it; the next call starts a new one.
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap()
+                .block_on(settler.run(row("a", "t")))
+                .unwrap();
+        }
+        assert_eq!(recorder.batches.lock().unwrap().len(), 2);
+    }
 }
