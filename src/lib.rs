@@ -20,7 +20,11 @@
 //! - [`store`]: the store port. [`OutboxStore`] is the drain path (enqueue,
 //!   claim, renew, settle, release), [`OutboxAdmin`] the operator path; each
 //!   operation takes a parameter struct with the caller's `now`.
-//!   [`MemoryOutbox`] implements both.
+//!   [`MemoryOutbox`] implements both; so do `SqliteOutbox` (`store::sqlite`,
+//!   feature `sqlite`, the default) and `PostgresOutbox` (`store::postgres`,
+//!   feature `postgres`), which add enqueue inside the caller's own sqlx
+//!   transaction. `store::sql` holds what the two share: table names,
+//!   migrations rendered per table, settlement batching.
 //! - [`registry`]: [`Event`] and [`Job`] payload types registered by name in a
 //!   [`Registry`], which decodes stored payloads at delivery.
 //! - [`transport`]: the [`EventBus`] and [`JobDispatcher`] traits, the

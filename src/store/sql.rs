@@ -255,13 +255,16 @@ pub(crate) fn migrator_for(
 pub enum SettlementMode {
     /// One statement per call.
     PerMessage,
-    /// Calls arriving within `window` of the first one (up to `max_rows`) go
-    /// out as one statement. Each row is still fenced by its own claim token
-    /// and lease and gets its own result: a row whose claim was lost gets
-    /// [`Error::Claim`], the others succeed. Costs a caller at most `window`
-    /// of extra latency; under load it turns many commits into one.
+    /// Concurrent calls share one statement of up to `max_rows` rows. Calls
+    /// made while a statement runs go out together as soon as it ends; a
+    /// call with no statement ahead of it goes out once no other ready
+    /// caller joins, and a steady stream of calls is cut every `window`.
+    /// Each row is still fenced by its own claim token and lease and gets its
+    /// own result: a row whose claim was lost gets [`Error::Claim`], the
+    /// others succeed. Under load this turns many commits into one; a call
+    /// waits at most `window` plus the statement ahead of it.
     Batched {
-        /// How long to wait for more settlements after the first.
+        /// The longest a batch keeps gathering after its first call.
         window: std::time::Duration,
         /// Most rows per statement; at least 1.
         max_rows: usize,
