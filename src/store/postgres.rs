@@ -374,6 +374,10 @@ impl Statements {
                    AND claim_token IS NOT DISTINCT FROM $4"
             )
             .into(),
+            // Each row is looked up by primary key, so a batch costs the
+            // same however many claims are out. The status test is written
+            // so that the index of claimed rows does not match it: scanning
+            // all claims for every batch is what the planner picks otherwise.
             settle: format!(
                 "UPDATE {t} AS m SET \
                    status = CASE v.op WHEN 'renew' THEN 'claimed' WHEN 'deliver' THEN 'delivered' \
@@ -392,8 +396,8 @@ impl Statements {
                  FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], \
                    $5::timestamptz[], $6::timestamptz[], $7::text[]) \
                    AS v(op, id, token, now, until, available, error) \
-                 WHERE m.id = v.id AND m.status = 'claimed' AND m.claim_token = v.token \
-                   AND m.locked_until > v.now \
+                 WHERE m.id = v.id AND coalesce(m.status, '') = 'claimed' \
+                   AND m.claim_token = v.token AND m.locked_until > v.now \
                  RETURNING m.id"
             )
             .into(),

@@ -361,6 +361,10 @@ impl Statements {
                  locked_until = NULL, last_error = ?1, updated_at = ?2 WHERE seq = ?3"
             )
             .into(),
+            // Each row is looked up by id. The unary `+` keeps the planner
+            // off the index of claimed rows, which statistics taken while
+            // few rows were claimed make look free, and which would then be
+            // scanned once per row of the batch.
             settle: format!(
                 "UPDATE {t} AS m SET \
                    status = CASE v.op WHEN 'renew' THEN 'claimed' WHEN 'deliver' THEN 'delivered' \
@@ -379,8 +383,8 @@ impl Statements {
                          value ->> '$.until' AS until, value ->> '$.available' AS available, \
                          value ->> '$.error' AS error \
                        FROM json_each(?1)) AS v \
-                 WHERE m.id = v.id AND m.status = 'claimed' AND m.claim_token = v.token \
-                   AND m.locked_until > v.now \
+                 WHERE m.id = v.id AND +m.status = 'claimed' AND m.claim_token = v.token \
+                   AND +m.locked_until > v.now \
                  RETURNING id"
             )
             .into(),
