@@ -484,43 +484,17 @@ impl Core {
             .map_err(db("claim_batch"))?;
         let mut selected = Vec::with_capacity(rows.len());
         for row in &rows {
-            match decode(row) {
-                Ok(row) => selected.push(row),
-                Err(quarantined) => {
-                    // One unreadable row must not stop every claim after it:
-                    // it is dead-lettered with the reason, for an operator.
+            match decode(row).and_then(|read| Ok((read.seq, read.into_message()?))) {
+                Ok(read) => selected.push(read),
+                Err(unreadable) => {
                     let seq: i64 = row.try_get("seq").map_err(db("claim_batch"))?;
-                    tracing::error!(table = %self.table, seq, error = %quarantined,
-                        "outbox row is unreadable; dead-lettered");
-                    sqlx::query(AssertSqlSafe(self.sql.quarantine.clone()))
-                        .bind(ErrorRecord::from_error(&quarantined).to_json())
-                        .bind(micros(now))
-                        .bind(seq)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db("claim_batch"))?;
+                    self.quarantine(&mut tx, seq, &unreadable, now).await?;
                 }
             }
         }
-        selected.sort_by_key(|row| (row.available_at, row.created_at, row.seq));
+        selected.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
         let mut batch = ClaimedBatch::default();
-        for row in selected {
-            let seq = row.seq;
-            let mut message = match row.into_message() {
-                Ok(message) => message,
-                Err(quarantined) => {
-                    tracing::error!(table = %self.table, seq, error = %quarantined,
-                        "outbox row is unreadable; dead-lettered");
-                    sqlx::query(AssertSqlSafe(self.sql.quarantine.clone()))
-                        .bind(ErrorRecord::from_error(&quarantined).to_json())
-                        .bind(micros(now))
-                        .bind(seq)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db("claim_batch"))?;
-                    continue;
-                }
-            };
+        for (seq, mut message) in selected {
             if message.status == MessageStatus::DeadLettered {
                 let record = ErrorRecord::from_error(&AbandonedClaimError {
                     id: message.id.clone(),
@@ -541,6 +515,27 @@ impl Core {
         }
         tx.commit().await.map_err(db("claim_batch"))?;
         Ok(batch)
+    }
+
+    /// Dead-letter a row a claim selected but cannot read, so it does not
+    /// stop every claim after it; an operator finds the reason in `last_error`.
+    async fn quarantine(
+        &self,
+        conn: &mut SqliteConnection,
+        seq: i64,
+        unreadable: &Error,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        tracing::error!(table = %self.table, seq, error = %unreadable,
+            "outbox row is unreadable; dead-lettered");
+        sqlx::query(AssertSqlSafe(self.sql.quarantine.clone()))
+            .bind(ErrorRecord::from_error(unreadable).to_json())
+            .bind(micros(now))
+            .bind(seq)
+            .execute(conn)
+            .await
+            .map_err(db("claim_batch"))?;
+        Ok(())
     }
 }
 
