@@ -738,3 +738,15 @@ async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
 }
 
 const LEASE_CHRONO: chrono::Duration = chrono::Duration::seconds(30);
+
+#[tokio::test]
+async fn concurrent_setups_of_a_new_database_all_succeed() {
+    let dir = TempDir::new();
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(SqliteOutbox::new(pool(&dir).await));
+    }
+    let results = futures_util::future::join_all(stores.iter().map(|s| s.setup())).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    stores[0].enqueue(event("a", 1, t0())).await.unwrap();
+}

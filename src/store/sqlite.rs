@@ -178,6 +178,11 @@ impl SqliteOutbox {
 
     /// Open (creating it if missing) the database at `url`, with
     /// [`SqliteOutbox::connect_options`], and set up the default table.
+    ///
+    /// An in-memory database (`sqlite::memory:`) gets a pool of exactly one
+    /// connection, since it lives only as long as that connection: commit or
+    /// drop a transaction taken from [`SqliteOutbox::pool`] before calling
+    /// the store, which waits for that connection.
     pub async fn connect(url: &str) -> Result<Self> {
         let options = Self::connect_options(url)?;
         let mut pool = SqlitePoolOptions::new();
@@ -213,7 +218,14 @@ impl SqliteOutbox {
     /// Create or upgrade this store's table and indexes. Safe to run any
     /// number of times, from any number of processes.
     pub async fn setup(&self) -> Result<()> {
-        self.migrator()
+        let migrator = self.migrator();
+        // sqlx takes no lock around SQLite migrations: a process that read
+        // the applied versions just before another one applied them fails on
+        // the duplicate version. Read again; by then they are applied.
+        if migrator.run(&self.core.pool).await.is_ok() {
+            return Ok(());
+        }
+        migrator
             .run(&self.core.pool)
             .await
             .map_err(|e| Error::store("setup", e))
