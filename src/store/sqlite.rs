@@ -33,7 +33,8 @@
 //! waits for the committing transaction's write lock and then sees its rows.
 //! Rows inserted into the table by other means are found on the next tick.
 //! SQLite keeps one commit hook per connection: do not install your own on
-//! connections you pass to `enqueue_in`.
+//! connections you pass to `enqueue_in` (and of two stores enqueueing in one
+//! transaction, only the last one's wake-up fires).
 
 use std::str::FromStr;
 use std::sync::Arc;
