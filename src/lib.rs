@@ -20,7 +20,11 @@
 //! - [`store`]: the store port. [`OutboxStore`] is the drain path (enqueue,
 //!   claim, renew, settle, release), [`OutboxAdmin`] the operator path; each
 //!   operation takes a parameter struct with the caller's `now`.
-//!   [`MemoryOutbox`] implements both.
+//!   [`MemoryOutbox`] implements both; so do `SqliteOutbox` (`store::sqlite`,
+//!   feature `sqlite`, the default) and `PostgresOutbox` (`store::postgres`,
+//!   feature `postgres`), which add enqueue inside the caller's own sqlx
+//!   transaction. `store::sql` holds what the two share: table names,
+//!   migrations rendered per table, settlement batching.
 //! - [`registry`]: [`Event`] and [`Job`] payload types registered by name in a
 //!   [`Registry`], which decodes stored payloads at delivery.
 //! - [`transport`]: the [`EventBus`] and [`JobDispatcher`] traits, the
@@ -76,6 +80,12 @@ pub use message::{
 pub use registry::{Event, Job, Registry, RegistryBuilder};
 pub use retry::RetryPolicy;
 pub use store::memory::MemoryOutbox;
+#[cfg(feature = "postgres")]
+pub use store::postgres::PostgresOutbox;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use store::sql::{SettlementMode, TableName};
+#[cfg(feature = "sqlite")]
+pub use store::sqlite::SqliteOutbox;
 pub use store::{
     ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages, MarkDelivered, MarkFailed,
     MessagePage, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,

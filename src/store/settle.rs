@@ -1,0 +1,501 @@
+//! Fenced writes to claimed messages, sent one by one or coalesced.
+//!
+//! Every renewal and settlement is a row of the same shape: which message,
+//! which claim token must still own it, the caller's `now`, and what to do.
+//! A backend applies any number of such rows in one statement, each fenced by
+//! its own token and lease, and answers per row. [`Settler`] either sends each
+//! call alone ([`SettlementMode::PerMessage`]) or gathers the calls that
+//! arrive within a short window into one statement
+//! ([`SettlementMode::Batched`]); both go through the same statement, so they
+//! decide every row the same way.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{mpsc, oneshot};
+
+use super::sql::SettlementMode;
+use crate::error::{Error, Result};
+
+/// What a fenced write does to a message its token still owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SettleOp {
+    /// `locked_until = ...`; still claimed.
+    Renew { locked_until: DateTime<Utc> },
+    /// Delivered at `now`.
+    Deliver,
+    /// Pending again from `available_at`, with `last_error`.
+    Retry { available_at: DateTime<Utc> },
+    /// Dead-lettered, with `last_error`.
+    DeadLetter,
+    /// Pending again now, the attempt given back.
+    Release,
+}
+
+impl SettleOp {
+    /// The code the settlement statements switch on.
+    pub(crate) fn code(self) -> &'static str {
+        match self {
+            SettleOp::Renew { .. } => "renew",
+            SettleOp::Deliver => "deliver",
+            SettleOp::Retry { .. } => "retry",
+            SettleOp::DeadLetter => "dead",
+            SettleOp::Release => "release",
+        }
+    }
+
+    /// The store operation, as named in errors.
+    pub(crate) fn operation(self) -> &'static str {
+        match self {
+            SettleOp::Renew { .. } => "renew_claim",
+            SettleOp::Deliver => "mark_delivered",
+            SettleOp::Retry { .. } | SettleOp::DeadLetter => "mark_failed",
+            SettleOp::Release => "release_claim",
+        }
+    }
+
+    /// The new `locked_until` of a renewal.
+    pub(crate) fn locked_until(self) -> Option<DateTime<Utc>> {
+        match self {
+            SettleOp::Renew { locked_until } => Some(locked_until),
+            _ => None,
+        }
+    }
+
+    /// The new `available_at` of a retry.
+    pub(crate) fn available_at(self) -> Option<DateTime<Utc>> {
+        match self {
+            SettleOp::Retry { available_at } => Some(available_at),
+            _ => None,
+        }
+    }
+}
+
+/// One fenced write.
+#[derive(Debug, Clone)]
+pub(crate) struct Settle {
+    pub(crate) op: SettleOp,
+    pub(crate) id: String,
+    pub(crate) claim_token: String,
+    pub(crate) now: DateTime<Utc>,
+    /// `last_error` as JSON, for retries and dead letters.
+    pub(crate) error: Option<String>,
+}
+
+/// A store that can apply fenced writes in bulk.
+pub(crate) trait SettleBackend: Send + Sync + 'static {
+    /// Apply `rows` (distinct ids) in one statement. Per row: `Ok` when its
+    /// token owned the message with a live lease, else [`Error::Claim`].
+    /// `Err` when the statement itself failed (nothing is known to be applied).
+    fn settle(&self, rows: &[Settle]) -> impl Future<Output = Result<Vec<Result<()>>>> + Send;
+}
+
+struct Pending {
+    row: Settle,
+    reply: oneshot::Sender<Result<()>>,
+    /// When the call was made: its wait for a batch counts from here.
+    arrived: tokio::time::Instant,
+}
+
+/// Sends fenced writes to a backend, alone or in batches.
+pub(crate) struct Settler<B> {
+    backend: Arc<B>,
+    mode: SettlementMode,
+    queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
+}
+
+impl<B> std::fmt::Debug for Settler<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settler").field("mode", &self.mode).finish()
+    }
+}
+
+impl<B: SettleBackend> Settler<B> {
+    pub(crate) fn new(backend: Arc<B>, mode: SettlementMode) -> Self {
+        Settler {
+            backend,
+            mode,
+            queue: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn mode(&self) -> SettlementMode {
+        self.mode
+    }
+
+    /// Apply one fenced write.
+    pub(crate) async fn run(&self, row: Settle) -> Result<()> {
+        let operation = row.op.operation();
+        let SettlementMode::Batched { window, max_rows } = self.mode else {
+            let mut results = self
+                .backend
+                .settle(std::slice::from_ref(&row))
+                .await
+                .map_err(|e| for_operation(e, operation))?;
+            return results.pop().unwrap_or_else(|| {
+                Err(Error::StoreContract(format!(
+                    "{operation} of {:?} returned no result",
+                    row.id
+                )))
+            });
+        };
+        let (reply, answer) = oneshot::channel();
+        let mut pending = Pending {
+            row,
+            reply,
+            arrived: tokio::time::Instant::now(),
+        };
+        // The batch task lives on the runtime of the call that started it; if
+        // that runtime has shut down since, start a new one here.
+        for _ in 0..2 {
+            match self.queue(window, max_rows).send(pending) {
+                Ok(()) => {
+                    return answer.await.unwrap_or_else(|_| Err(batch_lost(operation)));
+                }
+                Err(mpsc::error::SendError(returned)) => {
+                    pending = returned;
+                    self.lock().take();
+                }
+            }
+        }
+        Err(batch_lost(operation))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<mpsc::UnboundedSender<Pending>>> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn queue(&self, window: Duration, max_rows: usize) -> mpsc::UnboundedSender<Pending> {
+        let mut queue = self.lock();
+        if let Some(sender) = queue.as_ref().filter(|s| !s.is_closed()) {
+            return sender.clone();
+        }
+        let (sender, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(batch_loop(self.backend.clone(), receiver, window, max_rows));
+        *queue = Some(sender.clone());
+        sender
+    }
+}
+
+/// Gather rows into batches and apply them, one statement at a time; ends
+/// when the store is dropped.
+///
+/// A batch closes at `max_rows`, or `window` after its first row arrived, or
+/// as soon as no statement runs and no other caller is ready to add a row
+/// (checked by letting the runtime run every task that is ready first). So a
+/// lone caller does not wait for a window that nobody else will use, while
+/// callers that arrive together, or while a statement runs, share the next
+/// one. Statements run one after another, so writes to one message apply in
+/// call order.
+async fn batch_loop<B: SettleBackend>(
+    backend: Arc<B>,
+    mut queue: mpsc::UnboundedReceiver<Pending>,
+    window: Duration,
+    max_rows: usize,
+) {
+    /// How many times the batch lets other tasks run without any of them
+    /// adding a row before it decides nobody else is coming.
+    const QUIET_YIELDS: u32 = 2;
+    let mut carried: Option<Pending> = None;
+    let mut running: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        let first = match carried.take() {
+            Some(pending) => pending,
+            None => match queue.recv().await {
+                Some(pending) => pending,
+                None => break,
+            },
+        };
+        let deadline = first.arrived + window;
+        let mut ids = HashSet::from([first.row.id.clone()]);
+        let mut batch = vec![first];
+        let mut quiet = 0;
+        while batch.len() < max_rows {
+            let next = match queue.try_recv() {
+                Ok(next) => Some(next),
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => match running.as_mut() {
+                    // A statement runs: gather until it ends (it must end
+                    // before this batch can start anyway).
+                    Some(statement) => tokio::select! {
+                        next = queue.recv() => next,
+                        _ = statement => {
+                            running = None;
+                            None
+                        }
+                    },
+                    None if quiet < QUIET_YIELDS && tokio::time::Instant::now() < deadline => {
+                        quiet += 1;
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    None => break,
+                },
+            };
+            let Some(next) = next else { continue };
+            quiet = 0;
+            // Two writes to one message must run in call order; the second
+            // waits for the next statement.
+            if !ids.insert(next.row.id.clone()) {
+                carried = Some(next);
+                break;
+            }
+            batch.push(next);
+            if tokio::time::Instant::now() >= deadline && running.is_none() {
+                break;
+            }
+        }
+        if let Some(previous) = running.take() {
+            let _ = previous.await;
+        }
+        let backend = backend.clone();
+        running = Some(tokio::spawn(async move { flush(&*backend, batch).await }));
+    }
+    if let Some(previous) = running {
+        let _ = previous.await;
+    }
+}
+
+async fn flush<B: SettleBackend>(backend: &B, batch: Vec<Pending>) {
+    let (rows, replies): (Vec<Settle>, Vec<_>) =
+        batch.into_iter().map(|p| (p.row, p.reply)).unzip();
+    match backend.settle(&rows).await {
+        Ok(results) if results.len() == rows.len() => {
+            for (reply, result) in replies.into_iter().zip(results) {
+                // A caller that stopped waiting no longer needs its answer.
+                let _ = reply.send(result);
+            }
+        }
+        Ok(results) => {
+            let error = Error::StoreContract(format!(
+                "a settlement batch of {} rows returned {} results",
+                rows.len(),
+                results.len()
+            ));
+            for reply in replies {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+        Err(error) => {
+            for (reply, row) in replies.into_iter().zip(&rows) {
+                let _ = reply.send(Err(for_operation(error.clone(), row.op.operation())));
+            }
+        }
+    }
+}
+
+/// Name the caller's operation in a store error raised for a whole batch.
+fn for_operation(error: Error, operation: &'static str) -> Error {
+    match error {
+        Error::Store { source, .. } => Error::Store { operation, source },
+        other => other,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the settlement batch stopped before answering (its runtime shut down)")]
+struct BatchLost;
+
+fn batch_lost(operation: &'static str) -> Error {
+    Error::store(operation, BatchLost)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures_util::future::join_all;
+
+    use super::*;
+    use crate::error::{ClaimError, ClaimLoss};
+
+    /// Records each batch; refuses rows whose token is `lost`, fails whole
+    /// batches that contain the id `broken`.
+    #[derive(Default)]
+    struct Recorder {
+        batches: Mutex<Vec<Vec<String>>>,
+        /// How long each statement takes.
+        delay: Duration,
+    }
+
+    impl SettleBackend for Recorder {
+        async fn settle(&self, rows: &[Settle]) -> Result<Vec<Result<()>>> {
+            self.batches
+                .lock()
+                .unwrap()
+                .push(rows.iter().map(|r| r.id.clone()).collect());
+            tokio::time::sleep(self.delay).await;
+            if rows.iter().any(|r| r.id == "broken") {
+                return Err(Error::store(
+                    "settle",
+                    std::io::Error::other("connection reset"),
+                ));
+            }
+            Ok(rows
+                .iter()
+                .map(|r| match r.claim_token.as_str() {
+                    "lost" => Err(ClaimError::new(&r.id, ClaimLoss::TokenMismatch).into()),
+                    _ => Ok(()),
+                })
+                .collect())
+        }
+    }
+
+    fn row(id: &str, token: &str) -> Settle {
+        Settle {
+            op: SettleOp::Deliver,
+            id: id.into(),
+            claim_token: token.into(),
+            now: DateTime::UNIX_EPOCH,
+            error: None,
+        }
+    }
+
+    fn batched(window_ms: u64, max_rows: usize) -> (Arc<Recorder>, Settler<Recorder>) {
+        let recorder = Arc::new(Recorder::default());
+        let mode = SettlementMode::Batched {
+            window: Duration::from_millis(window_ms),
+            max_rows,
+        };
+        (recorder.clone(), Settler::new(recorder, mode))
+    }
+
+    fn outcome(result: &Result<()>) -> &'static str {
+        match result {
+            Ok(()) => "ok",
+            Err(Error::Claim(_)) => "lost",
+            Err(Error::Store {
+                operation: "mark_delivered",
+                ..
+            }) => "store",
+            Err(_) => "other",
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_calls_share_one_statement_with_a_result_each() {
+        let (recorder, settler) = batched(1, 128);
+        let rows = [row("a", "t"), row("b", "lost"), row("c", "t")];
+        let results = join_all(rows.map(|r| settler.run(r))).await;
+        assert_eq!(
+            results.iter().map(outcome).collect::<Vec<_>>(),
+            ["ok", "lost", "ok"]
+        );
+        assert_eq!(*recorder.batches.lock().unwrap(), [["a", "b", "c"]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batches_close_at_max_rows_and_at_a_repeated_id() {
+        let (recorder, settler) = batched(1, 2);
+        let rows = [row("a", "t"), row("b", "t"), row("c", "t")];
+        join_all(rows.map(|r| settler.run(r))).await;
+        assert_eq!(
+            *recorder.batches.lock().unwrap(),
+            [vec!["a", "b"], vec!["c"]]
+        );
+
+        let (recorder, settler) = batched(1, 128);
+        let rows = [row("a", "t"), row("a", "lost"), row("b", "t")];
+        let results = join_all(rows.map(|r| settler.run(r))).await;
+        assert_eq!(
+            results.iter().map(outcome).collect::<Vec<_>>(),
+            ["ok", "lost", "ok"]
+        );
+        // The second write to `a` waits for the next statement, in call order.
+        assert_eq!(
+            *recorder.batches.lock().unwrap(),
+            [vec!["a"], vec!["a", "b"]]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_call_does_not_wait_for_the_window() {
+        let (recorder, settler) = batched(50, 128);
+        let start = tokio::time::Instant::now();
+        settler.run(row("a", "t")).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(*recorder.batches.lock().unwrap(), [["a"]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_made_while_a_statement_runs_share_the_next_one() {
+        let recorder = Arc::new(Recorder {
+            delay: Duration::from_millis(5),
+            ..Recorder::default()
+        });
+        let mode = SettlementMode::Batched {
+            window: Duration::from_millis(1),
+            max_rows: 128,
+        };
+        let settler = Arc::new(Settler::new(recorder.clone(), mode));
+        let start = tokio::time::Instant::now();
+        let calls = ["a", "b", "c"].into_iter().enumerate().map(|(i, id)| {
+            let settler = settler.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(2 * i as u64)).await;
+                settler.run(row(id, "t")).await.unwrap();
+                tokio::time::Instant::now()
+            })
+        });
+        let finished: Vec<_> = join_all(calls)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        // `a` goes alone; `b` and `c` arrive while it runs (past their
+        // window) and go out together as soon as it ends.
+        assert_eq!(
+            *recorder.batches.lock().unwrap(),
+            [vec!["a"], vec!["b", "c"]]
+        );
+        let ms = |at: tokio::time::Instant| (at - start).as_millis();
+        assert_eq!(
+            finished.into_iter().map(ms).collect::<Vec<_>>(),
+            [5, 10, 10]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_statement_fails_every_row_as_its_own_operation() {
+        let (_, settler) = batched(1, 128);
+        let rows = [row("a", "t"), row("broken", "t")];
+        let results = join_all(rows.map(|r| settler.run(r))).await;
+        assert_eq!(
+            results.iter().map(outcome).collect::<Vec<_>>(),
+            ["store", "store"]
+        );
+    }
+
+    #[tokio::test]
+    async fn per_message_mode_sends_each_call_alone() {
+        let recorder = Arc::new(Recorder::default());
+        let settler = Settler::new(recorder.clone(), SettlementMode::PerMessage);
+        let rows = [row("a", "t"), row("b", "lost")];
+        let results = join_all(rows.map(|r| settler.run(r))).await;
+        assert_eq!(
+            results.iter().map(outcome).collect::<Vec<_>>(),
+            ["ok", "lost"]
+        );
+        assert_eq!(*recorder.batches.lock().unwrap(), [["a"], ["b"]]);
+    }
+
+    #[test]
+    fn a_batch_outlives_the_runtime_that_started_it() {
+        let recorder = Arc::new(Recorder::default());
+        let settler = Settler::new(recorder.clone(), SettlementMode::DEFAULT_BATCHED);
+        for _ in 0..2 {
+            // Each runtime shuts down after its call, taking the batch task
+            // with it; the next call starts a new one.
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap()
+                .block_on(settler.run(row("a", "t")))
+                .unwrap();
+        }
+        assert_eq!(recorder.batches.lock().unwrap().len(), 2);
+    }
+}

@@ -1,0 +1,831 @@
+//! The PostgreSQL store against a real server.
+//!
+//! Run with `scripts/with-postgres cargo test --features postgres --test
+//! postgres`; without `DATABASE_URL` every test fails and says so. Each test
+//! uses tables of its own, so they run in parallel against one database.
+//! Every test passes `now` explicitly and runs on a real-time runtime: a
+//! paused clock would fire pool timeouts and batch windows while the runtime
+//! waits for the database.
+
+mod conformance;
+mod sql_support;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use outbox::{
+    ClaimBatch, ClaimLoss, Clock, Error, Event, MarkDelivered, MemoryOutbox, MessageStatus,
+    NewMessage, OutboxAdmin, OutboxStore, PostgresOutbox, SettlementMode,
+};
+use sql_support::{LEASE, event, secs, t0, unique};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Row};
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+        panic!(
+            "DATABASE_URL is not set. The PostgreSQL tests need a server: run them with \
+             `scripts/with-postgres cargo test --features postgres --test postgres`"
+        )
+    })
+}
+
+/// A pool whose connections carry `application_name`, so a test can find
+/// (and kill) them.
+async fn pool_named(application_name: &str) -> PgPool {
+    let options = PgConnectOptions::from_str(&database_url())
+        .expect("DATABASE_URL is a PostgreSQL URL")
+        .application_name(application_name);
+    PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to DATABASE_URL: {e}"))
+}
+
+async fn pool() -> PgPool {
+    pool_named("outbox-tests").await
+}
+
+async fn store(pool: &PgPool, table: &str, mode: SettlementMode) -> PostgresOutbox {
+    let outbox = PostgresOutbox::builder(pool.clone())
+        .table(table)
+        .unwrap()
+        .settlement(mode)
+        .unwrap()
+        .build();
+    outbox.setup().await.unwrap();
+    outbox
+}
+
+/// Wait for a condition the server reports, for at most ten seconds.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+async fn backends(pool: &PgPool, application_name: &str, filter: &str) -> Vec<i32> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND {filter}"
+    )))
+    .bind(application_name)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// A fresh store for each conformance case: a table of its own.
+async fn setup() -> PostgresOutbox {
+    store(&pool().await, &unique("case"), SettlementMode::default()).await
+}
+
+conformance::conformance_suite!(setup);
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct OrderPlaced {
+    order_id: i64,
+}
+
+impl Event for OrderPlaced {
+    const NAME: &'static str = "order.placed";
+}
+
+#[tokio::test]
+async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
+    let pool = pool().await;
+    let plain = unique("setup");
+    let schema = unique("app");
+    let qualified = format!("{schema}.events");
+    let a = store(&pool, &plain, SettlementMode::default()).await;
+    let b = store(&pool, &qualified, SettlementMode::default()).await;
+    a.setup().await.unwrap();
+    b.setup().await.unwrap();
+    a.enqueue(event("x", 1, t0())).await.unwrap();
+    b.enqueue(event("x", 2, t0())).await.unwrap();
+    assert_eq!(a.get_message("x").await.unwrap().payload.to_value()["n"], 1);
+    assert_eq!(b.get_message("x").await.unwrap().payload.to_value()["n"], 2);
+    let applied: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{schema}\".events_migrations"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(applied, 1);
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname",
+    )
+    .bind(&schema)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        [
+            "events_claimed",
+            "events_created",
+            "events_migrations_pkey",
+            "events_pending",
+            "events_pkey",
+            "events_settled"
+        ]
+    );
+    // Concurrent setups of one new table serialize on sqlx's migration lock.
+    let shared = unique("concurrent");
+    let stores: Vec<_> = (0..3)
+        .map(|_| {
+            PostgresOutbox::builder(pool.clone())
+                .table(&shared)
+                .unwrap()
+                .build()
+        })
+        .collect();
+    let results = futures_util::future::join_all(stores.iter().map(|s| s.setup())).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
+
+#[tokio::test]
+async fn hostile_table_names_are_refused_before_any_sql() {
+    let pool = pool().await;
+    for name in [
+        "x; drop table y",
+        "a.b.c",
+        "",
+        "\"quoted\"",
+        "o'neil",
+        "public.",
+        "tab\tle",
+    ] {
+        match PostgresOutbox::builder(pool.clone()).table(name) {
+            Err(Error::InvalidTableName { name: refused, .. }) => assert_eq!(refused, name),
+            other => panic!("{name:?} was not refused: {other:?}"),
+        }
+    }
+}
+
+/// Both arms of the claim are read from their partial indexes, with a
+/// hundred thousand settled rows in the table and fresh statistics.
+#[tokio::test]
+async fn claim_is_answered_from_the_partial_indexes() {
+    let pool = pool().await;
+    let table = unique("plan");
+    let outbox = store(&pool, &table, SettlementMode::default()).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (id, kind, name, payload, status, max_attempts, available_at, \
+           created_at, updated_at, delivered_at) \
+         SELECT 's' || i, 'event', 'settled', '{{}}', 'delivered', 5, $1, $1, $1, $1 \
+         FROM generate_series(1, 100000) AS i"
+    )))
+    .bind(t0())
+    .execute(&pool)
+    .await
+    .unwrap();
+    for i in 0..3 {
+        outbox
+            .enqueue(event(&format!("p{i}"), i, t0()))
+            .await
+            .unwrap();
+    }
+    sqlx::query(AssertSqlSafe(format!("ANALYZE {table}")))
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    // Checked in the plan made for these values and in the generic one that
+    // a cached statement ends up with.
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "PREPARE claim_plan (timestamptz, timestamptz, bigint) AS {}; \
+         PREPARE settle_plan (text[], text[], text[], timestamptz[], timestamptz[], \
+           timestamptz[], text[]) AS {}",
+        outbox.claim_sql(),
+        outbox.settle_sql()
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let claim_args = "'2030-01-01 12:00:00+00', '2030-01-01 12:00:30+00', 10";
+    let settle_args = "array['deliver', 'deliver'], array['p0', 'p1'], array['t', 't'], \
+        array['2030-01-01 12:00:00+00', '2030-01-01 12:00:00+00']::timestamptz[], \
+        array[NULL, NULL]::timestamptz[], array[NULL, NULL]::timestamptz[], \
+        array[NULL, NULL]::text[]";
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        let explain = |statement: &str, args: &str| {
+            format!("SET plan_cache_mode = {mode}; EXPLAIN EXECUTE {statement}({args})")
+        };
+        let plan = |rows: Vec<sqlx::postgres::PgRow>| {
+            rows.iter()
+                .map(|row| row.get::<String, _>(0))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let claim = plan(
+            sqlx::raw_sql(AssertSqlSafe(explain("claim_plan", claim_args)))
+                .fetch_all(&mut *conn)
+                .await
+                .unwrap(),
+        );
+        println!("claim, {mode}:\n{claim}");
+        assert!(
+            claim.contains(&format!("Index Scan using {table}_pending")),
+            "{claim}"
+        );
+        assert!(
+            claim.contains(&format!("Index Scan using {table}_claimed")),
+            "{claim}"
+        );
+        assert!(!claim.contains(&format!("Seq Scan on {table}")), "{claim}");
+
+        // The fenced write finds each row by primary key, so a batch costs
+        // the same however many claims are out.
+        let settle = plan(
+            sqlx::raw_sql(AssertSqlSafe(explain("settle_plan", settle_args)))
+                .fetch_all(&mut *conn)
+                .await
+                .unwrap(),
+        );
+        println!("settle, {mode}:\n{settle}");
+        assert!(
+            settle.contains(&format!("Index Scan using {table}_pkey")),
+            "{settle}"
+        );
+        assert!(settle.contains("Index Cond: (id = "), "{settle}");
+        assert!(!settle.contains(&format!("{table}_claimed")), "{settle}");
+        assert!(
+            !settle.contains(&format!("Seq Scan on {table}")),
+            "{settle}"
+        );
+    }
+    drop(conn);
+
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            limit: 10,
+            now: t0(),
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = batch.claimed.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["p0", "p1", "p2"]);
+}
+
+#[tokio::test]
+async fn transactional_enqueue_commits_or_vanishes_with_the_business_rows() {
+    let pool = pool().await;
+    let outbox = store(&pool, &unique("tx"), SettlementMode::default()).await;
+    let orders = unique("orders");
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {orders} (id bigint PRIMARY KEY)"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let insert_order = format!("INSERT INTO {orders} (id) VALUES ($1)");
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(insert_order.clone()))
+        .bind(1_i64)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let rolled_back = outbox
+        .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 1 })
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(matches!(
+        outbox.get_message(&rolled_back).await,
+        Err(Error::NotFound { .. })
+    ));
+
+    {
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(insert_order.clone()))
+            .bind(2_i64)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        outbox
+            .enqueue_in(
+                &mut tx,
+                NewMessage::event(&OrderPlaced { order_id: 2 })
+                    .unwrap()
+                    .with_id("o2"),
+            )
+            .await
+            .unwrap();
+        let failed = sqlx::query(AssertSqlSafe(insert_order.clone()))
+            .bind(2_i64)
+            .execute(&mut *tx)
+            .await;
+        assert!(failed.is_err());
+    }
+    assert!(matches!(
+        outbox.get_message("o2").await,
+        Err(Error::NotFound { .. })
+    ));
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(insert_order.clone()))
+        .bind(3_i64)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let committed = outbox
+        .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 3 })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let ids: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!("SELECT id FROM {orders}")))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(ids, [3]);
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            limit: 10,
+            now: outbox::SystemClock.now(),
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(batch.claimed.len(), 1);
+    assert_eq!(batch.claimed[0].id, committed);
+    assert_eq!(
+        batch.claimed[0]
+            .payload
+            .decode::<OrderPlaced>()
+            .unwrap()
+            .order_id,
+        3
+    );
+
+    let mut conn = pool.acquire().await.unwrap();
+    outbox
+        .enqueue_in(&mut conn, event("plain", 1, t0()))
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(
+        outbox.get_message("plain").await.unwrap().status,
+        MessageStatus::Pending
+    );
+}
+
+/// NOTIFY goes out when the enqueueing transaction commits, never on
+/// rollback. Notifications reach a listener in commit order, so a marker
+/// sent after the rollback must be the next thing it sees.
+#[tokio::test]
+async fn enqueue_notifies_at_commit_only() {
+    let pool = pool().await;
+    let outbox = store(&pool, &unique("notify"), SettlementMode::default()).await;
+    let mut listener = PgListener::connect(&database_url()).await.unwrap();
+    listener.listen(outbox.channel()).await.unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("a", 1, t0()))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(outbox.channel())
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(listener.recv().await.unwrap().payload(), "marker");
+
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("b", 1, t0()))
+        .await
+        .unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("c", 1, t0()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(outbox.channel())
+        .execute(&pool)
+        .await
+        .unwrap();
+    // One notification for the transaction (PostgreSQL folds duplicates).
+    assert_eq!(listener.recv().await.unwrap().payload(), "");
+    assert_eq!(listener.recv().await.unwrap().payload(), "marker");
+
+    // Turned off, enqueue sends nothing.
+    let quiet = PostgresOutbox::builder(pool.clone())
+        .table(&outbox.table().to_string())
+        .unwrap()
+        .notify(false)
+        .build();
+    quiet.enqueue(event("d", 1, t0())).await.unwrap();
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(outbox.channel())
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(listener.recv().await.unwrap().payload(), "marker");
+}
+
+#[tokio::test]
+async fn wakeups_listen_reconnect_and_stop_with_the_last_receiver() {
+    let name = unique("wake");
+    let pool = pool_named(&name).await;
+    let outbox = store(&pool, &name, SettlementMode::default()).await;
+    let bound = Duration::from_secs(10);
+    let mut wakeups = outbox.wakeups().expect("a runtime is running");
+    // Once listening, it wakes once: anything sent before was missed.
+    assert!(
+        tokio::time::timeout(bound, wakeups.changed())
+            .await
+            .unwrap()
+    );
+    let listening = "query LIKE 'LISTEN%'";
+    assert_eq!(backends(&pool, &name, listening).await.len(), 1);
+
+    // A committed enqueue from another process wakes it.
+    let other_pool = pool_named("outbox-tests-other").await;
+    let other = PostgresOutbox::builder(other_pool)
+        .table(&name)
+        .unwrap()
+        .build();
+    other.enqueue(event("a", 1, t0())).await.unwrap();
+    assert!(
+        tokio::time::timeout(bound, wakeups.changed())
+            .await
+            .unwrap()
+    );
+
+    // The listener's connection is killed: it reconnects and wakes once.
+    for pid in backends(&pool, &name, listening).await {
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    assert!(
+        tokio::time::timeout(bound, wakeups.changed())
+            .await
+            .unwrap()
+    );
+    eventually("the listener listens again", || async {
+        backends(&pool, &name, listening).await.len() == 1
+    })
+    .await;
+    other.enqueue(event("b", 1, t0())).await.unwrap();
+    assert!(
+        tokio::time::timeout(bound, wakeups.changed())
+            .await
+            .unwrap()
+    );
+
+    // A second receiver shares the listener; dropping every receiver stops it.
+    let second = outbox.wakeups().unwrap();
+    assert_eq!(backends(&pool, &name, listening).await.len(), 1);
+    drop(wakeups);
+    drop(second);
+    eventually("the listener has stopped", || async {
+        backends(&pool, &name, listening).await.is_empty()
+    })
+    .await;
+    // Subscribing again starts a new one.
+    let mut again = outbox.wakeups().unwrap();
+    assert!(tokio::time::timeout(bound, again.changed()).await.unwrap());
+}
+
+/// Batched and per-message settlement decide every row the same way, and the
+/// same way as the reference store.
+#[tokio::test]
+async fn batched_and_per_message_settlement_give_identical_outcomes() {
+    let pool = pool().await;
+    let per_message = store(&pool, &unique("single"), SettlementMode::PerMessage).await;
+    let batched = store(
+        &pool,
+        &unique("batched"),
+        SettlementMode::Batched {
+            window: Duration::from_millis(50),
+            max_rows: 128,
+        },
+    )
+    .await;
+    let small_batches = store(
+        &pool,
+        &unique("small"),
+        SettlementMode::Batched {
+            window: Duration::from_millis(50),
+            max_rows: 2,
+        },
+    )
+    .await;
+    let reference = sql_support::settlement_script(&MemoryOutbox::new()).await;
+    assert_eq!(
+        sql_support::settlement_script(&per_message).await,
+        reference
+    );
+    assert_eq!(sql_support::settlement_script(&batched).await, reference);
+    assert_eq!(
+        sql_support::settlement_script(&small_batches).await,
+        reference
+    );
+}
+
+/// Concurrent claimers skip each other's rows: every message is claimed
+/// exactly once.
+#[tokio::test]
+async fn concurrent_claims_never_take_the_same_message() {
+    let pool = pool().await;
+    let table = unique("skip");
+    let outbox = store(&pool, &table, SettlementMode::default()).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (id, kind, name, payload, max_attempts, available_at, created_at, \
+           updated_at) \
+         SELECT 'm' || i, 'event', 'n', '{{}}', 5, $1, $1, $1 FROM generate_series(1, 600) AS i"
+    )))
+    .bind(t0())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let claimers = (0..6).map(|_| {
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            loop {
+                let batch = outbox
+                    .claim_batch(ClaimBatch {
+                        limit: 7,
+                        now: t0(),
+                        lease: LEASE,
+                    })
+                    .await
+                    .unwrap();
+                if batch.is_empty() {
+                    return ids;
+                }
+                ids.extend(batch.claimed.into_iter().map(|m| m.id));
+            }
+        })
+    });
+    let mut all: Vec<String> = Vec::new();
+    for claimer in claimers.collect::<Vec<_>>() {
+        all.extend(claimer.await.unwrap());
+    }
+    let total = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!((total, all.len()), (600, 600));
+}
+
+/// A backend killed in the middle of a claim or a settlement is a transient
+/// store error, never a claim loss; the pool recovers and nothing is lost.
+#[tokio::test]
+async fn killed_connections_are_transient_and_the_pool_recovers() {
+    let name = unique("killed");
+    let pool = pool_named(&name).await;
+    let outbox = store(&pool, &name, SettlementMode::default()).await;
+    let admin = pool_named("outbox-tests-admin").await;
+    for i in 0..3 {
+        outbox
+            .enqueue(event(&format!("m{i}"), i, t0()))
+            .await
+            .unwrap();
+    }
+    let kill_waiting = || async {
+        let waiting = backends(&admin, &name, "wait_event_type = 'Lock'").await;
+        for pid in &waiting {
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .execute(&admin)
+                .await
+                .unwrap();
+        }
+        !waiting.is_empty()
+    };
+
+    // A claim stuck behind a table lock, killed.
+    let mut locker = admin.begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"
+    )))
+    .execute(&mut *locker)
+    .await
+    .unwrap();
+    let claim = tokio::spawn({
+        let outbox = outbox.clone();
+        async move {
+            outbox
+                .claim_batch(ClaimBatch {
+                    limit: 2,
+                    now: t0(),
+                    lease: LEASE,
+                })
+                .await
+        }
+    });
+    eventually("the claim waits for the lock", kill_waiting).await;
+    let e = claim.await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Store {
+                operation: "claim_batch",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    locker.rollback().await.unwrap();
+
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            limit: 2,
+            now: t0(),
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(batch.claimed.len(), 2);
+    let first = batch.claimed[0].clone();
+
+    // A settlement stuck behind a row lock, killed: not a claim loss.
+    let mut locker = admin.begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT 1 FROM {name} WHERE id = $1 FOR UPDATE"
+    )))
+    .bind(&first.id)
+    .execute(&mut *locker)
+    .await
+    .unwrap();
+    let settle = tokio::spawn({
+        let (outbox, first) = (outbox.clone(), first.clone());
+        async move {
+            outbox
+                .mark_delivered(MarkDelivered {
+                    id: first.id,
+                    claim_token: first.claim_token,
+                    now: t0() + secs(1),
+                })
+                .await
+        }
+    });
+    eventually("the settlement waits for the row", kill_waiting).await;
+    let e = settle.await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Store {
+                operation: "mark_delivered",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(!e.is_claim_lost());
+    locker.rollback().await.unwrap();
+
+    // Idle connections killed behind the pool's back.
+    for pid in backends(&admin, &name, "state = 'idle'").await {
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+    let retry = MarkDelivered {
+        id: first.id.clone(),
+        claim_token: first.claim_token.clone(),
+        now: t0() + secs(2),
+    };
+    if let Err(e) = outbox.mark_delivered(retry.clone()).await {
+        assert!(matches!(e, Error::Store { .. }), "{e:?}");
+        outbox.mark_delivered(retry).await.unwrap();
+    }
+    let stats = outbox.stats(t0() + secs(2)).await.unwrap();
+    assert_eq!((stats.delivered, stats.claimed, stats.pending), (1, 1, 1));
+}
+
+#[tokio::test]
+async fn payloads_round_trip_as_json_and_bad_text_is_refused() {
+    let pool = pool().await;
+    let outbox = store(&pool, &unique("json"), SettlementMode::default()).await;
+    let now = t0() + chrono::Duration::microseconds(654_321);
+    let json = r#"{"z":1,"a":[true,null,"é"],"nested":{"b":2,"a":1}}"#;
+    let message = NewMessage::new(
+        outbox::MessageKind::Job,
+        "exact",
+        outbox::Payload::from_json(json).unwrap(),
+    )
+    .with_id("exact")
+    .with_max_attempts(u32::MAX)
+    .at(now);
+    outbox.enqueue(message).await.unwrap();
+    let stored = outbox.get_message("exact").await.unwrap();
+    // jsonb may reorder keys; the value is the same.
+    assert_eq!(
+        stored.payload.to_value(),
+        serde_json::from_str::<serde_json::Value>(json).unwrap()
+    );
+    assert_eq!(stored.created_at, now);
+    assert_eq!(stored.max_attempts, u32::MAX);
+
+    match outbox.enqueue(event("exact", 2, t0())).await {
+        Err(Error::DuplicateId { id }) => assert_eq!(id, "exact"),
+        other => panic!("{other:?}"),
+    }
+    let nul = NewMessage::new(
+        outbox::MessageKind::Event,
+        "nul",
+        outbox::Payload::from_json(r#"{"s":"\u0000"}"#).unwrap(),
+    );
+    match outbox.enqueue(nul).await {
+        Err(Error::InvalidInput { field, reason }) => {
+            assert_eq!(field, "message");
+            assert!(reason.contains("PostgreSQL"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
+    let pool = pool().await;
+    let outbox = store(&pool, &unique("abandon"), SettlementMode::default()).await;
+    outbox
+        .enqueue(event("once", 1, t0()).with_max_attempts(1))
+        .await
+        .unwrap();
+    outbox
+        .enqueue(event("fresh", 2, t0() + secs(1)))
+        .await
+        .unwrap();
+    let first = outbox
+        .claim_batch(ClaimBatch {
+            limit: 1,
+            now: t0() + secs(1),
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.claimed[0].id, "once");
+    // Its lease runs out unsettled; the next claim gives up on it.
+    let later = t0() + secs(31);
+    let second = outbox
+        .claim_batch(ClaimBatch {
+            limit: 5,
+            now: later,
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(second.claimed.len(), 1);
+    assert_eq!(second.claimed[0].id, "fresh");
+    assert_eq!(second.dead_lettered.len(), 1);
+    let dead = &second.dead_lettered[0];
+    assert_eq!(
+        (dead.id.as_str(), dead.status, dead.attempts),
+        ("once", MessageStatus::DeadLettered, 1)
+    );
+    assert_eq!(dead.claim_token, None);
+    assert_eq!(dead.updated_at, later);
+    let record = dead.last_error.clone().unwrap();
+    assert!(
+        record.type_name.ends_with("AbandonedClaimError"),
+        "{record:?}"
+    );
+    assert_eq!(
+        outbox.get_message("once").await.unwrap().last_error,
+        Some(record)
+    );
+    let stale = outbox
+        .mark_delivered(MarkDelivered {
+            id: "once".into(),
+            claim_token: first.claimed[0].claim_token.clone(),
+            now: later,
+        })
+        .await
+        .unwrap_err();
+    match stale {
+        Error::Claim(e) => assert_eq!(e.reason, ClaimLoss::NotClaimed),
+        other => panic!("{other:?}"),
+    }
+    let row = sqlx::query(AssertSqlSafe(format!(
+        "SELECT status FROM {} WHERE id = 'once'",
+        outbox.table().quoted()
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(row.get::<String, _>(0), "dead_lettered");
+}

@@ -1,0 +1,752 @@
+//! The SQLite store against real database files.
+//!
+//! Every test passes `now` explicitly and runs on a real-time runtime: a
+//! paused clock would fire pool timeouts and batch windows while the runtime
+//! waits for the database.
+
+mod conformance;
+mod sql_support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use outbox::store::sqlite::DEFAULT_BUSY_TIMEOUT;
+use outbox::{
+    ClaimBatch, ClaimLoss, Clock, Error, Event, ListMessages, MarkDelivered, MemoryOutbox,
+    MessageStatus, NewMessage, OutboxAdmin, OutboxStore, RenewClaim, SettlementMode, SqliteOutbox,
+};
+use sql_support::{LEASE, event, secs, t0, unique};
+use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
+use sqlx::{Connection, Row};
+
+/// A directory of database files, removed when the test ends.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(unique("outbox-sqlite"));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}/outbox.db", self.0.display())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn pool(dir: &TempDir) -> SqlitePool {
+    SqlitePoolOptions::new()
+        .connect_with(SqliteOutbox::connect_options(&dir.url()).unwrap())
+        .await
+        .unwrap()
+}
+
+async fn store(pool: &SqlitePool, table: &str, mode: SettlementMode) -> SqliteOutbox {
+    let outbox = SqliteOutbox::builder(pool.clone())
+        .table(table)
+        .unwrap()
+        .settlement(mode)
+        .unwrap()
+        .build();
+    outbox.setup().await.unwrap();
+    outbox
+}
+
+/// A fresh store for each conformance case: a database file of its own, with
+/// the same settings as [`SqliteOutbox::connect`]. The files stay under
+/// cargo's target directory until the next run, which clears them.
+async fn setup() -> SqliteOutbox {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sqlite-conformance");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    });
+    let url = format!("sqlite://{}/{}.db", dir.display(), unique("case"));
+    SqliteOutbox::connect(&url).await.unwrap()
+}
+
+conformance::conformance_suite!(setup);
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct OrderPlaced {
+    order_id: i64,
+}
+
+impl Event for OrderPlaced {
+    const NAME: &'static str = "order.placed";
+}
+
+#[tokio::test]
+async fn connect_creates_the_file_and_the_table_and_setup_runs_twice() {
+    let dir = TempDir::new();
+    let outbox = SqliteOutbox::connect(&dir.url()).await.unwrap();
+    assert!(dir.0.join("outbox.db").exists());
+    outbox.setup().await.unwrap();
+    outbox.setup().await.unwrap();
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(outbox.pool())
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let timeout: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(outbox.pool())
+        .await
+        .unwrap();
+    assert_eq!(timeout, DEFAULT_BUSY_TIMEOUT.as_millis() as i64);
+    // Reconnecting to an existing database migrates nothing again.
+    let again = SqliteOutbox::connect(&dir.url()).await.unwrap();
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_migrations")
+        .fetch_one(again.pool())
+        .await
+        .unwrap();
+    assert_eq!(applied, 1);
+}
+
+#[tokio::test]
+async fn in_memory_database_works_on_one_connection() {
+    let outbox = SqliteOutbox::connect("sqlite::memory:").await.unwrap();
+    outbox.enqueue(event("a", 1, t0())).await.unwrap();
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            limit: 5,
+            now: t0(),
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(batch.claimed.len(), 1);
+}
+
+#[tokio::test]
+async fn custom_tables_coexist_and_each_is_set_up_once() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    let a = store(&pool, "jobs_a", SettlementMode::PerMessage).await;
+    let b = store(&pool, "main.jobs_b", SettlementMode::PerMessage).await;
+    a.setup().await.unwrap();
+    b.setup().await.unwrap();
+    a.enqueue(event("x", 1, t0())).await.unwrap();
+    b.enqueue(event("x", 2, t0())).await.unwrap();
+    assert_eq!(a.get_message("x").await.unwrap().payload.to_value()["n"], 1);
+    assert_eq!(b.get_message("x").await.unwrap().payload.to_value()["n"], 2);
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs_b' \
+         AND name NOT LIKE 'sqlite_%' ORDER BY name",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        [
+            "jobs_b_claimed",
+            "jobs_b_created",
+            "jobs_b_pending",
+            "jobs_b_settled"
+        ]
+    );
+    for tracking in ["jobs_a_migrations", "jobs_b_migrations"] {
+        let applied: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {tracking}"
+        )))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(applied, 1, "{tracking}");
+    }
+}
+
+#[tokio::test]
+async fn hostile_table_names_are_refused_before_any_sql() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    for name in [
+        "x; drop table y",
+        "a.b.c",
+        "",
+        "\"quoted\"",
+        "'single'",
+        "outbox--",
+        "sqlite_master",
+        "main.sqlite_stat1",
+        "name with space",
+    ] {
+        match SqliteOutbox::builder(pool.clone()).table(name) {
+            Err(Error::InvalidTableName {
+                name: refused,
+                reason,
+            }) => {
+                assert_eq!(refused, name);
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{name:?} was not refused: {other:?}"),
+        }
+    }
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(tables, 0);
+}
+
+/// The claim must read both arms of eligibility from their partial indexes,
+/// never scanning the table, so settled rows behind it cost nothing.
+#[tokio::test]
+async fn claim_is_answered_from_the_partial_indexes() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    let table = unique("plan");
+    let outbox = store(&pool, &table, SettlementMode::PerMessage).await;
+    // Many settled rows, a few unsettled ones, fresh statistics: the planner
+    // must still pick the partial indexes.
+    let mut tx = pool.begin().await.unwrap();
+    for i in 0..5_000 {
+        outbox
+            .enqueue_in(&mut tx, event(&format!("s{i}"), i, t0()))
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {table} SET status = 'delivered', delivered_at = created_at"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    for i in 0..3 {
+        outbox
+            .enqueue(event(&format!("p{i}"), i, t0()))
+            .await
+            .unwrap();
+    }
+    // Statistics as they are while nothing is claimed: the planner must not
+    // take the empty index of claimed rows for a free way in. Planned on the
+    // connection that took them, which loads them for sure.
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+
+    let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN QUERY PLAN {}",
+        outbox.claim_sql()
+    )))
+    .bind(0_i64)
+    .bind(0_i64)
+    .bind(10_i64)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| row.get::<String, _>("detail"))
+    .collect();
+    let plan_text = plan.join("\n");
+    println!("{plan_text}");
+    let pending = plan
+        .iter()
+        .position(|l| l.contains(&format!("INDEX {table}_pending (available_at<?)")))
+        .unwrap_or_else(|| panic!("pending arm not from its index:\n{plan_text}"));
+    // Read in claim order: no sort of the due rows, however many there are.
+    assert!(
+        !plan[pending + 1].contains("TEMP B-TREE"),
+        "pending arm is sorted:\n{plan_text}"
+    );
+    assert!(
+        plan.iter()
+            .any(|l| l.contains(&format!("INDEX {table}_claimed (locked_until<?)"))),
+        "expired arm not from its index:\n{plan_text}"
+    );
+    assert!(
+        !plan.iter().any(|l| l.starts_with(&format!("SCAN {table}"))),
+        "the claim scans the table:\n{plan_text}"
+    );
+    // The fenced write looks each row up by id.
+    let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN QUERY PLAN {}",
+        outbox.settle_sql()
+    )))
+    .bind("[]")
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| row.get::<String, _>("detail"))
+    .collect();
+    let plan_text = plan.join("\n");
+    println!("{plan_text}");
+    assert!(
+        plan.iter()
+            .any(|l| l.contains("USING INDEX sqlite_autoindex") && l.contains("(id=?)")),
+        "settlement does not look rows up by id:\n{plan_text}"
+    );
+    drop(conn);
+
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            limit: 10,
+            now: t0(),
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = batch.claimed.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["p0", "p1", "p2"]);
+}
+
+#[tokio::test]
+async fn transactional_enqueue_commits_or_vanishes_with_the_business_rows() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    let outbox = store(&pool, "outbox", SettlementMode::default()).await;
+    sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    // Rolled back: neither the order nor its event.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (id) VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let rolled_back = outbox
+        .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 1 })
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(matches!(
+        outbox.get_message(&rolled_back).await,
+        Err(Error::NotFound { .. })
+    ));
+
+    // A failure after the enqueue drops the transaction: still neither.
+    {
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query("INSERT INTO orders (id) VALUES (2)")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        outbox
+            .enqueue_in(
+                &mut tx,
+                NewMessage::event(&OrderPlaced { order_id: 2 })
+                    .unwrap()
+                    .with_id("o2"),
+            )
+            .await
+            .unwrap();
+        let failed = sqlx::query("INSERT INTO orders (id) VALUES (2)")
+            .execute(&mut *tx)
+            .await;
+        assert!(failed.is_err());
+    }
+    assert!(matches!(
+        outbox.get_message("o2").await,
+        Err(Error::NotFound { .. })
+    ));
+
+    // Committed: both, and the event is claimable at once.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (id) VALUES (3)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let committed = outbox
+        .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 3 })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let orders: Vec<i64> = sqlx::query_scalar("SELECT id FROM orders")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(orders, [3]);
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            limit: 10,
+            now: outbox::SystemClock.now(),
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(batch.claimed.len(), 1);
+    assert_eq!(batch.claimed[0].id, committed);
+    assert_eq!(
+        batch.claimed[0]
+            .payload
+            .decode::<OrderPlaced>()
+            .unwrap()
+            .order_id,
+        3
+    );
+
+    // On a plain pool connection, outside any transaction.
+    let mut conn = pool.acquire().await.unwrap();
+    outbox
+        .enqueue_in(&mut conn, event("plain", 1, t0()))
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(
+        outbox.get_message("plain").await.unwrap().status,
+        MessageStatus::Pending
+    );
+}
+
+#[tokio::test]
+async fn wakeups_fire_on_commit_and_never_before_or_on_rollback() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    let outbox = store(&pool, "outbox", SettlementMode::default()).await;
+    let mut wakeups = outbox.wakeups().expect("the SQLite store wakes");
+
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("a", 1, t0()))
+        .await
+        .unwrap();
+    assert!(
+        wakeups.changed().now_or_never().is_none(),
+        "woke before commit"
+    );
+    tx.commit().await.unwrap();
+    // The hook runs inside the commit, so the wake-up is already there.
+    assert_eq!(wakeups.changed().now_or_never(), Some(true));
+
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("b", 1, t0()))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(
+        wakeups.changed().now_or_never().is_none(),
+        "woke for a rollback"
+    );
+
+    // A later commit of other work on the same connection does not wake.
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("c", 1, t0()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(wakeups.changed().now_or_never(), Some(true));
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query("CREATE TABLE other (x)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(
+        wakeups.changed().now_or_never().is_none(),
+        "woke for unrelated work"
+    );
+    drop(conn);
+
+    // Through the pool: awake once the enqueue returns.
+    outbox.enqueue(event("d", 1, t0())).await.unwrap();
+    assert_eq!(wakeups.changed().now_or_never(), Some(true));
+
+    // A burst collapses into one wake-up.
+    for i in 0..5 {
+        outbox
+            .enqueue(event(&format!("burst{i}"), i, t0()))
+            .await
+            .unwrap();
+    }
+    assert_eq!(wakeups.changed().now_or_never(), Some(true));
+    assert!(wakeups.changed().now_or_never().is_none());
+}
+
+/// Batched and per-message settlement decide every row the same way, and the
+/// same way as the reference store.
+#[tokio::test]
+async fn batched_and_per_message_settlement_give_identical_outcomes() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    let per_message = store(&pool, &unique("single"), SettlementMode::PerMessage).await;
+    let batched = store(
+        &pool,
+        &unique("batched"),
+        // A window long enough that every concurrent call lands in one batch.
+        SettlementMode::Batched {
+            window: Duration::from_millis(50),
+            max_rows: 128,
+        },
+    )
+    .await;
+    let small_batches = store(
+        &pool,
+        &unique("small"),
+        SettlementMode::Batched {
+            window: Duration::from_millis(50),
+            max_rows: 2,
+        },
+    )
+    .await;
+    let reference = sql_support::settlement_script(&MemoryOutbox::new()).await;
+    let single = sql_support::settlement_script(&per_message).await;
+    let together = sql_support::settlement_script(&batched).await;
+    let split = sql_support::settlement_script(&small_batches).await;
+    println!("{}", reference.join("\n"));
+    assert_eq!(single, reference);
+    assert_eq!(together, reference);
+    assert_eq!(split, reference);
+}
+
+#[tokio::test]
+async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
+    let dir = TempDir::new();
+    let options = SqliteOutbox::connect_options(&dir.url())
+        .unwrap()
+        .busy_timeout(Duration::from_millis(50));
+    let pool = SqlitePoolOptions::new()
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    let outbox = store(&pool, "outbox", SettlementMode::default()).await;
+    outbox.enqueue(event("before", 1, t0())).await.unwrap();
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            limit: 1,
+            now: t0(),
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    let claimed = batch.claimed[0].clone();
+
+    // Another process holds the write lock.
+    let mut other = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+
+    let is_transient = |e: &Error, operation: &str| {
+        matches!(e, Error::Store { operation: op, .. } if *op == operation) && !e.is_claim_lost()
+    };
+    let e = outbox.enqueue(event("during", 2, t0())).await.unwrap_err();
+    assert!(is_transient(&e, "enqueue"), "{e:?}");
+    assert!(e.to_string().contains("locked"), "{e}");
+    let e = outbox
+        .claim_batch(ClaimBatch {
+            limit: 5,
+            now: t0(),
+            lease: LEASE,
+        })
+        .await
+        .unwrap_err();
+    assert!(is_transient(&e, "claim_batch"), "{e:?}");
+    let renew = RenewClaim {
+        id: claimed.id.clone(),
+        claim_token: claimed.claim_token.clone(),
+        now: t0() + secs(1),
+        lease: LEASE,
+    };
+    let e = outbox.renew_claim(renew.clone()).await.unwrap_err();
+    assert!(is_transient(&e, "renew_claim"), "{e:?}");
+
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+
+    // Retried after the lock is gone: everything goes through.
+    outbox.renew_claim(renew).await.unwrap();
+    outbox.enqueue(event("during", 2, t0())).await.unwrap();
+    outbox
+        .mark_delivered(MarkDelivered {
+            id: claimed.id.clone(),
+            claim_token: claimed.claim_token.clone(),
+            now: t0() + secs(2),
+        })
+        .await
+        .unwrap();
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            limit: 5,
+            now: t0() + secs(2),
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(batch.claimed.len(), 1);
+    assert_eq!(batch.claimed[0].id, "during");
+    let stats = outbox.stats(t0() + secs(2)).await.unwrap();
+    assert_eq!((stats.delivered, stats.claimed, stats.total()), (1, 1, 2));
+}
+
+#[tokio::test]
+async fn timestamps_payloads_and_traces_round_trip_exactly() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    let outbox = store(&pool, "outbox", SettlementMode::default()).await;
+    let now = t0() + chrono::Duration::microseconds(123_457);
+    let payload = r#"{"z":1,"a":[true,null,"é\u0000"],"n":1.5e3}"#;
+    let message = NewMessage::new(
+        outbox::MessageKind::Job,
+        "exact",
+        outbox::Payload::from_json(payload).unwrap(),
+    )
+    .with_id("exact")
+    .with_trace(outbox::TraceCarrier {
+        traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+        tracestate: Some("congo=t61rcWkgMzE".into()),
+    })
+    .with_max_attempts(u32::MAX)
+    .available_at(now + secs(1))
+    .at(now);
+    outbox.enqueue(message).await.unwrap();
+    let stored = outbox.get_message("exact").await.unwrap();
+    assert_eq!(stored.payload.as_str(), payload);
+    assert_eq!(stored.created_at, now);
+    assert_eq!(stored.available_at, now + secs(1));
+    assert_eq!(stored.max_attempts, u32::MAX);
+    assert_eq!(
+        stored.trace.unwrap().tracestate.as_deref(),
+        Some("congo=t61rcWkgMzE")
+    );
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            limit: 1,
+            now: now + secs(1),
+            lease: Duration::from_micros(1_500_001),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        batch.claimed[0].locked_until,
+        now + secs(1) + chrono::Duration::microseconds(1_500_001)
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_row_is_reported_and_does_not_block_claims() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    let outbox = store(&pool, "outbox", SettlementMode::default()).await;
+    outbox
+        .enqueue(event("good", 1, t0() + secs(1)))
+        .await
+        .unwrap();
+    // Written by hand, by something that is not this store.
+    sqlx::query(
+        "INSERT INTO outbox (id, kind, name, payload, max_attempts, available_at, created_at, updated_at) \
+         VALUES ('bad', 'event', 'x', 'not json', 3, ?1, ?1, ?1)",
+    )
+    .bind(t0().timestamp_micros())
+    .execute(&pool)
+    .await
+    .unwrap();
+    match outbox.get_message("bad").await {
+        Err(Error::CorruptRow { id, reason }) => {
+            assert_eq!(id, "bad");
+            assert!(reason.contains("payload"), "{reason}");
+        }
+        other => panic!("expected a corrupt row, got {other:?}"),
+    }
+    assert!(matches!(
+        outbox.list_messages(ListMessages::default()).await,
+        Err(Error::CorruptRow { .. })
+    ));
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            limit: 10,
+            now: t0() + secs(2),
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(batch.claimed.len(), 1);
+    assert_eq!(batch.claimed[0].id, "good");
+    let (status, error): (String, String) =
+        sqlx::query_as("SELECT status, last_error FROM outbox WHERE id = 'bad'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "dead_lettered");
+    assert!(error.contains("unreadable"), "{error}");
+}
+
+#[tokio::test]
+async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    let outbox = store(&pool, "outbox", SettlementMode::default()).await;
+    outbox.enqueue(event("dup", 1, t0())).await.unwrap();
+    match outbox.enqueue(event("dup", 2, t0())).await {
+        Err(Error::DuplicateId { id }) => assert_eq!(id, "dup"),
+        other => panic!("{other:?}"),
+    }
+    let mut tx = pool.begin().await.unwrap();
+    assert!(matches!(
+        outbox.enqueue_in(&mut tx, event("dup", 3, t0())).await,
+        Err(Error::DuplicateId { .. })
+    ));
+    drop(tx);
+    assert_eq!(
+        outbox.get_message("dup").await.unwrap().payload.to_value()["n"],
+        1
+    );
+
+    let claimed = outbox
+        .claim_batch(ClaimBatch {
+            limit: 1,
+            now: t0(),
+            lease: LEASE,
+        })
+        .await
+        .unwrap()
+        .claimed
+        .remove(0);
+    let lost = |token: &str, now| {
+        outbox.renew_claim(RenewClaim {
+            id: "dup".into(),
+            claim_token: token.into(),
+            now,
+            lease: LEASE,
+        })
+    };
+    match lost("wrong", t0()).await {
+        Err(Error::Claim(e)) => assert_eq!(e.reason, ClaimLoss::TokenMismatch),
+        other => panic!("{other:?}"),
+    }
+    match lost(&claimed.claim_token, t0() + LEASE_CHRONO).await {
+        Err(Error::Claim(e)) => assert_eq!(e.reason, ClaimLoss::LeaseExpired),
+        other => panic!("{other:?}"),
+    }
+    // The lease ran out: the next claim takes the message over.
+    let again = outbox
+        .claim_batch(ClaimBatch {
+            limit: 1,
+            now: t0() + LEASE_CHRONO,
+            lease: LEASE,
+        })
+        .await
+        .unwrap();
+    assert_eq!(again.claimed[0].attempts, 2);
+    assert_ne!(again.claimed[0].claim_token, claimed.claim_token);
+}
+
+const LEASE_CHRONO: chrono::Duration = chrono::Duration::seconds(30);
+
+#[tokio::test]
+async fn concurrent_setups_of_a_new_database_all_succeed() {
+    let dir = TempDir::new();
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(SqliteOutbox::new(pool(&dir).await));
+    }
+    let results = futures_util::future::join_all(stores.iter().map(|s| s.setup())).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    stores[0].enqueue(event("a", 1, t0())).await.unwrap();
+}
