@@ -79,6 +79,11 @@ pub use message::{
 };
 pub use registry::{Event, Job, Registry, RegistryBuilder};
 pub use retry::RetryPolicy;
+/// The sqlx the SQL stores are built on, so an application's transactions
+/// and the outbox's always agree on its version.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub use sqlx;
 pub use store::memory::MemoryOutbox;
 #[cfg(feature = "postgres")]
 pub use store::postgres::PostgresOutbox;
