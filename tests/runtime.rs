@@ -1073,6 +1073,58 @@ fn a_freed_slot_is_refilled_at_once_not_in_waves() {
 }
 
 #[test]
+fn a_slow_delivery_does_not_hold_back_messages_committed_meanwhile() {
+    run(|| async {
+        let h = Harness::start_with(
+            FaultStore::new(),
+            DrainConfig {
+                concurrency: 2,
+                ..config()
+            },
+            |b| b.wake_on_insert(true),
+        );
+        settle().await;
+        let slow = h.enqueue(ping(1, 60_000)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // The pass's claim came back empty long ago; the slow delivery keeps
+        // it open. A new commit wakes it to use its idle slot.
+        let quick = h.enqueue(ping(2, 10)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(h.status(&quick).await, MessageStatus::Delivered);
+        assert_eq!(h.status(&slow).await, MessageStatus::Claimed);
+        let status = h.coordinator.send(GetStatus).await.unwrap();
+        assert_eq!(
+            (status.passes, status.running),
+            (0, true),
+            "still the first pass"
+        );
+    });
+}
+
+#[test]
+fn a_tick_during_a_long_pass_lets_it_claim_for_idle_slots() {
+    run(|| async {
+        let h = Harness::start(DrainConfig {
+            concurrency: 2,
+            every: Some(Duration::from_secs(1)),
+            ..config()
+        });
+        h.enqueue(ping(1, 60_000)).await;
+        settle().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let quick = h.enqueue(ping(2, 10)).await;
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        assert_eq!(
+            h.status(&quick).await,
+            MessageStatus::Delivered,
+            "claimed at the 1 s tick"
+        );
+        let status = h.coordinator.send(GetStatus).await.unwrap();
+        assert_eq!((status.passes, status.running), (0, true));
+    });
+}
+
+#[test]
 fn a_pass_refuses_to_start_without_a_transport_for_registered_messages() {
     run(|| async {
         let store = FaultStore::new();

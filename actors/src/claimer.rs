@@ -8,7 +8,8 @@
 //! on its own. Messages dead-lettered at claim (attempts used up) are
 //! reported as dead letters. The pass ends when the budget is spent, a
 //! claim returns nothing, or claiming fails, and every delivery it started
-//! has reported.
+//! has reported. A [`Refill`] (sent when new messages may be due) makes it
+//! claim again after an empty claim, as long as the pass is still open.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +30,12 @@ use crate::telemetry;
 pub(crate) struct SlotFreed {
     pub(crate) slot: u64,
 }
+
+/// New messages may be due (a wake-up, a tick or a `Drain` arrived during
+/// the pass): claim again for free slots, even after an empty claim.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct Refill;
 
 /// Stop claiming; abort deliveries still running after `grace`.
 #[derive(Debug, Message)]
@@ -254,6 +261,22 @@ impl Handler<SlotFreed> for Claimer {
         self.active.remove(&freed.slot);
         self.fill(ctx);
         self.finish_if_done(ctx);
+    }
+}
+
+impl Handler<Refill> for Claimer {
+    type Result = ();
+
+    fn handle(&mut self, _: Refill, ctx: &mut Context<Self>) {
+        // An empty claim only means nothing was due *then*. While slower
+        // deliveries keep the pass open, idle slots would otherwise wait for
+        // the slowest of them before anything new is claimed. A pass that
+        // stopped on a store error stays stopped: the next pass retries.
+        if self.error.is_none() && !self.winding_down {
+            self.exhausted = false;
+            self.fill(ctx);
+            self.finish_if_done(ctx);
+        }
     }
 }
 

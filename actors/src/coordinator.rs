@@ -4,9 +4,15 @@
 //! observers and subscribers; runs passes on [`Drain`] (never two at once:
 //! Drains that arrive during a pass are coalesced into one follow-up pass and
 //! all get its report), on its own schedule (ticks that find a pass running
-//! are skipped) and on wake-ups from the store; tallies each pass from the
-//! outcome messages of its deliveries; and fans notifications out to
-//! subscribers.
+//! start no second one) and on wake-ups from the store; tallies each pass
+//! from the outcome messages of its deliveries; and fans notifications out
+//! to subscribers.
+//!
+//! A pass ends only when its slowest delivery ends. So that one slow handler
+//! does not hold back messages committed meanwhile, every `Drain`, tick and
+//! wake-up that arrives during a pass also lets the running pass claim again
+//! for its idle slots (within its budget), even after a claim came back
+//! empty.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +24,7 @@ use outbox::{
 };
 use tokio::sync::oneshot;
 
-use crate::claimer::{Claimer, WindDown};
+use crate::claimer::{Claimer, Refill, WindDown};
 use crate::context::{DrainContext, DrainObserver};
 use crate::error::{Error, Result};
 use crate::messages::{DeadLetter, DrainReport, LeaseLost, Notice, Outcome, OutcomeNotice};
@@ -226,9 +232,11 @@ impl DrainCoordinator {
         });
     }
 
-    /// Start a pass now if idle, else make sure one follows the running pass.
+    /// Start a pass now if idle, else make sure one follows the running pass
+    /// (and let the running one use its idle slots meanwhile).
     fn request_pass(&mut self, waiter: Option<Waiter>, ctx: &mut Context<Self>) {
-        if self.pass.is_some() {
+        if let Some(pass) = &self.pass {
+            pass.claimer.do_send(Refill);
             self.follow_up.get_or_insert_with(Vec::new).extend(waiter);
         } else {
             self.start_pass(waiter.into_iter().collect(), ctx);
@@ -314,10 +322,13 @@ impl Actor for DrainCoordinator {
             // then on every tick that finds the coordinator idle.
             self.request_pass(None, ctx);
             self.background.push(ctx.run_interval(every, |act, ctx| {
-                if act.pass.is_none() && act.shutdown.is_none() {
-                    act.start_pass(Vec::new(), ctx);
-                } else {
-                    tracing::trace!(target: "outbox", "outbox drain tick skipped: a pass is running");
+                if act.shutdown.is_some() {
+                    return;
+                }
+                match &act.pass {
+                    None => act.start_pass(Vec::new(), ctx),
+                    // No second pass; the running one may claim for idle slots.
+                    Some(pass) => pass.claimer.do_send(Refill),
                 }
             }));
         }

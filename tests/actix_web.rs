@@ -1,0 +1,186 @@
+//! The actix-web example, driven over HTTP: orders commit with their events,
+//! bad bodies are refused with a reason, the drain ships on wake-up, stats
+//! report it, and a graceful shutdown gives unfinished claims back.
+//!
+//! Real sockets and a real SQLite file, so real time; nothing sleeps to
+//! observe: the test waits on the shipping handler's channel, with a
+//! deadline that only turns a hang into a failure.
+
+#[path = "../examples/actix_web/app.rs"]
+#[allow(dead_code, unreachable_pub, missing_docs)]
+mod app;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+struct Shop {
+    running: app::Running,
+    client: awc::Client,
+    shipments: tokio::sync::mpsc::UnboundedReceiver<i64>,
+    _dir: TempDir,
+}
+
+/// A directory removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn shop() -> Shop {
+    let dir = std::env::temp_dir().join(format!("outbox-actix-web-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/shop.db", dir.display());
+    let (shipped, shipments) = tokio::sync::mpsc::unbounded_channel();
+    let running = app::start(&url, "127.0.0.1:0", shipped).await.unwrap();
+    Shop {
+        running,
+        client: awc::Client::default(),
+        shipments,
+        _dir: TempDir(dir),
+    }
+}
+
+fn uuid_like() -> String {
+    format!("{}-{:?}", std::process::id(), std::time::SystemTime::now())
+        .replace([' ', ':', '.', '{', '}', ','], "")
+}
+
+impl Shop {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.running.addr)
+    }
+
+    async fn post(&self, body: &str) -> (u16, Value) {
+        let mut response = self
+            .client
+            .post(self.url("/orders"))
+            .insert_header(("content-type", "application/json"))
+            .send_body(body.to_owned())
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body = response.json::<Value>().await.unwrap_or(Value::Null);
+        (status, body)
+    }
+
+    async fn stats(&self) -> Value {
+        self.client
+            .get(self.url("/outbox/stats"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn shipped(&mut self) -> i64 {
+        tokio::time::timeout(PATIENCE, self.shipments.recv())
+            .await
+            .expect("an order was shipped in time")
+            .expect("the shipping handler is alive")
+    }
+}
+
+#[actix_web::test]
+async fn an_order_and_its_event_commit_together_and_ship_on_wake_up() {
+    let mut shop = shop().await;
+    let (status, body) = shop
+        .post(r#"{"customer":"ada","items":[{"sku":"tea","quantity":2}]}"#)
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let order_id = body["order_id"].as_i64().unwrap();
+    assert!(body["message_id"].as_str().is_some_and(|id| !id.is_empty()));
+    // No Drain was sent and the schedule is 5 s away: the commit woke the drain.
+    assert_eq!(shop.shipped().await, order_id);
+    // Passes never overlap, so once a Drain answers, the pass that shipped
+    // the order has settled it.
+    shop.running
+        .coordinator
+        .send(outbox_actors::Drain)
+        .await
+        .unwrap()
+        .unwrap();
+    let stats = shop.stats().await;
+    assert_eq!(stats["delivered"], json!(1), "{stats}");
+    assert_eq!(stats["pending"], json!(0), "{stats}");
+    shop.running.stop(Duration::from_secs(1)).await;
+}
+
+#[actix_web::test]
+async fn bad_bodies_get_a_400_with_the_reason_and_write_nothing() {
+    let shop = shop().await;
+    let cases = [
+        ("{not json", "invalid JSON body"),
+        (
+            r#"{"items":[{"sku":"tea","quantity":1}]}"#,
+            "missing field `customer`",
+        ),
+        (
+            r#"{"customer":"ada","items":[{"sku":"tea","quantity":0}]}"#,
+            "`items[0].quantity` must be 1 to 1000",
+        ),
+        (
+            r#"{"customer":" ","items":[]}"#,
+            "`customer` must be 1 to 100 characters; `items` must list 1 to 50 items",
+        ),
+        (
+            r#"{"customer":"ada","items":[{"sku":"tea","quantity":1}],"coupon":"FREE"}"#,
+            "unknown field `coupon`",
+        ),
+    ];
+    for (body, reason) in cases {
+        let (status, answer) = shop.post(body).await;
+        assert_eq!(status, 400, "{body} -> {answer}");
+        let error = answer["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(reason),
+            "{body}: expected {reason:?} in {error:?}"
+        );
+    }
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(shop.running.outbox.pool())
+        .await
+        .unwrap();
+    assert_eq!(orders, 0);
+    assert_eq!(shop.stats().await["pending"], json!(0));
+    shop.running.stop(Duration::from_secs(1)).await;
+}
+
+#[actix_web::test]
+async fn a_graceful_shutdown_releases_claims_of_unfinished_deliveries() {
+    let mut shop = shop().await;
+    let (status, _) = shop
+        .post(r#"{"customer":"slowpoke","items":[{"sku":"anvil","quantity":1}]}"#)
+        .await;
+    assert_eq!(status, 201);
+    let (status, body) = shop
+        .post(r#"{"customer":"grace","items":[{"sku":"cobol","quantity":1}]}"#)
+        .await;
+    assert_eq!(status, 201);
+    // The slow order holds its claim while the other one ships.
+    assert_eq!(shop.shipped().await, body["order_id"].as_i64().unwrap());
+
+    let report = shop
+        .running
+        .stop(Duration::from_millis(200))
+        .await
+        .expect("the drain answered");
+    assert_eq!(report.released, 1, "{report}");
+    let pending: (String, i64) =
+        sqlx::query_as("SELECT status, attempts FROM outbox WHERE status != 'delivered'")
+            .fetch_one(shop.running.outbox.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        pending,
+        ("pending".to_owned(), 0),
+        "given back, the attempt not counted"
+    );
+}
