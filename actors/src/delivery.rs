@@ -118,8 +118,7 @@ impl Drop for Reporter {
                 false,
                 error.into(),
             );
-            tracing::error!(target: "outbox", id = %self.message.id, name = %self.message.name,
-                "outbox delivery actor died; its message is claimable again after its lease");
+            telemetry::delivery_died(&failure);
             self.report(Outcome::LeaseLost, vec![Notice::Lease(failure)]);
         }
     }
@@ -212,7 +211,10 @@ impl Actor for DeliveryActor {
         .start();
         self.reporter.heartbeat = Some(heartbeat);
 
-        let run = deliver(&self.drain, self.message.clone()).instrument(self.span.clone());
+        self.span
+            .in_scope(|| telemetry::delivery_started(&self.message));
+        let run =
+            deliver(&self.drain, self.message.clone(), &self.span).instrument(self.span.clone());
         self.delivery = Some(ctx.spawn(run.into_actor(self).map(|result, act, ctx| {
             act.delivered(result, ctx);
         })));
@@ -332,6 +334,7 @@ impl Handler<Abort> for DeliveryActor {
 fn deliver(
     drain: &DrainContext,
     message: Arc<ClaimedMessage>,
+    span: &tracing::Span,
 ) -> LocalBoxFuture<'static, DeliveryResult> {
     let payload = match drain
         .registry
@@ -340,7 +343,7 @@ fn deliver(
         Ok(payload) => payload,
         Err(error) => return Box::pin(std::future::ready(Err(outbox::Error::from(error).into()))),
     };
-    let trace = telemetry::delivery_trace(&message);
+    let trace = telemetry::delivery_trace(&message, span);
     let delivery = Delivery {
         payload,
         context: DeliveryContext::new(message.clone(), trace),
