@@ -76,6 +76,7 @@ impl Reporter {
         claimer: Recipient<SlotFreed>,
         message: Arc<ClaimedMessage>,
     ) -> Self {
+        telemetry::delivery_claimed(&message);
         Reporter {
             pass,
             slot,
@@ -88,6 +89,9 @@ impl Reporter {
     }
 
     fn report(&mut self, outcome: Outcome, notices: Vec<Notice>) {
+        if self.armed {
+            telemetry::delivery_reported();
+        }
         self.armed = false;
         if let Some(heartbeat) = self.heartbeat.take() {
             heartbeat.do_send(StopHeartbeat);
@@ -135,6 +139,8 @@ pub(crate) struct DeliveryActor {
     /// The handler's result, kept while the extension is under way.
     result: Option<DeliveryResult>,
     span: tracing::Span,
+    /// When the handler started.
+    started: tokio::time::Instant,
 }
 
 impl DeliveryActor {
@@ -150,6 +156,7 @@ impl DeliveryActor {
             delivery: None,
             max_active: None,
             result: None,
+            started: tokio::time::Instant::now(),
         }
     }
 
@@ -211,7 +218,8 @@ impl Actor for DeliveryActor {
         .start();
         self.reporter.heartbeat = Some(heartbeat);
 
-        self.span
+        self.started = self
+            .span
             .in_scope(|| telemetry::delivery_started(&self.message));
         let run =
             deliver(&self.drain, self.message.clone(), &self.span).instrument(self.span.clone());
@@ -271,12 +279,12 @@ impl Handler<Extended> for DeliveryActor {
             extension,
             result,
         );
-        ctx.spawn(
-            settle
-                .instrument(self.span.clone())
-                .into_actor(self)
-                .map(|(outcome, notices), act, ctx| act.finish(outcome, notices, ctx)),
-        );
+        ctx.spawn(settle.instrument(self.span.clone()).into_actor(self).map(
+            |(outcome, notices), act, ctx| {
+                telemetry::settled(&act.message, outcome, act.started, act.drain.now());
+                act.finish(outcome, notices, ctx)
+            },
+        ));
     }
 }
 

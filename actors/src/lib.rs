@@ -33,7 +33,9 @@
 //! - `context`: what the actors of one coordinator share, and the
 //!   [`DrainObserver`] hooks.
 //! - `recipient`: [`RecipientBus`] and [`RecipientJobs`], delivery to actors.
-//! - `telemetry`: the delivery span and one tracing event per outcome.
+//! - `telemetry`: the delivery span, and one hook per outcome that emits its
+//!   tracing event and records its metrics.
+//! - [`metrics`]: the metric names, with their labels and units.
 //! - `error`: [`Error`].
 //!
 //! # Example
@@ -85,6 +87,7 @@ mod delivery;
 mod error;
 mod heartbeat;
 mod messages;
+pub mod metrics;
 mod recipient;
 mod telemetry;
 
