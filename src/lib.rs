@@ -34,6 +34,16 @@
 //! - [`clock`]: [`Clock`], with [`SystemClock`] and the test clock [`TokioClock`].
 //! - [`error`]: [`Error`] and its parts; [`ClaimError`] is the one the
 //!   runtime treats as confirmed loss of a claim.
+//! - [`trace`]: trace propagation, the [`TraceCarrier`] a message takes from
+//!   enqueue to delivery.
+//!
+//! # Features
+//!
+//! - `sqlite` (default): the embedded store.
+//! - `postgres`: the distributed store.
+//! - `opentelemetry`: capture the current span's trace context at enqueue as
+//!   a W3C [`TraceCarrier`] and turn stored carriers back into OpenTelemetry
+//!   contexts; see [`trace`].
 //!
 //! # Example
 //!
@@ -65,6 +75,7 @@ pub mod message;
 pub mod registry;
 pub mod retry;
 pub mod store;
+pub mod trace;
 pub mod transport;
 
 pub use clock::{Clock, SharedClock, SystemClock, TokioClock};

@@ -395,6 +395,10 @@ pub struct ClaimedMessage {
 /// types (serialized here, at the call site), or [`NewMessage::new`] for raw
 /// JSON. `now` defaults to the system clock; set it with [`NewMessage::at`]
 /// when the caller has its own clock (tests on virtual time do).
+///
+/// With the `opentelemetry` feature, `trace` starts as the current span's
+/// trace context, so the delivery joins the trace that enqueued it; see
+/// [`crate::trace`].
 #[derive(Debug, Clone)]
 pub struct NewMessage {
     /// The id to use; `None` generates a time-ordered UUID.
@@ -423,7 +427,7 @@ impl NewMessage {
             kind,
             name: name.into(),
             payload,
-            trace: None,
+            trace: TraceCarrier::current(),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             available_at: None,
             now: crate::clock::system_now(),
@@ -464,7 +468,8 @@ impl NewMessage {
         self
     }
 
-    /// Store this trace context with the message.
+    /// Store this trace context with the message, instead of the one
+    /// captured from the current span.
     pub fn with_trace(mut self, trace: TraceCarrier) -> Self {
         self.trace = Some(trace);
         self

@@ -257,7 +257,7 @@ impl DrainCoordinator {
         }
         let pass = self.pass.take().expect("a finished pass exists");
         let report = pass.report;
-        telemetry::pass_finished(&report);
+        telemetry::pass_finished(&self.drain, &report);
         self.passes += 1;
         self.last_report = Some(report);
         add_reports(&mut self.totals, &report);
@@ -317,6 +317,7 @@ impl Actor for DrainCoordinator {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        telemetry::coordinator_started();
         if let Some(every) = self.drain.config.every {
             // Messages may have waited while no worker ran: drain at once,
             // then on every tick that finds the coordinator idle.

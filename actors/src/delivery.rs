@@ -76,6 +76,7 @@ impl Reporter {
         claimer: Recipient<SlotFreed>,
         message: Arc<ClaimedMessage>,
     ) -> Self {
+        telemetry::delivery_claimed(&message);
         Reporter {
             pass,
             slot,
@@ -88,6 +89,9 @@ impl Reporter {
     }
 
     fn report(&mut self, outcome: Outcome, notices: Vec<Notice>) {
+        if self.armed {
+            telemetry::delivery_reported();
+        }
         self.armed = false;
         if let Some(heartbeat) = self.heartbeat.take() {
             heartbeat.do_send(StopHeartbeat);
@@ -118,8 +122,7 @@ impl Drop for Reporter {
                 false,
                 error.into(),
             );
-            tracing::error!(target: "outbox", id = %self.message.id, name = %self.message.name,
-                "outbox delivery actor died; its message is claimable again after its lease");
+            telemetry::delivery_died(&failure);
             self.report(Outcome::LeaseLost, vec![Notice::Lease(failure)]);
         }
     }
@@ -136,6 +139,8 @@ pub(crate) struct DeliveryActor {
     /// The handler's result, kept while the extension is under way.
     result: Option<DeliveryResult>,
     span: tracing::Span,
+    /// When the handler started.
+    started: tokio::time::Instant,
 }
 
 impl DeliveryActor {
@@ -151,6 +156,7 @@ impl DeliveryActor {
             delivery: None,
             max_active: None,
             result: None,
+            started: tokio::time::Instant::now(),
         }
     }
 
@@ -212,7 +218,11 @@ impl Actor for DeliveryActor {
         .start();
         self.reporter.heartbeat = Some(heartbeat);
 
-        let run = deliver(&self.drain, self.message.clone()).instrument(self.span.clone());
+        self.started = self
+            .span
+            .in_scope(|| telemetry::delivery_started(&self.message));
+        let run =
+            deliver(&self.drain, self.message.clone(), &self.span).instrument(self.span.clone());
         self.delivery = Some(ctx.spawn(run.into_actor(self).map(|result, act, ctx| {
             act.delivered(result, ctx);
         })));
@@ -269,12 +279,12 @@ impl Handler<Extended> for DeliveryActor {
             extension,
             result,
         );
-        ctx.spawn(
-            settle
-                .instrument(self.span.clone())
-                .into_actor(self)
-                .map(|(outcome, notices), act, ctx| act.finish(outcome, notices, ctx)),
-        );
+        ctx.spawn(settle.instrument(self.span.clone()).into_actor(self).map(
+            |(outcome, notices), act, ctx| {
+                telemetry::settled(&act.message, outcome, act.started, act.drain.now());
+                act.finish(outcome, notices, ctx)
+            },
+        ));
     }
 }
 
@@ -332,6 +342,7 @@ impl Handler<Abort> for DeliveryActor {
 fn deliver(
     drain: &DrainContext,
     message: Arc<ClaimedMessage>,
+    span: &tracing::Span,
 ) -> LocalBoxFuture<'static, DeliveryResult> {
     let payload = match drain
         .registry
@@ -340,7 +351,7 @@ fn deliver(
         Ok(payload) => payload,
         Err(error) => return Box::pin(std::future::ready(Err(outbox::Error::from(error).into()))),
     };
-    let trace = telemetry::delivery_trace(&message);
+    let trace = telemetry::delivery_trace(&message, span);
     let delivery = Delivery {
         payload,
         context: DeliveryContext::new(message.clone(), trace),

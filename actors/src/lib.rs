@@ -33,8 +33,58 @@
 //! - `context`: what the actors of one coordinator share, and the
 //!   [`DrainObserver`] hooks.
 //! - `recipient`: [`RecipientBus`] and [`RecipientJobs`], delivery to actors.
-//! - `telemetry`: the delivery span and one tracing event per outcome.
+//! - `telemetry`: the delivery span, and one hook per outcome that emits its
+//!   tracing event and records its metrics.
+//! - [`metrics`]: the metric names, with their labels and units.
 //! - `error`: [`Error`].
+//!
+//! # Tracing
+//!
+//! Each delivery runs in its own span, `outbox deliver {name}` (the span is
+//! named `outbox deliver`; `otel.name` gives exporters the full name), with
+//! the fields `outbox.message_kind`, `outbox.message_name`,
+//! `outbox.message_id` and `outbox.attempt`, at `info` level, target
+//! `outbox`. It is a root span unless the message carries a trace context:
+//! with the `opentelemetry` feature its parent is the span that enqueued the
+//! message (see [`outbox::trace`]), and the handler's
+//! [`DeliveryContext::trace`](outbox::DeliveryContext::trace) is the delivery
+//! span's own context, to continue the trace downstream. A stored context
+//! that does not parse is logged at `debug` (`outbox.trace_invalid`) and the
+//! delivery starts a new trace; it never fails the delivery. Without the
+//! feature, handlers get the stored context unchanged.
+//!
+//! Every outcome is one event, with a stable `event` field to match on:
+//!
+//! | `event` | level | when |
+//! |---|---|---|
+//! | `outbox.delivered` | info | delivered and settled |
+//! | `outbox.retry_scheduled` | warn | failed; fields `retry_delay_ms`, `retry_at` |
+//! | `outbox.dead_lettered` | error | failed for good; field `abandoned` |
+//! | `outbox.lease_lost` | warn | claim lost, delivery aborted (error when its delivery actor died) |
+//! | `outbox.renewal_recovered` | info | renewals failed, then succeeded |
+//! | `outbox.renewal_degraded` | warn | the final renewal failed; settled under the last lease |
+//! | `outbox.settlement_failed` | error | the outcome could not be stored |
+//! | `outbox.released` | info | claim given back at shutdown |
+//! | `outbox.release_failed` | warn | claim not given back at shutdown; claimable after its lease |
+//! | `outbox.pass_finished` | debug | a pass ended, with its tally |
+//! | `outbox.delivery_started` | trace | a handler starts; the only event with the payload |
+//!
+//! Job messages also emit `job.completed`, `job.retry_scheduled` and
+//! `job.dead_lettered`. Payloads are never logged above `trace` level.
+//!
+//! # Metrics
+//!
+//! The runtime records counters per outcome, histograms of delivery time
+//! and of enqueue-to-delivery latency, and gauges of active deliveries and
+//! pending messages through the [`metrics`](https://docs.rs/metrics) facade,
+//! into whatever recorder the application installs. The names, labels and
+//! units are listed in [`metrics`].
+//!
+//! # Features
+//!
+//! - `sqlite` (default), `postgres`: forwarded to [`outbox`].
+//! - `opentelemetry`: forwarded to `outbox/opentelemetry`; trace propagation
+//!   from enqueue to delivery, as above.
 //!
 //! # Example
 //!
@@ -85,6 +135,7 @@ mod delivery;
 mod error;
 mod heartbeat;
 mod messages;
+pub mod metrics;
 mod recipient;
 mod telemetry;
 

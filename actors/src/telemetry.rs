@@ -1,25 +1,40 @@
-//! Tracing: one span per delivery, one event per outcome.
+//! Tracing and metrics: one span per delivery, one hook per outcome.
+//!
+//! The actors call these hooks where an outcome is decided; each hook emits
+//! the tracing event and records the metrics, so the two never disagree.
 //!
 //! Events carry a stable `event` field (`outbox.delivered`,
 //! `outbox.retry_scheduled`, `outbox.dead_lettered`, `outbox.lease_lost`,
 //! `outbox.renewal_recovered`, `outbox.renewal_degraded`,
 //! `outbox.settlement_failed`, `outbox.pass_finished`) so log pipelines can
 //! match on it. Job messages also emit the job-level record (`job.*`).
-//! Payloads are never logged.
+//! The payload appears only in `outbox.delivery_started`, at `trace` level.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox::{ClaimedMessage, ErrorRecord, MessageKind, TraceCarrier};
+use tokio::time::Instant;
+use tracing::Span;
 
+use crate::context::{DrainContext, until};
 use crate::messages::{
-    DeadLetter, DrainReport, LeaseLost, LeaseOperation, LeaseState, SettlementFailed,
+    DeadLetter, DrainReport, LeaseLost, LeaseOperation, LeaseState, Outcome, SettlementFailed,
 };
+use crate::metrics;
 
 /// The span a delivery runs in: `outbox deliver {name}`.
-pub(crate) fn delivery_span(message: &ClaimedMessage) -> tracing::Span {
-    tracing::info_span!(
+///
+/// A root span: a delivery's parent is the trace stored at enqueue, not
+/// whatever span the claimer happened to run in. With the `opentelemetry`
+/// feature (of `outbox`, enabled by any crate in the build) it is parented
+/// on that stored context; an invalid one is logged at debug and the
+/// delivery starts a trace of its own.
+pub(crate) fn delivery_span(message: &ClaimedMessage) -> Span {
+    let span = tracing::info_span!(
         target: "outbox",
+        parent: None,
         "outbox deliver",
         otel.name = %format_args!("outbox deliver {}", message.name),
         otel.kind = "consumer",
@@ -27,12 +42,56 @@ pub(crate) fn delivery_span(message: &ClaimedMessage) -> tracing::Span {
         outbox.message_name = %message.name,
         outbox.message_id = %message.id,
         outbox.attempt = message.attempts,
-    )
+    );
+    if let Some(carrier) = &message.trace
+        && let Err(error) = carrier.set_parent_of(&span)
+    {
+        tracing::debug!(target: "outbox", parent: &span, event = "outbox.trace_invalid",
+            id = %message.id, %error,
+            "stored trace context is invalid; the delivery starts a new trace");
+    }
+    span
 }
 
-/// The trace context handed to the handler: the one stored at enqueue.
-pub(crate) fn delivery_trace(message: &ClaimedMessage) -> Option<TraceCarrier> {
-    message.trace.clone()
+/// The trace context handed to the handler: the delivery span's own, so
+/// downstream calls continue the delivery's trace. Without OpenTelemetry
+/// recording the span, the context stored at enqueue, unchanged.
+pub(crate) fn delivery_trace(message: &ClaimedMessage, span: &Span) -> Option<TraceCarrier> {
+    TraceCarrier::from_span(span).or_else(|| message.trace.clone())
+}
+
+/// A delivery's handler starts now. Call inside its span.
+pub(crate) fn delivery_started(message: &ClaimedMessage) -> Instant {
+    tracing::trace!(target: "outbox", event = "outbox.delivery_started", id = %message.id,
+        kind = message.kind.as_str(), name = %message.name, attempt = message.attempts,
+        payload = message.payload.as_str(), "outbox delivery started");
+    Instant::now()
+}
+
+/// A claimed message got its delivery (and its slot).
+pub(crate) fn delivery_claimed(message: &ClaimedMessage) {
+    metrics::claimed(message);
+}
+
+/// A delivery reported its one outcome and freed its slot.
+pub(crate) fn delivery_reported() {
+    metrics::reported();
+}
+
+/// A delivery's outcome is final; `started` is when its handler started.
+pub(crate) fn settled(
+    message: &ClaimedMessage,
+    outcome: Outcome,
+    started: Instant,
+    now: DateTime<Utc>,
+) {
+    metrics::settled(
+        message.kind,
+        &message.name,
+        outcome,
+        started.elapsed(),
+        until(message.created_at, now),
+    );
 }
 
 pub(crate) fn delivered(message: &ClaimedMessage) {
@@ -43,6 +102,7 @@ pub(crate) fn delivered(message: &ClaimedMessage) {
         tracing::info!(target: "outbox", event = "job.completed", id = %message.id,
             job = %message.name, attempt = message.attempts, "job completed");
     }
+    metrics::delivered(message);
 }
 
 pub(crate) fn retry_scheduled(
@@ -54,13 +114,15 @@ pub(crate) fn retry_scheduled(
     let retry_at = retry_at.map(|at| at.to_rfc3339());
     tracing::warn!(target: "outbox", event = "outbox.retry_scheduled", id = %message.id,
         kind = message.kind.as_str(), name = %message.name, attempt = message.attempts,
-        retry_delay_ms = delay.as_millis() as u64, retry_at = retry_at.as_deref().unwrap_or(""),
+        retry_delay_ms = delay.as_millis() as u64, retry_at = retry_at.as_deref(),
         error = %error, "outbox delivery failed; retry scheduled");
     if message.kind == MessageKind::Job {
         tracing::warn!(target: "outbox", event = "job.retry_scheduled", id = %message.id,
             job = %message.name, attempt = message.attempts,
-            retry_delay_ms = delay.as_millis() as u64, error = %error, "job failed; retry scheduled");
+            retry_delay_ms = delay.as_millis() as u64, retry_at = retry_at.as_deref(),
+            error = %error, "job failed; retry scheduled");
     }
+    metrics::retried(message);
 }
 
 pub(crate) fn dead_lettered(dead_letter: &DeadLetter) {
@@ -69,9 +131,10 @@ pub(crate) fn dead_lettered(dead_letter: &DeadLetter) {
         abandoned = dead_letter.abandoned, error = %dead_letter.error, "outbox message dead-lettered");
     if dead_letter.kind == MessageKind::Job {
         tracing::error!(target: "outbox", event = "job.dead_lettered", id = %dead_letter.id,
-            job = %dead_letter.name, abandoned = dead_letter.abandoned, error = %dead_letter.error,
-            "job dead-lettered");
+            job = %dead_letter.name, attempts = dead_letter.attempts,
+            abandoned = dead_letter.abandoned, error = %dead_letter.error, "job dead-lettered");
     }
+    metrics::dead_lettered(dead_letter);
 }
 
 pub(crate) fn lease(failure: &LeaseLost) {
@@ -84,15 +147,23 @@ pub(crate) fn lease(failure: &LeaseLost) {
             id = %failure.id, kind = failure.kind.as_str(), name = %failure.name, operation,
             confirmed_lost = failure.confirmed_lost, error = %failure.error,
             "outbox claim lost; delivery aborted, nothing settled"),
-        LeaseState::Recovered => {
-            tracing::info!(target: "outbox", event = "outbox.renewal_recovered",
-            id = %failure.id, kind = failure.kind.as_str(), name = %failure.name, error = %failure.error,
-            "outbox claim renewal recovered")
-        }
+        LeaseState::Recovered => tracing::info!(target: "outbox",
+            event = "outbox.renewal_recovered", id = %failure.id, kind = failure.kind.as_str(),
+            name = %failure.name, error = %failure.error, "outbox claim renewal recovered"),
         LeaseState::Degraded => tracing::warn!(target: "outbox", event = "outbox.renewal_degraded",
             id = %failure.id, kind = failure.kind.as_str(), name = %failure.name, error = %failure.error,
             "outbox claim renewal failed; settling under the last confirmed lease"),
     }
+    metrics::lease(failure);
+}
+
+/// A delivery actor stopped before reporting: its claim is as good as lost.
+/// Runs in a drop guard, maybe while unwinding, so it only logs and counts.
+pub(crate) fn delivery_died(failure: &LeaseLost) {
+    tracing::error!(target: "outbox", event = "outbox.lease_lost", id = %failure.id,
+        kind = failure.kind.as_str(), name = %failure.name, confirmed_lost = false,
+        "outbox delivery actor died; its message is claimable again after its lease");
+    metrics::lease(failure);
 }
 
 pub(crate) fn settlement_failed(failure: &SettlementFailed) {
@@ -100,11 +171,31 @@ pub(crate) fn settlement_failed(failure: &SettlementFailed) {
         kind = failure.kind.as_str(), name = %failure.name,
         delivery_succeeded = failure.delivery_succeeded, claim_lost = failure.claim_lost,
         error = %failure.error, "outbox settlement failed");
+    metrics::settlement_failed(failure);
 }
 
-pub(crate) fn pass_finished(report: &DrainReport) {
+/// A coordinator starts: describe the metrics to the installed recorder.
+pub(crate) fn coordinator_started() {
+    metrics::describe();
+}
+
+/// A pass ended: log its tally and sample the pending gauge.
+pub(crate) fn pass_finished(drain: &Arc<DrainContext>, report: &DrainReport) {
     tracing::debug!(target: "outbox", event = "outbox.pass_finished", claimed = report.claimed,
         delivered = report.delivered, retried = report.retried, dead_lettered = report.dead_lettered,
         settlement_failed = report.settlement_failed, lease_lost = report.lease_lost,
         "outbox drain pass finished");
+    let drain = drain.clone();
+    // Off the coordinator's mailbox: a slow count must not delay the next pass.
+    actix::spawn(async move {
+        let count = drain.store.pending_count();
+        match tokio::time::timeout(drain.config.lease, count).await {
+            Ok(Ok(Some(count))) => metrics::pending(count),
+            Ok(Ok(None)) => {}
+            Ok(Err(error)) => tracing::debug!(target: "outbox", %error,
+                "could not count pending outbox messages"),
+            Err(_) => tracing::debug!(target: "outbox",
+                "counting pending outbox messages timed out"),
+        }
+    });
 }

@@ -622,6 +622,12 @@ impl OutboxStore for MemoryOutbox {
     fn wakeups(&self) -> Option<Wakeups> {
         Some(self.wake.subscribe())
     }
+
+    async fn pending_count(&self) -> Result<Option<u64>> {
+        Ok(Some(
+            self.lock().counts[status_index(MessageStatus::Pending)],
+        ))
+    }
 }
 
 impl OutboxAdmin for MemoryOutbox {

@@ -194,6 +194,15 @@ pub trait OutboxStore: Send + Sync + 'static {
     fn wakeups(&self) -> Option<Wakeups> {
         None
     }
+
+    /// How many messages are `Pending` (due or not), when the store can
+    /// count them cheaply; the runtime samples it after each drain pass for
+    /// its pending-messages gauge. The default, `None`, leaves that gauge
+    /// unreported. A store whose count scans settled rows should keep the
+    /// default rather than slow every pass down.
+    fn pending_count(&self) -> impl Future<Output = Result<Option<u64>>> + Send {
+        std::future::ready(Ok(None))
+    }
 }
 
 /// Counts per status and the health figures an operator looks at first.
@@ -340,6 +349,10 @@ pub trait DynOutboxStore: Send + Sync + 'static {
     fn release_claim(&self, params: ReleaseClaim) -> BoxFuture<'_, Result<()>>;
     /// See [`OutboxStore::wakeups`].
     fn wakeups(&self) -> Option<Wakeups>;
+    /// See [`OutboxStore::pending_count`].
+    fn pending_count(&self) -> BoxFuture<'_, Result<Option<u64>>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
 }
 
 impl<S: OutboxStore> DynOutboxStore for S {
@@ -363,6 +376,9 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn wakeups(&self) -> Option<Wakeups> {
         OutboxStore::wakeups(self)
+    }
+    fn pending_count(&self) -> BoxFuture<'_, Result<Option<u64>>> {
+        Box::pin(OutboxStore::pending_count(self))
     }
 }
 

@@ -403,6 +403,10 @@ impl OutboxStore for FaultStore {
     fn wakeups(&self) -> Option<Wakeups> {
         OutboxStore::wakeups(&self.inner)
     }
+
+    async fn pending_count(&self) -> Result<Option<u64>> {
+        self.inner.pending_count().await
+    }
 }
 
 /// An actor that records every notification it receives.

@@ -1,0 +1,185 @@
+//! Metrics, through the [`metrics`](https://docs.rs/metrics) facade.
+//!
+//! The runtime records into whatever recorder the application installs
+//! (for example `metrics-exporter-prometheus`); with none installed every
+//! call is a no-op. Names follow Prometheus conventions: counters end in
+//! `_total`, durations are histograms in seconds. The constants below are
+//! the names, for dashboards and tests.
+//!
+//! Labels: `kind` is `event` or `job`, `name` the registered message name
+//! (so cardinality is the number of registered types).
+//!
+//! | metric | type | unit | labels | what |
+//! |---|---|---|---|---|
+//! | `outbox_claimed_total` | counter | messages | `kind`, `name` | claims that started a delivery |
+//! | `outbox_delivered_total` | counter | messages | `kind`, `name` | delivered and settled |
+//! | `outbox_retried_total` | counter | messages | `kind`, `name` | failed and settled for a retry |
+//! | `outbox_dead_lettered_total` | counter | messages | `kind`, `name`, `abandoned` | dead-lettered; `abandoned="true"` when at claim, attempts used up |
+//! | `outbox_settlement_failed_total` | counter | messages | `kind`, `name`, `claim_lost` | the outcome could not be stored |
+//! | `outbox_lease_failures_total` | counter | notifications | `kind`, `name`, `state`, `operation` | every [`LeaseLost`] notification: `state` is `lost`, `recovered` or `degraded`, `operation` is `renew` or `max_active` |
+//! | `outbox_delivery_duration_seconds` | histogram | seconds | `kind`, `name`, `outcome` | handler start to settled, for `outcome` `delivered`, `retried` or `dead_lettered` |
+//! | `outbox_enqueue_to_delivered_seconds` | histogram | seconds | `kind`, `name` | `created_at` to settled as delivered: waiting, deliberate delays and retries included |
+//! | `outbox_active_deliveries` | gauge | deliveries | none | deliveries running now, in this process |
+//! | `outbox_pending_messages` | gauge | messages | none | `Pending` messages in the store, sampled after each drain pass |
+//!
+//! Deliveries whose claim was lost, or whose outcome could not be stored,
+//! record no duration: they did not settle. The pending gauge is reported
+//! only by stores that implement
+//! [`OutboxStore::pending_count`](outbox::OutboxStore::pending_count)
+//! (the memory store does).
+
+use std::time::Duration;
+
+use metrics::{
+    SharedString, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge,
+    histogram,
+};
+use outbox::{ClaimedMessage, MessageKind};
+
+use crate::messages::{
+    DeadLetter, LeaseLost, LeaseOperation, LeaseState, Outcome, SettlementFailed,
+};
+
+/// Counter: claims that started a delivery.
+pub const CLAIMED: &str = "outbox_claimed_total";
+/// Counter: messages delivered and settled.
+pub const DELIVERED: &str = "outbox_delivered_total";
+/// Counter: failed deliveries settled for a retry.
+pub const RETRIED: &str = "outbox_retried_total";
+/// Counter: messages dead-lettered, label `abandoned`.
+pub const DEAD_LETTERED: &str = "outbox_dead_lettered_total";
+/// Counter: outcomes that could not be stored, label `claim_lost`.
+pub const SETTLEMENT_FAILED: &str = "outbox_settlement_failed_total";
+/// Counter: lease notifications, labels `state` and `operation`.
+pub const LEASE_FAILURES: &str = "outbox_lease_failures_total";
+/// Histogram (seconds): handler start to settled, label `outcome`.
+pub const DELIVERY_DURATION: &str = "outbox_delivery_duration_seconds";
+/// Histogram (seconds): enqueue (`created_at`) to settled as delivered.
+pub const ENQUEUE_TO_DELIVERED: &str = "outbox_enqueue_to_delivered_seconds";
+/// Gauge: deliveries running now.
+pub const ACTIVE_DELIVERIES: &str = "outbox_active_deliveries";
+/// Gauge: `Pending` messages in the store, sampled after each pass.
+pub const PENDING_MESSAGES: &str = "outbox_pending_messages";
+
+/// Give the installed recorder units and help texts (a Prometheus exporter
+/// prints them as `# HELP`). Cheap, so every coordinator does it at start.
+pub(crate) fn describe() {
+    let counters = [
+        (CLAIMED, "Claims that started a delivery."),
+        (DELIVERED, "Messages delivered and settled."),
+        (RETRIED, "Failed deliveries settled for a retry."),
+        (
+            DEAD_LETTERED,
+            "Messages dead-lettered, at claim (abandoned) or after delivery.",
+        ),
+        (
+            SETTLEMENT_FAILED,
+            "Deliveries whose outcome could not be stored.",
+        ),
+        (
+            LEASE_FAILURES,
+            "Lease notifications: lost, recovered or degraded.",
+        ),
+    ];
+    for (name, help) in counters {
+        describe_counter!(name, Unit::Count, help);
+    }
+    describe_histogram!(
+        DELIVERY_DURATION,
+        Unit::Seconds,
+        "Time from handler start to settled outcome."
+    );
+    describe_histogram!(
+        ENQUEUE_TO_DELIVERED,
+        Unit::Seconds,
+        "Time from enqueue to settled as delivered."
+    );
+    describe_gauge!(ACTIVE_DELIVERIES, Unit::Count, "Deliveries running now.");
+    describe_gauge!(
+        PENDING_MESSAGES,
+        Unit::Count,
+        "Pending messages in the store, sampled after each drain pass."
+    );
+}
+
+fn name(name: &str) -> SharedString {
+    SharedString::from(name.to_owned())
+}
+
+fn flag(value: bool) -> &'static str {
+    if value { "true" } else { "false" }
+}
+
+pub(crate) fn claimed(message: &ClaimedMessage) {
+    counter!(CLAIMED, "kind" => message.kind.as_str(), "name" => name(&message.name)).increment(1);
+    gauge!(ACTIVE_DELIVERIES).increment(1.0);
+}
+
+pub(crate) fn reported() {
+    gauge!(ACTIVE_DELIVERIES).decrement(1.0);
+}
+
+pub(crate) fn delivered(message: &ClaimedMessage) {
+    counter!(DELIVERED, "kind" => message.kind.as_str(), "name" => name(&message.name))
+        .increment(1);
+}
+
+pub(crate) fn retried(message: &ClaimedMessage) {
+    counter!(RETRIED, "kind" => message.kind.as_str(), "name" => name(&message.name)).increment(1);
+}
+
+pub(crate) fn dead_lettered(dead_letter: &DeadLetter) {
+    counter!(DEAD_LETTERED, "kind" => dead_letter.kind.as_str(),
+        "name" => name(&dead_letter.name), "abandoned" => flag(dead_letter.abandoned))
+    .increment(1);
+}
+
+pub(crate) fn settlement_failed(failure: &SettlementFailed) {
+    counter!(SETTLEMENT_FAILED, "kind" => failure.kind.as_str(), "name" => name(&failure.name),
+        "claim_lost" => flag(failure.claim_lost))
+    .increment(1);
+}
+
+pub(crate) fn lease(failure: &LeaseLost) {
+    let state = match failure.state {
+        LeaseState::Lost => "lost",
+        LeaseState::Recovered => "recovered",
+        LeaseState::Degraded => "degraded",
+    };
+    let operation = match failure.operation {
+        LeaseOperation::Renew => "renew",
+        LeaseOperation::MaxActive => "max_active",
+    };
+    counter!(LEASE_FAILURES, "kind" => failure.kind.as_str(), "name" => name(&failure.name),
+        "state" => state, "operation" => operation)
+    .increment(1);
+}
+
+/// A settled delivery took `handling` from handler start, and (when
+/// delivered) `since_enqueue` from `created_at`.
+pub(crate) fn settled(
+    kind: MessageKind,
+    message_name: &str,
+    outcome: Outcome,
+    handling: Duration,
+    since_enqueue: Duration,
+) {
+    let label = match outcome {
+        Outcome::Delivered => "delivered",
+        Outcome::Retried => "retried",
+        Outcome::DeadLettered => "dead_lettered",
+        Outcome::SettlementFailed { .. } | Outcome::LeaseLost | Outcome::Released => return,
+    };
+    histogram!(DELIVERY_DURATION, "kind" => kind.as_str(), "name" => name(message_name),
+        "outcome" => label)
+    .record(handling.as_secs_f64());
+    if outcome == Outcome::Delivered {
+        histogram!(ENQUEUE_TO_DELIVERED, "kind" => kind.as_str(), "name" => name(message_name))
+            .record(since_enqueue.as_secs_f64());
+    }
+}
+
+pub(crate) fn pending(count: u64) {
+    // Precision loss starts at 2^53 messages.
+    gauge!(PENDING_MESSAGES).set(count as f64);
+}
