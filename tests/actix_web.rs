@@ -91,6 +91,7 @@ impl Shop {
 #[actix_web::test]
 async fn an_order_and_its_event_commit_together_and_ship_on_wake_up() {
     let mut shop = shop().await;
+
     let (status, body) = shop
         .post(r#"{"customer":"ada","items":[{"sku":"tea","quantity":2}]}"#)
         .await;
@@ -110,6 +111,15 @@ async fn an_order_and_its_event_commit_together_and_ship_on_wake_up() {
     let stats = shop.stats().await;
     assert_eq!(stats["delivered"], json!(1), "{stats}");
     assert_eq!(stats["pending"], json!(0), "{stats}");
+    let mut metrics = shop.client.get(shop.url("/metrics")).send().await.unwrap();
+    assert_eq!(metrics.status().as_u16(), 200);
+    let text = String::from_utf8(metrics.body().await.unwrap().to_vec()).unwrap();
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with("outbox_delivered_total{")
+                && line.contains("name=\"order.placed\"")),
+        "{text}"
+    );
     shop.running.stop(Duration::from_secs(1)).await;
 }
 

@@ -2,12 +2,13 @@
 //! the drain that ships them. Shared by the example's `main` and its test.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpResponse, HttpServer, error, web};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use outbox::{Clock, OutboxAdmin, SqliteOutbox, SystemClock};
 use outbox_actors::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -116,6 +117,26 @@ async fn place_order(
         .json(serde_json::json!({ "order_id": order_id, "message_id": message_id })))
 }
 
+/// The process's Prometheus registry: one per process, since the `metrics`
+/// facade has one global recorder.
+pub(crate) fn prometheus() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        // Only fails if another recorder was installed first; then that one
+        // gets the figures and this endpoint shows none.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+async fn metrics_text() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(prometheus().render())
+}
+
 async fn outbox_stats(shop: web::Data<Shop>) -> actix_web::Result<HttpResponse> {
     let stats = shop
         .outbox
@@ -173,6 +194,9 @@ pub(crate) async fn start(
     .execute(outbox.pool())
     .await?;
 
+    // Install the recorder before anything records: figures recorded
+    // before it exists go nowhere.
+    prometheus();
     let coordinator = DrainCoordinator::builder(outbox.clone())
         .registry(Registry::builder().event::<OrderPlaced>().build()?)
         .event_bus(shipping(shipped))
@@ -199,6 +223,7 @@ pub(crate) async fn start(
             .app_data(json.clone())
             .route("/orders", web::post().to(place_order))
             .route("/outbox/stats", web::get().to(outbox_stats))
+            .route("/metrics", web::get().to(metrics_text))
     })
     .disable_signals()
     .bind(bind)?;

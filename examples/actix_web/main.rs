@@ -6,6 +6,7 @@
 //! curl -si -XPOST localhost:8080/orders -H 'content-type: application/json' \
 //!      -d '{"customer":"ada","items":[{"sku":"tea","quantity":2}]}'
 //! curl -s localhost:8080/outbox/stats
+//! curl -s localhost:8080/metrics        # Prometheus text format
 //! ```
 //!
 //! Ctrl-C stops the server, gives deliveries in flight five seconds, and
