@@ -707,6 +707,20 @@ impl OutboxStore for SqliteOutbox {
     fn wakeups(&self) -> Option<Wakeups> {
         Some(self.wake.subscribe())
     }
+
+    /// Counts from the partial index of pending rows, never touching
+    /// settled ones.
+    async fn pending_count(&self) -> Result<Option<u64>> {
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE status = 'pending'",
+            self.core.sql.table
+        );
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(&self.core.pool)
+            .await
+            .map_err(db("pending_count"))?;
+        Ok(Some(u64::try_from(count).unwrap_or(0)))
+    }
 }
 
 impl OutboxAdmin for SqliteOutbox {
