@@ -77,7 +77,7 @@ pub use message::{
     ClaimedMessage, DEFAULT_MAX_ATTEMPTS, ErrorRecord, MessageKind, MessageStatus, NewMessage,
     OutboxMessage, Payload, TraceCarrier,
 };
-pub use registry::{Event, Job, Registry, RegistryBuilder};
+pub use registry::{Event, Job, RawMessage, Registry, RegistryBuilder};
 pub use retry::RetryPolicy;
 pub use store::memory::MemoryOutbox;
 #[cfg(feature = "postgres")]
