@@ -370,7 +370,7 @@ pub(crate) async fn purge(store: &Store, args: PurgeArgs) -> Outcome {
         "{} messages that last changed before {} (more than {} ago)",
         args.status,
         time(horizon),
-        age(args.older_than, usize::MAX)
+        humantime::format_duration(args.older_than)
     );
     if !args.yes {
         confirm(&format!(

@@ -27,7 +27,7 @@ use tokio::io::AsyncWriteExt;
 use crate::cli::DrainArgs;
 use crate::db::Store;
 use crate::fail::Failure;
-use crate::output::{age, time};
+use crate::output::time;
 
 /// How each message is delivered.
 #[derive(Clone)]
@@ -62,7 +62,7 @@ pub(crate) async fn drain(store: &Store, args: DrainArgs) -> Result<(), Failure>
             eprintln!(
                 "draining table {} every {}{}; Ctrl-C stops",
                 store.table(),
-                age(every, usize::MAX),
+                humantime::format_duration(every),
                 if wakeups.is_some() {
                     " and on every commit"
                 } else {
@@ -230,7 +230,7 @@ async fn every_interval(
 fn announce_stop(grace: Duration) {
     eprintln!(
         "stopping: deliveries in flight get {} to finish, then their claims are given back",
-        age(grace, usize::MAX)
+        humantime::format_duration(grace)
     );
 }
 

@@ -43,9 +43,12 @@
 //! attempts). `--print` writes each message to stdout as a JSON line. The
 //! flags `--batch-size`, `--concurrency`, `--lease`, `--heartbeat`,
 //! `--max-active`, `--retry-delay` and `--retry-max-delay` map onto
-//! `DrainConfig` and are validated like it. `--every` drains until Ctrl-C or
-//! SIGTERM, then gives deliveries in flight `--grace` to finish and releases
-//! the claims of the rest. Pass reports go to stderr.
+//! `DrainConfig` and are validated like it. `--once` runs one pass (at most
+//! `--batch-size` messages). `--every` runs a pass at that interval, and on
+//! PostgreSQL as soon as a message is committed, until Ctrl-C or SIGTERM;
+//! then it gives deliveries in flight `--grace` to finish and releases the
+//! claims of the rest. Pass reports go to stderr (with `--every`, only those
+//! of passes that found something).
 //!
 //! # Exit codes
 //!
@@ -56,8 +59,94 @@
 //!
 //! # A short tour
 //!
+//! A SQLite outbox with five messages waiting, and a script that posts each
+//! one to a webhook (it fails for `order.shipped`, and for the first attempt
+//! of `invoice.render`). Real output, with the ids of that run:
+//!
 //! ```text
-//! TOUR
+//! $ export OUTBOX_DATABASE_URL=sqlite://shop.db
+//! $ outbox status
+//! outbox table outbox
+//! pending        5  oldest due message waiting 59s (since 2026-11-29T16:36:24.753Z)
+//! claimed        0  0 live, 0 past their lease
+//! delivered      0
+//! dead_lettered  0
+//! total          5
+//!
+//! $ outbox drain --once --exec ./deliver.sh
+//! 34484d94-5a6d-4073-a6d3-531dfbf2b297 (event order.shipped, attempt 1 of 1) failed: the command exited with status 22: POST /hooks/order.shipped: 404 Not Found
+//! c679ec63-1fc2-4866-8209-bab52a5f242c (job invoice.render, attempt 1 of 5) failed: the command exited with status 75: renderer busy, try later
+//! pass: claimed 5, delivered 3, retried 1, dead-lettered 1 (0 abandoned), settlement failed 0, lease lost 0, released 0
+//!
+//! $ outbox list --limit 4
+//! ID                                    NAME           KIND   STATUS         ATTEMPTS  AVAILABLE  UPDATED  LAST ERROR
+//! 7a529e71-3df6-4f83-9a2f-094588c749a0  order.placed   event  delivered      1/5       59s ago    now      -
+//! ca289af9-22a1-42ff-9973-311c446eb954  order.placed   event  delivered      1/5       58s ago    now      -
+//! 0d5ad4f3-0c44-48bc-8aa1-75562c5bdda4  order.placed   event  delivered      1/5       57s ago    now      -
+//! 34484d94-5a6d-4073-a6d3-531dfbf2b297  order.shipped  event  dead_lettered  1/1       50s ago    now      the command exited with status 22: POST /hooks/order.shippe…
+//!
+//! 4 messages shown; next page: outbox list --limit 4 --after 1795970193753531-34484d94-5a6d-4073-a6d3-531dfbf2b297
+//!
+//! $ outbox show 34484d94-5a6d-4073-a6d3-531dfbf2b297
+//! id            34484d94-5a6d-4073-a6d3-531dfbf2b297
+//! kind          event
+//! name          order.shipped
+//! status        dead_lettered
+//! attempts      1 of 1
+//! available at  2026-11-29T16:36:33.753Z  (52s ago)
+//! created at    2026-11-29T16:36:33.753Z  (52s ago)
+//! updated at    2026-11-29T16:37:23.805Z  (2s ago)
+//! delivered at  -
+//! claim         -
+//! trace         -
+//!
+//! payload:
+//!   {
+//!     "order_id": 1,
+//!     "carrier": "dhl"
+//!   }
+//!
+//! last error:
+//!   type     outbox::drain::CommandFailed
+//!   message  the command exited with status 22: POST /hooks/order.shipped: 404 Not Found
+//!
+//! $ outbox requeue c679ec63-1fc2-4866-8209-bab52a5f242c
+//! error: outbox message "c679ec63-1fc2-4866-8209-bab52a5f242c" is pending, not dead-lettered; only dead letters can be requeued
+//! hint: see its state with `outbox show c679ec63-1fc2-4866-8209-bab52a5f242c`
+//! [exit 1]
+//!
+//! $ outbox requeue --all-dead-lettered
+//! requeued 1 dead-lettered message; pending again with their attempts reset
+//!
+//! $ outbox purge --status delivered --older-than 1s
+//! error: refusing to purge without confirmation: standard input is not a terminal
+//! hint: pass --yes to purge without being asked
+//! [exit 2]
+//!
+//! $ outbox purge --status delivered --older-than 1s --yes
+//! purged 3 delivered messages that last changed before 2026-11-29T16:37:25.700Z
+//!
+//! $ outbox drain --once --print
+//! {"id":"c679ec63-1fc2-4866-8209-bab52a5f242c","kind":"job","name":"invoice.render","attempt":2,"max_attempts":5,"created_at":"2026-11-29T16:36:43.753531Z","payload":{"order_id":2}}
+//! {"id":"34484d94-5a6d-4073-a6d3-531dfbf2b297","kind":"event","name":"order.shipped","attempt":1,"max_attempts":1,"created_at":"2026-11-29T16:36:33.753531Z","payload":{"order_id":1,"carrier":"dhl"}}
+//! pass: claimed 2, delivered 2, retried 0, dead-lettered 0 (0 abandoned), settlement failed 0, lease lost 0, released 0
+//! ```
+//!
+//! A drain that runs until Ctrl-C, and a requeue that would race it:
+//!
+//! ```text
+//! $ outbox drain --every 1s --exec 'sleep 30'
+//! draining table outbox every 1s; Ctrl-C stops
+//!
+//! $ outbox requeue de36c825-567e-4237-987b-38c02ba60710      # from another terminal
+//! error: outbox message "de36c825-567e-4237-987b-38c02ba60710" is claimed until 2026-11-29 16:38:00.735357 UTC; wait for its lease to end before changing it
+//! hint: its worker may still settle it; once the lease has run out, the message is claimable again by the next drain
+//! [exit 1]
+//!
+//! ^C (back in the drain's terminal)
+//! stopping: deliveries in flight get 10s to finish, then their claims are given back
+//! interrupted pass: claimed 1, delivered 0, retried 0, dead-lettered 0 (0 abandoned), settlement failed 0, lease lost 0, released 1
+//! stopped after 1 pass: claimed 1, delivered 0, retried 0, dead-lettered 0 (0 abandoned), settlement failed 0, lease lost 0, released 1
 //! ```
 
 mod admin;
