@@ -88,7 +88,7 @@ pub use message::{
     ClaimedMessage, DEFAULT_MAX_ATTEMPTS, ErrorRecord, MessageKind, MessageStatus, NewMessage,
     OutboxMessage, Payload, TraceCarrier,
 };
-pub use registry::{Event, Job, Registry, RegistryBuilder};
+pub use registry::{Event, Job, RawMessage, Registry, RegistryBuilder};
 pub use retry::RetryPolicy;
 /// The sqlx the SQL stores are built on, so an application's transactions
 /// and the outbox's always agree on its version.

@@ -5,6 +5,11 @@
 //! [`RegistryError::Decode`] (dead-lettered at once), a name nobody
 //! registered is a [`RegistryError::UnknownName`] (retried, since a newer
 //! worker may know it).
+//!
+//! A tool that moves messages without knowing their types (the `outbox`
+//! command line's `drain`) registers a catch-all with
+//! [`RegistryBuilder::any`] instead: names of that kind that have no typed
+//! registration then decode into a [`RawMessage`], the payload as stored.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -58,6 +63,21 @@ fn decode_as<T: DeserializeOwned + Send + Sync + 'static>(
         .map(|value| Box::new(value) as Box<dyn Any + Send + Sync>)
 }
 
+/// A message whose name has no typed registration, as a catch-all
+/// ([`RegistryBuilder::any`]) decodes it: kind, name and the payload as stored.
+///
+/// Handle it with [`InProcessBus::on_any`](crate::InProcessBus::on_any) or
+/// [`InProcessJobs::on_any`](crate::InProcessJobs::on_any).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawMessage {
+    /// Event or job.
+    pub kind: MessageKind,
+    /// The stored name.
+    pub name: String,
+    /// The stored JSON payload, undecoded.
+    pub payload: Payload,
+}
+
 #[derive(Clone)]
 struct Entry {
     type_name: &'static str,
@@ -75,6 +95,8 @@ pub struct Registry {
 struct Inner {
     events: HashMap<String, Entry>,
     jobs: HashMap<String, Entry>,
+    any_events: bool,
+    any_jobs: bool,
 }
 
 impl Registry {
@@ -90,20 +112,28 @@ impl Registry {
         }
     }
 
-    /// Decode a stored payload into the type registered for `kind` and `name`.
+    /// Decode a stored payload into the type registered for `kind` and `name`;
+    /// a name with no typed registration decodes into a [`RawMessage`] when
+    /// `kind` has a catch-all ([`RegistryBuilder::any`]).
     pub fn decode(
         &self,
         kind: MessageKind,
         name: &str,
         payload: &Payload,
     ) -> Result<DecodedPayload, RegistryError> {
-        let entry = self
-            .table(kind)
-            .get(name)
-            .ok_or_else(|| RegistryError::UnknownName {
+        let Some(entry) = self.table(kind).get(name) else {
+            if self.catches_all(kind) {
+                return Ok(Box::new(RawMessage {
+                    kind,
+                    name: name.to_owned(),
+                    payload: payload.clone(),
+                }));
+            }
+            return Err(RegistryError::UnknownName {
                 kind,
                 name: name.to_owned(),
-            })?;
+            });
+        };
         (entry.decode)(payload).map_err(|source| RegistryError::Decode {
             kind,
             name: name.to_owned(),
@@ -112,9 +142,18 @@ impl Registry {
         })
     }
 
-    /// `true` when `kind` `name` is registered.
+    /// `true` when `kind` `name` decodes: registered with a type, or caught
+    /// by a catch-all.
     pub fn contains(&self, kind: MessageKind, name: &str) -> bool {
-        self.table(kind).contains_key(name)
+        self.table(kind).contains_key(name) || self.catches_all(kind)
+    }
+
+    /// `true` when `kind` has a catch-all ([`RegistryBuilder::any`]).
+    pub fn catches_all(&self, kind: MessageKind) -> bool {
+        match kind {
+            MessageKind::Event => self.inner.any_events,
+            MessageKind::Job => self.inner.any_jobs,
+        }
     }
 
     /// The job's own retry policy, if it declares one.
@@ -124,21 +163,29 @@ impl Registry {
             .and_then(|entry| entry.retry.as_ref())
     }
 
-    /// The registered names of `kind`, sorted.
+    /// The names registered with a type for `kind`, sorted (a catch-all has no name).
     pub fn names(&self, kind: MessageKind) -> Vec<&str> {
         let mut names: Vec<_> = self.table(kind).keys().map(String::as_str).collect();
         names.sort_unstable();
         names
     }
 
-    /// `true` when any event is registered.
+    /// `true` when any event is registered, by type or by a catch-all.
     pub fn has_events(&self) -> bool {
-        !self.inner.events.is_empty()
+        !self.inner.events.is_empty() || self.inner.any_events
     }
 
-    /// `true` when any job is registered.
+    /// `true` when any job is registered, by type or by a catch-all.
     pub fn has_jobs(&self) -> bool {
-        !self.inner.jobs.is_empty()
+        !self.inner.jobs.is_empty() || self.inner.any_jobs
+    }
+
+    /// `true` when messages of `kind` are registered, by type or by a catch-all.
+    pub fn has(&self, kind: MessageKind) -> bool {
+        match kind {
+            MessageKind::Event => self.has_events(),
+            MessageKind::Job => self.has_jobs(),
+        }
     }
 }
 
@@ -147,6 +194,8 @@ impl fmt::Debug for Registry {
         f.debug_struct("Registry")
             .field("events", &self.names(MessageKind::Event))
             .field("jobs", &self.names(MessageKind::Job))
+            .field("any_events", &self.inner.any_events)
+            .field("any_jobs", &self.inner.any_jobs)
             .finish()
     }
 }
@@ -157,6 +206,8 @@ impl fmt::Debug for Registry {
 pub struct RegistryBuilder {
     events: HashMap<String, Entry>,
     jobs: HashMap<String, Entry>,
+    any_events: bool,
+    any_jobs: bool,
     errors: Vec<Error>,
 }
 
@@ -197,6 +248,36 @@ impl RegistryBuilder {
         self
     }
 
+    /// Accept every `kind` message whose name has no typed registration,
+    /// decoding it into a [`RawMessage`] (the payload as stored) instead of
+    /// failing with [`RegistryError::UnknownName`]. Typed registrations still
+    /// come first.
+    ///
+    /// For tools that move messages without knowing their types, such as the
+    /// `outbox` command line's `drain`. An application should register its
+    /// types instead: then a payload that does not fit its type is caught
+    /// (and dead-lettered) before it reaches a handler, and a name only a
+    /// newer worker knows is left for that worker.
+    ///
+    /// ```
+    /// use outbox::{MessageKind, Payload, RawMessage, Registry};
+    ///
+    /// let registry = Registry::builder().any(MessageKind::Event).build()?;
+    /// let payload = Payload::from_json(r#"{"order_id":7}"#)?;
+    /// let decoded = registry.decode(MessageKind::Event, "order.placed", &payload)?;
+    /// let raw = decoded.downcast_ref::<RawMessage>().unwrap();
+    /// assert_eq!(raw.name, "order.placed");
+    /// assert_eq!(raw.payload.as_str(), r#"{"order_id":7}"#);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn any(mut self, kind: MessageKind) -> Self {
+        match kind {
+            MessageKind::Event => self.any_events = true,
+            MessageKind::Job => self.any_jobs = true,
+        }
+        self
+    }
+
     fn insert(&mut self, kind: MessageKind, name: &str, entry: Entry) {
         if name.trim().is_empty() {
             self.errors.push(Error::invalid(
@@ -230,6 +311,8 @@ impl RegistryBuilder {
             inner: Arc::new(Inner {
                 events: self.events,
                 jobs: self.jobs,
+                any_events: self.any_events,
+                any_jobs: self.any_jobs,
             }),
         })
     }
@@ -268,6 +351,50 @@ mod tests {
         ));
         assert!(matches!(
             registry.decode(MessageKind::Job, "order.placed", &good),
+            Err(RegistryError::UnknownName { .. })
+        ));
+    }
+
+    #[test]
+    fn a_catch_all_decodes_unknown_names_raw_and_typed_names_first() {
+        let registry = Registry::builder()
+            .event::<Placed>()
+            .any(MessageKind::Event)
+            .build()
+            .unwrap();
+        assert!(registry.catches_all(MessageKind::Event));
+        assert!(!registry.catches_all(MessageKind::Job));
+        assert!(registry.has_events() && !registry.has_jobs());
+        assert!(registry.contains(MessageKind::Event, "order.shipped"));
+        assert_eq!(registry.names(MessageKind::Event), ["order.placed"]);
+
+        let good = Payload::from_json(r#"{"order":7}"#).unwrap();
+        let typed = registry
+            .decode(MessageKind::Event, "order.placed", &good)
+            .unwrap();
+        assert_eq!(typed.downcast_ref::<Placed>(), Some(&Placed { order: 7 }));
+
+        let raw = registry
+            .decode(MessageKind::Event, "order.shipped", &good)
+            .unwrap();
+        assert_eq!(
+            raw.downcast_ref::<RawMessage>(),
+            Some(&RawMessage {
+                kind: MessageKind::Event,
+                name: "order.shipped".to_owned(),
+                payload: good.clone(),
+            })
+        );
+
+        // A typed name whose payload does not fit is still a decode error,
+        // never handed on raw; the other kind has no catch-all.
+        let bad = Payload::from_json(r#"{"order":"seven"}"#).unwrap();
+        assert!(matches!(
+            registry.decode(MessageKind::Event, "order.placed", &bad),
+            Err(RegistryError::Decode { .. })
+        ));
+        assert!(matches!(
+            registry.decode(MessageKind::Job, "order.shipped", &good),
             Err(RegistryError::UnknownName { .. })
         ));
     }

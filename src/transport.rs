@@ -3,7 +3,9 @@
 //! Both are traits, so an application can bring its own. The crate ships
 //! [`InProcessBus`] (any number of async handlers per event) and
 //! [`InProcessJobs`] (one async handler per job); `outbox-actors` adds
-//! delivery to actix `Recipient`s.
+//! delivery to actix `Recipient`s. Both in-process transports take a
+//! catch-all handler (`on_any`) for the names they have no typed handler
+//! for, which gets the message as stored, a [`RawMessage`].
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -15,7 +17,7 @@ use futures_util::future::LocalBoxFuture;
 
 use crate::error::{Error, RegistryError};
 use crate::message::{ClaimedMessage, ErrorRecord, MessageKind, TraceCarrier};
-use crate::registry::{Event, Job};
+use crate::registry::{Event, Job, RawMessage};
 
 /// A payload decoded into its registered type, type-erased.
 pub type DecodedPayload = Box<dyn Any + Send + Sync>;
@@ -206,6 +208,10 @@ type OwnedHandler = Arc<
         + Sync,
 >;
 
+/// A catch-all handler; `P` is how it takes the [`RawMessage`].
+type RawHandler<P> =
+    Arc<dyn Fn(P, DeliveryContext) -> LocalBoxFuture<'static, DeliveryResult> + Send + Sync>;
+
 /// An in-process event bus: async handlers by event name.
 ///
 /// Every handler of an event runs, concurrently; the delivery fails if any
@@ -214,6 +220,7 @@ type OwnedHandler = Arc<
 #[derive(Clone, Default)]
 pub struct InProcessBus {
     handlers: HashMap<&'static str, Vec<SharedHandler>>,
+    any: Vec<RawHandler<Arc<RawMessage>>>,
 }
 
 impl InProcessBus {
@@ -241,9 +248,38 @@ impl InProcessBus {
         self
     }
 
-    /// `true` when some handler listens to `name`.
+    /// Add a handler for every event that has no typed handler on this bus.
+    ///
+    /// It gets the event as stored: a [`RawMessage`] with the JSON payload,
+    /// whether the registry decoded it with a catch-all
+    /// ([`RegistryBuilder::any`](crate::RegistryBuilder::any)) or into a type
+    /// no handler here takes. Typed handlers come first: an event with one
+    /// never reaches the catch-all. Several catch-alls all run, like typed
+    /// handlers of one event.
+    ///
+    /// ```
+    /// use outbox::{InProcessBus, RawMessage};
+    ///
+    /// let bus = InProcessBus::new().on_any(|message: std::sync::Arc<RawMessage>, _ctx| async move {
+    ///     println!("{} {}: {}", message.kind, message.name, message.payload.as_str());
+    ///     Ok(())
+    /// });
+    /// assert!(bus.handles("any.name"));
+    /// ```
+    pub fn on_any<F, Fut>(mut self, handler: F) -> Self
+    where
+        F: Fn(Arc<RawMessage>, DeliveryContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = DeliveryResult> + 'static,
+    {
+        self.any.push(Arc::new(move |message, context| {
+            Box::pin(handler(message, context))
+        }));
+        self
+    }
+
+    /// `true` when some handler listens to `name` (a catch-all listens to all).
     pub fn handles(&self, name: &str) -> bool {
-        self.handlers.contains_key(name)
+        self.handlers.contains_key(name) || !self.any.is_empty()
     }
 }
 
@@ -253,39 +289,61 @@ impl fmt::Debug for InProcessBus {
         names.sort();
         f.debug_struct("InProcessBus")
             .field("events", &names)
+            .field("catch_alls", &self.any.len())
             .finish()
     }
 }
 
 impl EventBus for InProcessBus {
     fn publish(&self, delivery: Delivery) -> LocalBoxFuture<'static, DeliveryResult> {
-        let Some(handlers) = self.handlers.get(delivery.context.name()) else {
-            return Box::pin(std::future::ready(Err(no_handler(
+        let context = delivery.context;
+        match self.handlers.get(context.name()) {
+            Some(handlers) => {
+                let payload: Arc<dyn Any + Send + Sync> = Arc::from(delivery.payload);
+                fan_out(handlers, context, |handler, context| {
+                    handler(payload.clone(), context)
+                })
+            }
+            None if !self.any.is_empty() => {
+                let message = Arc::new(raw(delivery.payload, &context));
+                fan_out(&self.any, context, |handler, context| {
+                    handler(message.clone(), context)
+                })
+            }
+            None => Box::pin(std::future::ready(Err(no_handler(
                 MessageKind::Event,
-                delivery.context.name(),
-            ))));
-        };
-        let payload: Arc<dyn Any + Send + Sync> = Arc::from(delivery.payload);
-        if let [only] = handlers.as_slice() {
-            return only(payload, delivery.context);
+                context.name(),
+            )))),
         }
-        let runs: Vec<_> = handlers
-            .iter()
-            .map(|handler| handler(payload.clone(), delivery.context.clone()))
-            .collect();
-        Box::pin(async move {
-            futures_util::future::join_all(runs)
-                .await
-                .into_iter()
-                .collect::<Result<(), _>>()
-        })
     }
+}
+
+/// Run every handler of one event at once; the delivery fails if any fails.
+fn fan_out<H>(
+    handlers: &[H],
+    context: DeliveryContext,
+    call: impl Fn(&H, DeliveryContext) -> LocalBoxFuture<'static, DeliveryResult>,
+) -> LocalBoxFuture<'static, DeliveryResult> {
+    if let [only] = handlers {
+        return call(only, context);
+    }
+    let runs: Vec<_> = handlers
+        .iter()
+        .map(|handler| call(handler, context.clone()))
+        .collect();
+    Box::pin(async move {
+        futures_util::future::join_all(runs)
+            .await
+            .into_iter()
+            .collect::<Result<(), _>>()
+    })
 }
 
 /// An in-process job dispatcher: one async handler per job name.
 #[derive(Clone, Default)]
 pub struct InProcessJobs {
     handlers: HashMap<&'static str, OwnedHandler>,
+    any: Option<RawHandler<RawMessage>>,
 }
 
 impl InProcessJobs {
@@ -313,9 +371,27 @@ impl InProcessJobs {
         self
     }
 
-    /// `true` when a handler runs job `name`.
+    /// Handle every job that has no typed handler here, replacing any
+    /// earlier catch-all.
+    ///
+    /// It gets the job as stored: a [`RawMessage`] with the JSON payload,
+    /// whether the registry decoded it with a catch-all
+    /// ([`RegistryBuilder::any`](crate::RegistryBuilder::any)) or into a type
+    /// no handler here takes. A job with a typed handler never reaches it.
+    pub fn on_any<F, Fut>(mut self, handler: F) -> Self
+    where
+        F: Fn(RawMessage, DeliveryContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = DeliveryResult> + 'static,
+    {
+        self.any = Some(Arc::new(move |job, context| {
+            Box::pin(handler(job, context))
+        }));
+        self
+    }
+
+    /// `true` when a handler runs job `name` (a catch-all runs them all).
     pub fn handles(&self, name: &str) -> bool {
-        self.handlers.contains_key(name)
+        self.handlers.contains_key(name) || self.any.is_some()
     }
 }
 
@@ -325,18 +401,37 @@ impl fmt::Debug for InProcessJobs {
         names.sort();
         f.debug_struct("InProcessJobs")
             .field("jobs", &names)
+            .field("catch_all", &self.any.is_some())
             .finish()
     }
 }
 
 impl JobDispatcher for InProcessJobs {
     fn dispatch(&self, delivery: Delivery) -> LocalBoxFuture<'static, DeliveryResult> {
-        match self.handlers.get(delivery.context.name()) {
-            Some(handler) => handler(delivery.payload, delivery.context),
-            None => Box::pin(std::future::ready(Err(no_handler(
+        match (self.handlers.get(delivery.context.name()), &self.any) {
+            (Some(handler), _) => handler(delivery.payload, delivery.context),
+            (None, Some(any)) => any(raw(delivery.payload, &delivery.context), delivery.context),
+            (None, None) => Box::pin(std::future::ready(Err(no_handler(
                 MessageKind::Job,
                 delivery.context.name(),
             )))),
+        }
+    }
+}
+
+/// The message as stored, for a catch-all handler: the registry's
+/// [`RawMessage`] when it made one, else rebuilt from the claimed message
+/// (its payload decoded into a type no handler here takes).
+fn raw(payload: DecodedPayload, context: &DeliveryContext) -> RawMessage {
+    match payload.downcast::<RawMessage>() {
+        Ok(message) => *message,
+        Err(_) => {
+            let message = context.message();
+            RawMessage {
+                kind: message.kind,
+                name: message.name.clone(),
+                payload: message.payload.clone(),
+            }
         }
     }
 }
@@ -357,4 +452,169 @@ fn type_mismatch<T>(kind: MessageKind, name: &str) -> DeliveryError {
         expected: std::any::type_name::<T>(),
     })
     .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use chrono::Utc;
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+    use crate::message::Payload;
+    use crate::registry::Registry;
+
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Placed {
+        order: u64,
+    }
+    impl Event for Placed {
+        const NAME: &'static str = "order.placed";
+    }
+    impl Job for Placed {
+        const NAME: &'static str = "order.placed";
+    }
+
+    fn claimed(kind: MessageKind, name: &str, json: &str) -> Arc<ClaimedMessage> {
+        let now = Utc::now();
+        Arc::new(ClaimedMessage {
+            id: format!("id-{name}"),
+            kind,
+            name: name.to_owned(),
+            payload: Payload::from_json(json).unwrap(),
+            trace: None,
+            attempts: 1,
+            max_attempts: 3,
+            available_at: now,
+            created_at: now,
+            claim_token: "token".to_owned(),
+            claimed_at: now,
+            locked_until: now,
+        })
+    }
+
+    /// Decode `message` with `registry`, as the runtime does, into a delivery.
+    fn delivery(registry: &Registry, message: Arc<ClaimedMessage>) -> Delivery {
+        let payload = registry
+            .decode(message.kind, &message.name, &message.payload)
+            .unwrap();
+        Delivery {
+            payload,
+            context: DeliveryContext::new(message, None),
+        }
+    }
+
+    type Seen = Arc<Mutex<Vec<String>>>;
+
+    fn bus(seen: &Seen) -> InProcessBus {
+        let (typed, any) = (seen.clone(), seen.clone());
+        InProcessBus::new()
+            .on(move |event: Arc<Placed>, _| {
+                typed.lock().unwrap().push(format!("typed {}", event.order));
+                std::future::ready(Ok(()))
+            })
+            .on_any(move |message: Arc<RawMessage>, ctx| {
+                any.lock().unwrap().push(format!(
+                    "any {} {} {} {}",
+                    message.kind,
+                    message.name,
+                    message.payload.as_str(),
+                    ctx.id()
+                ));
+                std::future::ready(Ok(()))
+            })
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn bus_catch_all_takes_what_no_typed_handler_takes() {
+        let registry = Registry::builder()
+            .event::<Placed>()
+            .any(MessageKind::Event)
+            .build()
+            .unwrap();
+        let seen = Seen::default();
+        let bus = bus(&seen);
+        assert!(bus.handles("order.placed") && bus.handles("anything"));
+
+        let placed = claimed(MessageKind::Event, "order.placed", r#"{"order":7}"#);
+        let shipped = claimed(MessageKind::Event, "order.shipped", r#"{"order":8}"#);
+        bus.publish(delivery(&registry, placed)).await.unwrap();
+        bus.publish(delivery(&registry, shipped)).await.unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                "typed 7",
+                r#"any event order.shipped {"order":8} id-order.shipped"#
+            ]
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn bus_catch_all_gets_typed_payloads_as_stored() {
+        // The registry knows the type, but this bus has only a catch-all.
+        let registry = Registry::builder().event::<Placed>().build().unwrap();
+        let seen = Seen::default();
+        let any = seen.clone();
+        let bus = InProcessBus::new().on_any(move |message: Arc<RawMessage>, _| {
+            any.lock()
+                .unwrap()
+                .push(message.payload.as_str().to_owned());
+            std::future::ready(Err(DeliveryError::msg("refused")))
+        });
+        let placed = claimed(MessageKind::Event, "order.placed", r#"{"order":7}"#);
+        let error = bus.publish(delivery(&registry, placed)).await.unwrap_err();
+        assert_eq!(error.to_string(), "refused");
+        assert_eq!(*seen.lock().unwrap(), [r#"{"order":7}"#]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn bus_without_catch_all_still_reports_no_handler() {
+        let registry = Registry::builder().any(MessageKind::Event).build().unwrap();
+        let bus = InProcessBus::new().on(|_: Arc<Placed>, _| std::future::ready(Ok(())));
+        assert!(!bus.handles("order.shipped"));
+        let shipped = claimed(MessageKind::Event, "order.shipped", "{}");
+        let error = bus.publish(delivery(&registry, shipped)).await.unwrap_err();
+        assert!(matches!(
+            error.downcast_ref::<Error>(),
+            Some(Error::Registry(RegistryError::NoHandler { .. }))
+        ));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn jobs_catch_all_takes_what_no_typed_handler_takes() {
+        let registry = Registry::builder()
+            .job::<Placed>()
+            .any(MessageKind::Job)
+            .build()
+            .unwrap();
+        let seen = Seen::default();
+        let (typed, any) = (seen.clone(), seen.clone());
+        let jobs = InProcessJobs::new()
+            .on(move |job: Placed, _| {
+                typed.lock().unwrap().push(format!("typed {}", job.order));
+                std::future::ready(Ok(()))
+            })
+            .on_any(move |job: RawMessage, ctx| {
+                any.lock().unwrap().push(format!(
+                    "any {} {} {} attempt {}",
+                    job.kind,
+                    job.name,
+                    job.payload.as_str(),
+                    ctx.attempt()
+                ));
+                std::future::ready(Ok(()))
+            });
+        assert!(jobs.handles("order.placed") && jobs.handles("report.build"));
+
+        let placed = claimed(MessageKind::Job, "order.placed", r#"{"order":7}"#);
+        let report = claimed(MessageKind::Job, "report.build", r#"[1,2]"#);
+        jobs.dispatch(delivery(&registry, placed)).await.unwrap();
+        jobs.dispatch(delivery(&registry, report)).await.unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            ["typed 7", "any job report.build [1,2] attempt 1"]
+        );
+        assert!(!InProcessJobs::new().handles("report.build"));
+    }
 }

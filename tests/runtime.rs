@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use outbox::{
     ClaimBatch, Clock, DeliveryContext, DeliveryError, DrainConfig, Error as CoreError, Event,
     InProcessBus, InProcessJobs, Job, MessageKind, MessageStatus, NewMessage, OutboxAdmin,
-    OutboxStore, Payload, Registry, RetryPolicy, TokioClock,
+    OutboxStore, Payload, RawMessage, Registry, RetryPolicy, TokioClock,
 };
 use outbox_actors::{
     DeadLetter, Drain, DrainCoordinator, DrainObserver, DrainReport, Error, GetStatus, LeaseLost,
@@ -1212,6 +1212,112 @@ fn an_unknown_name_is_retried_for_a_worker_that_knows_it() {
                 .message
                 .contains("no event named \"pong\"")
         );
+    });
+}
+
+#[test]
+fn a_catch_all_delivers_unknown_names_as_stored_after_typed_ones() {
+    run(|| async {
+        let store = FaultStore::new();
+        let clock = clock();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (typed, any, jobs) = (seen.clone(), seen.clone(), seen.clone());
+        let coordinator = DrainCoordinator::builder(store.clone())
+            .registry(
+                Registry::builder()
+                    .event::<Ping>()
+                    .any(MessageKind::Event)
+                    .any(MessageKind::Job)
+                    .build()
+                    .unwrap(),
+            )
+            .event_bus(
+                InProcessBus::new()
+                    .on(move |ping: Arc<Ping>, _ctx| {
+                        typed.lock().unwrap().push(format!("ping {}", ping.n));
+                        async { Ok(()) }
+                    })
+                    .on_any(move |message: Arc<RawMessage>, _ctx| {
+                        any.lock().unwrap().push(format!(
+                            "{} {} {}",
+                            message.kind,
+                            message.name,
+                            message.payload.as_str()
+                        ));
+                        async { Ok(()) }
+                    }),
+            )
+            .job_dispatcher(InProcessJobs::new().on_any(move |job: RawMessage, _ctx| {
+                jobs.lock()
+                    .unwrap()
+                    .push(format!("{} {}", job.kind, job.name));
+                async { Err(DeliveryError::msg("no worker for it here")) }
+            }))
+            .config(config())
+            .clock(clock.clone())
+            .start()
+            .unwrap();
+        let raw = |kind, name: &str, json: &str| {
+            NewMessage::new(kind, name, Payload::from_json(json).unwrap()).at(clock.now())
+        };
+        store
+            .enqueue(NewMessage::event(&ping(1, 0)).unwrap().at(clock.now()))
+            .await
+            .unwrap();
+        store
+            .enqueue(raw(MessageKind::Event, "pong", r#"{"n":2}"#))
+            .await
+            .unwrap();
+        let job = store
+            .enqueue(raw(MessageKind::Job, "reindex", "{}"))
+            .await
+            .unwrap();
+        let report = coordinator.send(Drain).await.unwrap().unwrap();
+        assert_eq!((report.delivered, report.retried), (2, 1), "{report}");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            ["ping 1", r#"event pong {"n":2}"#, "job reindex"]
+        );
+        let failed = store.inner().get_message(&job).await.unwrap();
+        assert_eq!(failed.status, MessageStatus::Pending);
+        assert_eq!(failed.last_error.unwrap().message, "no worker for it here");
+    });
+}
+
+#[test]
+fn a_catch_all_without_its_transport_refuses_the_pass() {
+    run(|| async {
+        let store = FaultStore::new();
+        let clock = clock();
+        store
+            .enqueue(
+                NewMessage::new(
+                    MessageKind::Job,
+                    "reindex",
+                    Payload::from_json("{}").unwrap(),
+                )
+                .at(clock.now()),
+            )
+            .await
+            .unwrap();
+        let coordinator = DrainCoordinator::builder(store.clone())
+            .registry(Registry::builder().any(MessageKind::Job).build().unwrap())
+            .clock(clock)
+            .start()
+            .unwrap();
+        let refused = coordinator.send(Drain).await.unwrap().unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                Error::Outbox(CoreError::MissingTransport {
+                    kind: MessageKind::Job,
+                    ..
+                })
+            ),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("any other name"), "{refused}");
+        assert_eq!(store.calls(Op::Claim), 0);
     });
 }
 

@@ -193,11 +193,15 @@ impl DrainCoordinator {
             ),
         ];
         for (kind, absent, transport) in missing {
-            if absent && !registry.names(kind).is_empty() {
+            if absent && registry.has(kind) {
+                let mut names = registry.names(kind);
+                if registry.catches_all(kind) {
+                    names.push("any other name");
+                }
                 return Err(outbox::Error::MissingTransport {
                     kind,
                     transport,
-                    names: registry.names(kind).join(", "),
+                    names: names.join(", "),
                 });
             }
         }

@@ -1,0 +1,517 @@
+//! The operator commands: `migrate`, `status`, `list`, `show`, `requeue`, `purge`.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use chrono::{DateTime, Utc};
+use outbox::store::check;
+use outbox::{
+    Clock, ListCursor, ListMessages, OutboxAdmin, OutboxMessage, OutboxStats, PurgeMessages,
+    RequeueDeadLetters, SystemClock,
+};
+use serde::Serialize;
+
+use crate::cli::{ListArgs, PurgeArgs, RequeueArgs, ShowArgs, StatusArgs};
+use crate::db::Store;
+use crate::fail::Failure;
+use crate::output::{Table, age, pretty, pretty_json, relative, relative_short, time, truncate};
+
+type Outcome = Result<(), Failure>;
+
+/// `migrate`: create or upgrade the table and say which migrations ran.
+pub(crate) async fn migrate(store: &Store) -> Outcome {
+    let table = store.table().to_string();
+    let existed = store.table_exists().await?;
+    let before = store.applied_migrations().await?;
+    store.setup().await?;
+    let after = store.applied_migrations().await?;
+    let known = store.known_migrations();
+    let describe = |version: i64| {
+        let description = known
+            .iter()
+            .find(|(v, _)| *v == version)
+            .map_or("", |(_, d)| d.as_str());
+        format!("{version:04} {description}").trim_end().to_owned()
+    };
+    let applied: Vec<i64> = after
+        .iter()
+        .copied()
+        .filter(|v| !before.contains(v))
+        .collect();
+    if applied.is_empty() {
+        println!(
+            "table {table} is up to date: {} of {} migrations applied earlier; nothing to do",
+            after.len(),
+            known.len()
+        );
+        return Ok(());
+    }
+    let verb = if existed { "upgraded" } else { "created" };
+    println!(
+        "{verb} table {table}: applied {} migration{}",
+        applied.len(),
+        plural(applied.len() as u64)
+    );
+    for version in applied {
+        println!("  {}", describe(version));
+    }
+    Ok(())
+}
+
+/// `status`: counts per status and the health figures.
+pub(crate) async fn status(store: &Store, args: StatusArgs) -> Outcome {
+    let now = SystemClock.now();
+    let stats = store.stats(now).await?;
+    let oldest_age = stats
+        .oldest_due_at
+        .map(|at| (now - at).to_std().unwrap_or_default());
+    if args.json {
+        let document = StatusDocument {
+            table: store.table().to_string(),
+            now,
+            total: stats.total(),
+            stats,
+            oldest_due_age_seconds: oldest_age.map(|age| age.as_secs_f64()),
+        };
+        println!("{}", pretty(&document));
+        return Ok(());
+    }
+    let due = match (stats.oldest_due_at, oldest_age) {
+        (Some(at), Some(span)) => format!(
+            "oldest due message waiting {} (since {})",
+            age(span, usize::MAX),
+            time(at)
+        ),
+        _ => "none due".to_owned(),
+    };
+    let claims = format!(
+        "{} live, {} past their lease",
+        stats.live_claims, stats.expired_claims
+    );
+    let pending = stats.pending.to_string();
+    let mut table = Table::new(&["pending", &pending, &due]);
+    table.row(vec!["claimed".into(), stats.claimed.to_string(), claims]);
+    table.row(vec![
+        "delivered".into(),
+        stats.delivered.to_string(),
+        String::new(),
+    ]);
+    table.row(vec![
+        "dead_lettered".into(),
+        stats.dead_lettered.to_string(),
+        String::new(),
+    ]);
+    table.row(vec![
+        "total".into(),
+        stats.total().to_string(),
+        String::new(),
+    ]);
+    println!("outbox table {}", store.table());
+    print!("{}", table.render());
+    if stats.expired_claims > 0 {
+        println!(
+            "\n{} claimed message{} outlived {} lease (its worker stopped or stalled); \
+             the next drain takes {} over.",
+            stats.expired_claims,
+            plural(stats.expired_claims),
+            if stats.expired_claims == 1 {
+                "its"
+            } else {
+                "their"
+            },
+            if stats.expired_claims == 1 {
+                "it"
+            } else {
+                "them"
+            },
+        );
+    }
+    Ok(())
+}
+
+/// What `status --json` prints.
+#[derive(Serialize)]
+struct StatusDocument {
+    table: String,
+    now: DateTime<Utc>,
+    #[serde(flatten)]
+    stats: OutboxStats,
+    total: u64,
+    oldest_due_age_seconds: Option<f64>,
+}
+
+/// What `list --json` prints.
+#[derive(Serialize)]
+struct PageDocument<'a> {
+    messages: &'a [OutboxMessage],
+    next: Option<String>,
+}
+
+/// `list`: one page, oldest first, and how to get the next.
+pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs) -> Outcome {
+    let after = args.after.as_deref().map(decode_cursor).transpose()?;
+    let page = store
+        .list_messages(ListMessages {
+            status: args.status,
+            name: args.name.clone(),
+            limit: usize::from(args.limit),
+            after,
+        })
+        .await?;
+    let next = page.next.as_ref().map(encode_cursor);
+    if args.json {
+        let document = PageDocument {
+            messages: &page.messages,
+            next,
+        };
+        println!("{}", pretty(&document));
+        return Ok(());
+    }
+    if page.messages.is_empty() {
+        println!("no messages{}", filters(&args));
+        return Ok(());
+    }
+    let now = SystemClock.now();
+    let mut table = Table::new(&[
+        "ID",
+        "NAME",
+        "KIND",
+        "STATUS",
+        "ATTEMPTS",
+        "AVAILABLE",
+        "UPDATED",
+        "LAST ERROR",
+    ]);
+    for message in &page.messages {
+        table.row(vec![
+            message.id.clone(),
+            message.name.clone(),
+            message.kind.to_string(),
+            message.status.to_string(),
+            format!("{}/{}", message.attempts, message.max_attempts),
+            relative_short(now, message.available_at),
+            relative_short(now, message.updated_at),
+            message
+                .last_error
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |e| truncate(&e.message, 60)),
+        ]);
+    }
+    print!("{}", table.render());
+    let shown = page.messages.len() as u64;
+    match next {
+        Some(cursor) => {
+            let mut command = String::from("outbox");
+            if let Some(table) = table_flag {
+                command.push_str(&format!(" --table {table}"));
+            }
+            command.push_str(" list");
+            if let Some(status) = args.status {
+                command.push_str(&format!(" --status {status}"));
+            }
+            if let Some(name) = &args.name {
+                command.push_str(&format!(" --name {}", shell_quote(name)));
+            }
+            command.push_str(&format!(" --limit {} --after {cursor}", args.limit));
+            println!(
+                "\n{shown} message{} shown; next page: {command}",
+                plural(shown)
+            );
+        }
+        None => println!("\n{shown} message{}; no more pages", plural(shown)),
+    }
+    Ok(())
+}
+
+fn filters(args: &ListArgs) -> String {
+    let mut out = String::new();
+    if let Some(status) = args.status {
+        out.push_str(&format!(" with status {status}"));
+    }
+    if let Some(name) = &args.name {
+        out.push_str(&format!(" named {name:?}"));
+    }
+    if args.after.is_some() {
+        out.push_str(" after this cursor");
+    }
+    out
+}
+
+/// `show`: every field of one message.
+pub(crate) async fn show(store: &Store, args: ShowArgs) -> Outcome {
+    let message = store.get_message(&args.id).await?;
+    if args.json {
+        println!("{}", pretty(&message));
+        return Ok(());
+    }
+    print!("{}", describe(&message, SystemClock.now()));
+    Ok(())
+}
+
+fn describe(message: &OutboxMessage, now: DateTime<Utc>) -> String {
+    let when = |at: DateTime<Utc>| format!("{}  ({})", time(at), relative(now, at));
+    let mut fields = Table::new(&["id", &message.id]);
+    let mut field = |name: &str, value: String| fields.row(vec![name.to_owned(), value]);
+    field("kind", message.kind.to_string());
+    field("name", message.name.clone());
+    field("status", message.status.to_string());
+    field(
+        "attempts",
+        format!("{} of {}", message.attempts, message.max_attempts),
+    );
+    field("available at", when(message.available_at));
+    field("created at", when(message.created_at));
+    field("updated at", when(message.updated_at));
+    field(
+        "delivered at",
+        message.delivered_at.map_or_else(|| "-".to_owned(), when),
+    );
+    match (
+        &message.claim_token,
+        message.claimed_at,
+        message.locked_until,
+    ) {
+        (Some(token), claimed_at, Some(until)) => {
+            let lease = if until > now {
+                format!(
+                    "live for {}",
+                    age((until - now).to_std().unwrap_or_default(), 2)
+                )
+            } else {
+                "expired: the next drain takes it over".to_owned()
+            };
+            field("claim token", token.clone());
+            if let Some(claimed_at) = claimed_at {
+                field("claimed at", when(claimed_at));
+            }
+            field("locked until", format!("{}  ({lease})", time(until)));
+        }
+        _ => field("claim", "-".to_owned()),
+    }
+    match &message.trace {
+        Some(trace) => {
+            field("traceparent", trace.traceparent.clone());
+            if let Some(state) = &trace.tracestate {
+                field("tracestate", state.clone());
+            }
+        }
+        None => field("trace", "-".to_owned()),
+    }
+    let mut out = fields.render();
+    out.push_str("\npayload:\n");
+    out.push_str(&indent(&pretty_json(message.payload.as_str())));
+    match &message.last_error {
+        Some(error) => {
+            out.push_str("\nlast error:\n");
+            let mut record = Table::new(&["type", &error.type_name]);
+            record.row(vec!["message".to_owned(), error.message.clone()]);
+            let mut text = record.render();
+            for cause in &error.causes {
+                text.push_str(&format!("caused by: {cause}\n"));
+            }
+            if error.truncated {
+                text.push_str("(cut to fit the size bound of stored errors)\n");
+            }
+            out.push_str(&indent(&text));
+        }
+        None => out.push_str("\nlast error: -\n"),
+    }
+    out
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|line| format!("  {line}\n")).collect()
+}
+
+/// `requeue`: one dead letter by id, or all of them (of one name).
+pub(crate) async fn requeue(store: &Store, args: RequeueArgs) -> Outcome {
+    let requeued = store
+        .requeue_dead_letters(RequeueDeadLetters {
+            id: args.id.clone(),
+            name: args.name.clone(),
+            now: SystemClock.now(),
+        })
+        .await?;
+    match (&args.id, &args.name) {
+        (Some(id), _) => println!("requeued 1 message: {id} is pending again"),
+        (None, name) => {
+            let named = name
+                .as_ref()
+                .map(|name| format!(" named {name:?}"))
+                .unwrap_or_default();
+            if requeued == 0 {
+                println!("no dead-lettered messages{named} to requeue");
+            } else {
+                println!(
+                    "requeued {requeued} dead-lettered message{}{named}; pending again with \
+                     their attempts reset",
+                    plural(requeued)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `purge`: delete terminal messages older than the horizon, after confirmation.
+pub(crate) async fn purge(store: &Store, args: PurgeArgs) -> Outcome {
+    let now = SystemClock.now();
+    let span = chrono::Duration::from_std(args.older_than)
+        .map_err(|_| Failure::usage("`--older-than` is too long"))?;
+    let horizon = now
+        .checked_sub_signed(span)
+        .ok_or_else(|| Failure::usage("`--older-than` reaches before the calendar starts"))?;
+    let params = PurgeMessages {
+        status: Some(args.status),
+        older_than: horizon,
+    };
+    // Refuse what the store would refuse before asking anything.
+    check::purge(&params)?;
+    let what = format!(
+        "{} messages that last changed before {} (more than {} ago)",
+        args.status,
+        time(horizon),
+        humantime::format_duration(args.older_than)
+    );
+    if !args.yes {
+        confirm(&format!(
+            "Delete {what} from table {}? This cannot be undone.",
+            store.table()
+        ))?;
+    }
+    let purged = store.purge(params).await?;
+    println!(
+        "purged {purged} {} message{} that last changed before {}",
+        args.status,
+        plural(purged),
+        time(horizon)
+    );
+    Ok(())
+}
+
+/// Ask on the terminal; refuse when there is none to ask on.
+fn confirm(question: &str) -> Outcome {
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Failure::usage(
+            "refusing to purge without confirmation: standard input is not a terminal",
+        )
+        .hint("pass --yes to purge without being asked"));
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush().ok();
+    let mut answer = String::new();
+    stdin
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| Failure::operational(format!("cannot read the answer: {e}")))?;
+    if matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+        Ok(())
+    } else {
+        Err(Failure::operational("purge cancelled; nothing was deleted"))
+    }
+}
+
+/// A listing cursor as one shell-safe word: `<created_at µs>-<id>` when the
+/// id is made of letters, digits, `-`, `_` and `.` (generated ids are), else
+/// `<created_at µs>x<id in hex>`.
+pub(crate) fn encode_cursor(cursor: &ListCursor) -> String {
+    let micros = cursor.created_at.timestamp_micros();
+    let plain = !cursor.id.is_empty()
+        && cursor
+            .id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if plain {
+        return format!("{micros}-{}", cursor.id);
+    }
+    let hex: String = cursor
+        .id
+        .bytes()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    format!("{micros}x{hex}")
+}
+
+fn decode_cursor(text: &str) -> Result<ListCursor, Failure> {
+    let invalid = || {
+        Failure::usage(format!("invalid `--after` cursor {text:?}"))
+            .hint("pass the cursor printed under the previous page (or its `next` in --json)")
+    };
+    // Listed messages were created after 1970, so the time has no sign.
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(invalid)?;
+    let created_at = text[..split]
+        .parse::<i64>()
+        .ok()
+        .and_then(DateTime::from_timestamp_micros)
+        .ok_or_else(invalid)?;
+    let mut rest = text[split..].chars();
+    let id = match (rest.next(), rest.as_str()) {
+        (Some('-'), id) if !id.is_empty() => id.to_owned(),
+        (Some('x'), hex) if !hex.is_empty() && hex.len() % 2 == 0 => {
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                .collect::<Option<Vec<u8>>>()
+                .ok_or_else(invalid)?;
+            String::from_utf8(bytes).map_err(|_| invalid())?
+        }
+        _ => return Err(invalid()),
+    };
+    Ok(ListCursor { created_at, id })
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// `text` as one shell word.
+fn shell_quote(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:/@".contains(c));
+    if plain {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_reject_garbage() {
+        let at = DateTime::from_timestamp_micros(1_746_000_000_123_456).unwrap();
+        let cursor = |id: &str| ListCursor {
+            created_at: at,
+            id: id.to_owned(),
+        };
+        let generated = cursor("0196a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b");
+        let text = encode_cursor(&generated);
+        assert_eq!(
+            text,
+            "1746000000123456-0196a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b"
+        );
+        assert_eq!(decode_cursor(&text).unwrap(), generated);
+        for id in ["order 7/ü", "it's"] {
+            let text = encode_cursor(&cursor(id));
+            assert!(text.chars().all(|c| c.is_ascii_alphanumeric()), "{text}");
+            assert_eq!(decode_cursor(&text).unwrap(), cursor(id));
+        }
+        for bad in [
+            "", "12", "x61", "12-", "12x", "12x6", "12xzz", "12xff", "12.a", "12üx",
+        ] {
+            assert!(decode_cursor(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_are_quoted_for_the_shell_when_needed() {
+        assert_eq!(shell_quote("order.placed"), "order.placed");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+}

@@ -1,0 +1,323 @@
+//! The command line as clap sees it: every flag, its help text and how its
+//! value is parsed. Values clap can check (numbers, durations, statuses) are
+//! checked here, so a bad one is a usage error (exit 2) before anything is
+//! opened.
+
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
+use outbox::MessageStatus;
+
+const ABOUT: &str = "Inspect, repair and drain a transactional outbox in SQLite or PostgreSQL.";
+
+const LONG_ABOUT: &str = "\
+Inspect, repair and drain a transactional outbox in SQLite or PostgreSQL.
+
+The database comes from --database or OUTBOX_DATABASE_URL: sqlite://PATH or
+postgres://USER:PASSWORD@HOST/DB. The store is picked by the URL's scheme.";
+
+const AFTER_HELP: &str = "\
+Examples:
+  export OUTBOX_DATABASE_URL=sqlite://app.db
+  outbox migrate
+  outbox status
+  outbox list --status dead_lettered --limit 20
+  outbox show 0196a1b2-...
+  outbox requeue --all-dead-lettered --name order.placed
+  outbox purge --status delivered --older-than 7d --yes
+  outbox drain --once --print
+
+Exit codes: 0 success; 1 operational error (the store failed, an operation was
+refused as unsafe, a message was not found); 2 usage error (a bad flag or value,
+an unsupported database URL).";
+
+/// `outbox`: the admin command line of the transactional outbox.
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_help = AFTER_HELP,
+    propagate_version = true
+)]
+pub(crate) struct Cli {
+    /// Database URL: sqlite://PATH or postgres://USER:PASSWORD@HOST/DB.
+    #[arg(
+        long,
+        short = 'd',
+        env = "OUTBOX_DATABASE_URL",
+        global = true,
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub(crate) database: Option<String>,
+
+    /// The outbox table: `table` or `schema.table` (letters, digits, underscores).
+    #[arg(
+        long,
+        short = 't',
+        env = "OUTBOX_TABLE",
+        global = true,
+        value_name = "NAME",
+        default_value = "outbox",
+        hide_env_values = true
+    )]
+    pub(crate) table: String,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Create the outbox table, or upgrade it to this version; safe to run again.
+    #[command(after_help = MIGRATE_AFTER_HELP)]
+    Migrate,
+
+    /// Counts per status, the oldest due message, live claims and expired leases.
+    #[command(after_help = STATUS_AFTER_HELP)]
+    Status(StatusArgs),
+
+    /// One page of messages, oldest first, with the command for the next page.
+    #[command(after_help = LIST_AFTER_HELP)]
+    List(ListArgs),
+
+    /// Every field of one message, its payload and last error pretty-printed.
+    #[command(after_help = SHOW_AFTER_HELP)]
+    Show(ShowArgs),
+
+    /// Make dead-lettered messages pending again, with their attempts reset.
+    #[command(after_help = REQUEUE_AFTER_HELP)]
+    Requeue(RequeueArgs),
+
+    /// Delete delivered or dead-lettered messages that last changed before a horizon.
+    #[command(after_help = PURGE_AFTER_HELP)]
+    Purge(PurgeArgs),
+
+    /// Deliver messages: to a shell command per message, or as JSON lines on stdout.
+    #[command(after_help = DRAIN_AFTER_HELP)]
+    Drain(DrainArgs),
+}
+
+const MIGRATE_AFTER_HELP: &str = "\
+Prints which migrations it applied, or that the table was already up to date.
+
+Examples:
+  outbox --database sqlite://app.db migrate
+  outbox --database postgres://app@db/app --table jobs.outbox migrate";
+
+const STATUS_AFTER_HELP: &str = "\
+Examples:
+  outbox status
+  outbox status --json | jq .pending";
+
+const LIST_AFTER_HELP: &str = "\
+Columns: id, name, kind, status, attempts/max, when it is (or was) available, when
+it last changed, the first line of its last error.
+
+Examples:
+  outbox list
+  outbox list --status dead_lettered --name order.placed --limit 20
+  outbox list --limit 20 --after CURSOR     (CURSOR as printed under the previous page)
+  outbox list --json | jq -r '.messages[].id'";
+
+const SHOW_AFTER_HELP: &str = "\
+Examples:
+  outbox show 0196a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b
+  outbox show 0196a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b --json";
+
+const REQUEUE_AFTER_HELP: &str = "\
+Only dead letters are requeued; a message under a live claim, or in any other
+status, is refused with the reason (exit 1).
+
+Examples:
+  outbox requeue 0196a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b
+  outbox requeue --all-dead-lettered
+  outbox requeue --all-dead-lettered --name order.placed";
+
+const PURGE_AFTER_HELP: &str = "\
+Pending and claimed messages are never purged: asking for them is refused (exit 1).
+On a terminal, asks for confirmation unless --yes is given; when standard input is
+not a terminal, a purge without --yes is refused (exit 2).
+
+Examples:
+  outbox purge --status delivered --older-than 7d
+  outbox purge --status dead_lettered --older-than 30d --yes";
+
+const DRAIN_AFTER_HELP: &str = "\
+This command cannot know the application's payload types: it hands each message
+on as stored. With --exec CMD, `sh -c CMD` runs once per message with the payload
+JSON on its standard input and OUTBOX_ID, OUTBOX_NAME, OUTBOX_KIND (event or job),
+OUTBOX_ATTEMPT and OUTBOX_MAX_ATTEMPTS in its environment; exit status 0 means
+delivered, anything else failed (the last lines of its stderr become the
+message's last error, and it is retried with backoff or dead-lettered when out of
+attempts). With --print each message is written to stdout as one JSON line and
+counts as delivered. The command's own stdout is passed through; the pass reports
+go to stderr.
+
+--once runs one pass (at most --batch-size messages) and exits. --every runs a pass
+at that interval (and on PostgreSQL as soon as a message is committed) until
+Ctrl-C or SIGTERM, then stops claiming, lets deliveries finish within --grace, and
+gives the remaining claims back. Passes that find nothing are not reported.
+
+Examples:
+  outbox drain --once --print
+  outbox drain --every 1s --exec './deliver.sh'
+  outbox drain --every 5s --concurrency 8 --lease 1m \\
+      --exec 'curl -sf -X POST -H content-type:application/json \\
+              --data-binary @- \"https://hooks.example/$OUTBOX_NAME\"'";
+
+/// `status` flags.
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// Print one JSON document instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `list` flags.
+#[derive(Debug, Args)]
+pub(crate) struct ListArgs {
+    /// Only messages in this status: pending, claimed, delivered or dead_lettered.
+    #[arg(long, short = 's', value_parser = parse_status)]
+    pub(crate) status: Option<MessageStatus>,
+
+    /// Only messages with this name.
+    #[arg(long, short = 'n')]
+    pub(crate) name: Option<String>,
+
+    /// Messages per page, 1 to 10000.
+    #[arg(long, short = 'l', default_value_t = 50,
+          value_parser = clap::value_parser!(u16).range(1..=10_000))]
+    pub(crate) limit: u16,
+
+    /// Continue after this cursor, as printed under the previous page.
+    #[arg(long, value_name = "CURSOR")]
+    pub(crate) after: Option<String>,
+
+    /// Print one JSON document: the messages and the cursor of the next page.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `show` flags.
+#[derive(Debug, Args)]
+pub(crate) struct ShowArgs {
+    /// The message id.
+    pub(crate) id: String,
+
+    /// Print the message as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `requeue` flags.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("which").required(true).args(["id", "all_dead_lettered"])))]
+pub(crate) struct RequeueArgs {
+    /// The dead-lettered message to requeue.
+    pub(crate) id: Option<String>,
+
+    /// Requeue every dead-lettered message (of --name, if given).
+    #[arg(long)]
+    pub(crate) all_dead_lettered: bool,
+
+    /// With --all-dead-lettered: only dead letters with this name.
+    #[arg(long, short = 'n', requires = "all_dead_lettered")]
+    pub(crate) name: Option<String>,
+}
+
+/// `purge` flags.
+#[derive(Debug, Args)]
+pub(crate) struct PurgeArgs {
+    /// Which messages: delivered or dead_lettered.
+    #[arg(long, short = 's', value_parser = parse_status)]
+    pub(crate) status: MessageStatus,
+
+    /// Only messages that last changed longer ago than this (7d, 12h, 30m).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) older_than: Duration,
+
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub(crate) yes: bool,
+}
+
+/// `drain` flags. They map onto the runtime's `DrainConfig`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("schedule").required(true).args(["once", "every"])))]
+#[command(group(ArgGroup::new("delivery").required(true).args(["exec", "print"])))]
+pub(crate) struct DrainArgs {
+    /// Run one pass, print its report and exit.
+    #[arg(long)]
+    pub(crate) once: bool,
+
+    /// Run a pass at this interval until Ctrl-C or SIGTERM (1s, 30s, 5m).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) every: Option<Duration>,
+
+    /// Deliver each message to `sh -c CMD` (payload JSON on stdin; exit 0 = delivered).
+    #[arg(long, value_name = "CMD")]
+    pub(crate) exec: Option<String>,
+
+    /// Deliver each message by writing it to stdout as a JSON line.
+    #[arg(long)]
+    pub(crate) print: bool,
+
+    /// Most messages one pass claims.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub(crate) batch_size: usize,
+
+    /// Deliveries in flight at once; at most --batch-size.
+    #[arg(long, short = 'c', default_value_t = 1, value_name = "N")]
+    pub(crate) concurrency: usize,
+
+    /// How long a claim owns a message unless renewed.
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) lease: Duration,
+
+    /// Renewal interval, shorter than --lease [default: a third of the lease].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) heartbeat: Option<Duration>,
+
+    /// Longest one delivery may run before it is stopped (and its command killed).
+    #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) max_active: Duration,
+
+    /// Delay before the first retry of a failed message, doubling after each failure.
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) retry_delay: Duration,
+
+    /// Longest delay between retries.
+    #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) retry_max_delay: Duration,
+
+    /// At Ctrl-C, how long deliveries in flight may still finish before their
+    /// claims are given back.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) grace: Duration,
+}
+
+fn parse_status(value: &str) -> Result<MessageStatus, String> {
+    value.parse().map_err(|_| {
+        format!("{value:?} is not a status; use pending, claimed, delivered or dead_lettered")
+    })
+}
+
+fn parse_duration(value: &str) -> Result<Duration, String> {
+    humantime::parse_duration(value)
+        .map_err(|e| format!("{e}; write a duration such as 500ms, 30s, 5m, 12h or 7d"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

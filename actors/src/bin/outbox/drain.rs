@@ -1,0 +1,530 @@
+//! `drain`: run the actor runtime over the store for operators without an
+//! application of their own.
+//!
+//! The command line cannot know the application's payload types, so it
+//! registers a catch-all for both kinds and hands every message on as
+//! stored: to `sh -c CMD`, or to stdout as a JSON line. The coordinator does
+//! everything else as it does in an application: leases, heartbeats,
+//! retries with backoff, dead letters, and giving claims back at shutdown.
+
+use std::pin::{Pin, pin};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Addr;
+use futures_util::FutureExt;
+use futures_util::future::LocalBoxFuture;
+use outbox::{
+    ConfigError, DeliveryContext, DeliveryResult, DrainConfig, InProcessBus, InProcessJobs,
+    MessageKind, OutboxStore, Payload, RawMessage, Registry, RetryPolicy, SystemClock,
+    TraceCarrier, Wakeups,
+};
+use outbox_actors::{Drain, DrainCoordinator, DrainReport, Shutdown};
+use serde::Serialize;
+use tokio::io::AsyncWriteExt;
+
+use crate::cli::DrainArgs;
+use crate::db::Store;
+use crate::fail::Failure;
+use crate::output::time;
+
+/// How each message is delivered.
+#[derive(Clone)]
+enum Deliver {
+    /// `sh -c CMD` with the payload on stdin.
+    Exec(Arc<str>),
+    /// One JSON line on stdout.
+    Print,
+}
+
+/// `drain --once` or `drain --every`.
+pub(crate) async fn drain(store: &Store, args: DrainArgs) -> Result<(), Failure> {
+    let config = config(&args)?;
+    let deliver = match (&args.exec, args.print) {
+        (Some(command), _) => Deliver::Exec(Arc::from(command.as_str())),
+        (None, true) => Deliver::Print,
+        (None, false) => return Err(Failure::usage("pass --exec CMD or --print")),
+    };
+    if args.every.is_some_and(|every| every.is_zero()) {
+        return Err(Failure::usage("`--every` must be longer than zero"));
+    }
+    let wakeups = match (args.every, store) {
+        // Only PostgreSQL can tell another process about a commit.
+        (Some(_), Store::Postgres(store)) => OutboxStore::wakeups(store),
+        _ => None,
+    };
+    let coordinator = start(store, config, deliver)?;
+    let stop = pin!(stop_signal()?);
+    match args.every {
+        None => once(&coordinator, stop, args.grace).await,
+        Some(every) => {
+            eprintln!(
+                "draining table {} every {}{}; Ctrl-C stops",
+                store.table(),
+                humantime::format_duration(every),
+                if wakeups.is_some() {
+                    " and on every commit"
+                } else {
+                    ""
+                }
+            );
+            every_interval(&coordinator, stop, every, wakeups, args.grace).await
+        }
+    }
+}
+
+/// The drain settings from the flags, validated; errors name the flag.
+fn config(args: &DrainArgs) -> Result<DrainConfig, Failure> {
+    let config = DrainConfig {
+        batch_size: args.batch_size,
+        concurrency: args.concurrency,
+        lease: args.lease,
+        heartbeat: args.heartbeat,
+        max_active: args.max_active,
+        retry: RetryPolicy::exponential(args.retry_delay, 2.0, args.retry_max_delay),
+        // The command line asks for each pass itself, to report each one.
+        every: None,
+        ..DrainConfig::default()
+    };
+    config.validate().map_err(invalid_settings)?;
+    Ok(config)
+}
+
+fn invalid_settings(error: ConfigError) -> Failure {
+    let rules: Vec<String> = error
+        .violations
+        .iter()
+        .map(|violation| format!("`{}` {}", flag(violation.field), violation.rule))
+        .collect();
+    Failure::usage(format!("invalid drain settings: {}", rules.join("; ")))
+        .hint("see `outbox drain --help` for each flag's range")
+}
+
+/// The flag that sets a `DrainConfig` field.
+fn flag(field: &str) -> String {
+    match field {
+        "retry.initial_delay" => "--retry-delay".to_owned(),
+        "retry.max_delay" => "--retry-max-delay".to_owned(),
+        field => format!("--{}", field.replace(['_', '.'], "-")),
+    }
+}
+
+fn start(
+    store: &Store,
+    config: DrainConfig,
+    deliver: Deliver,
+) -> Result<Addr<DrainCoordinator>, Failure> {
+    let registry = Registry::builder()
+        .any(MessageKind::Event)
+        .any(MessageKind::Job)
+        .build()?;
+    let to_bus = deliver.clone();
+    let bus = InProcessBus::new()
+        .on_any(move |message: Arc<RawMessage>, context| to_bus.deliver(&message, &context));
+    let jobs = InProcessJobs::new()
+        .on_any(move |message: RawMessage, context| deliver.deliver(&message, &context));
+    let builder = match store {
+        Store::Sqlite(store) => DrainCoordinator::builder(store.clone()),
+        Store::Postgres(store) => DrainCoordinator::builder(store.clone()),
+    };
+    Ok(builder
+        .registry(registry)
+        .event_bus(bus)
+        .job_dispatcher(jobs)
+        .config(config)
+        .clock(SystemClock)
+        // Passes start only when this command asks, so it reports each one.
+        .wake_on_insert(false)
+        .start()?)
+}
+
+/// How a pass ended.
+enum PassEnd {
+    /// It ran to its end.
+    Finished(outbox_actors::Result<DrainReport>),
+    /// A stop signal came while it ran: the coordinator wound it down (and
+    /// is shutting down); this is what the pass did.
+    Interrupted(outbox_actors::Result<DrainReport>),
+}
+
+/// Run one pass. A stop signal during it shuts the coordinator down, which
+/// lets deliveries finish within `grace` and releases the rest; the pass's
+/// `Drain` still answers, once the wind-down has ended the pass, so its
+/// report is never lost.
+async fn pass(
+    coordinator: &Addr<DrainCoordinator>,
+    stop: &mut Pin<&mut impl Future<Output = ()>>,
+    grace: Duration,
+) -> Result<PassEnd, Failure> {
+    let mut drain = pin!(coordinator.send(Drain));
+    tokio::select! {
+        // A pass that has ended counts as finished, whatever else is ready.
+        biased;
+        result = &mut drain => Ok(PassEnd::Finished(result.map_err(mailbox)?)),
+        () = stop.as_mut() => {
+            announce_stop(grace);
+            coordinator.do_send(Shutdown { grace });
+            Ok(PassEnd::Interrupted(drain.await.map_err(mailbox)?))
+        }
+    }
+}
+
+/// One pass, unless a stop signal comes first.
+async fn once(
+    coordinator: &Addr<DrainCoordinator>,
+    mut stop: Pin<&mut impl Future<Output = ()>>,
+    grace: Duration,
+) -> Result<(), Failure> {
+    match pass(coordinator, &mut stop, grace).await? {
+        PassEnd::Finished(result) => {
+            let outcome = report_pass(result);
+            coordinator
+                .send(Shutdown { grace })
+                .await
+                .map_err(mailbox)?;
+            outcome.map(|_| ())
+        }
+        PassEnd::Interrupted(result) => {
+            stopped(1, DrainReport::default(), Some(result));
+            Ok(())
+        }
+    }
+}
+
+/// A pass per tick (and per wake-up) until a stop signal.
+async fn every_interval(
+    coordinator: &Addr<DrainCoordinator>,
+    mut stop: Pin<&mut impl Future<Output = ()>>,
+    every: Duration,
+    mut wakeups: Option<Wakeups>,
+    grace: Duration,
+) -> Result<(), Failure> {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut passes = 0u64;
+    let mut totals = DrainReport::default();
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.as_mut() => {
+                announce_stop(grace);
+                coordinator.send(Shutdown { grace }).await.map_err(mailbox)?;
+                stopped(passes, totals, None);
+                return Ok(());
+            }
+            _ = ticks.tick() => {}
+            () = woken(&mut wakeups) => {}
+        }
+        passes += 1;
+        match pass(coordinator, &mut stop, grace).await? {
+            PassEnd::Finished(result) => add(&mut totals, &report_tick(result)),
+            PassEnd::Interrupted(result) => {
+                stopped(passes, totals, Some(result));
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn announce_stop(grace: Duration) {
+    eprintln!(
+        "stopping: deliveries in flight get {} to finish, then their claims are given back",
+        humantime::format_duration(grace)
+    );
+}
+
+/// Report the pass that a stop interrupted, if any, and the totals.
+fn stopped(
+    passes: u64,
+    mut totals: DrainReport,
+    interrupted: Option<outbox_actors::Result<DrainReport>>,
+) {
+    if let Some(result) = interrupted {
+        let report = match result {
+            Ok(report) => report,
+            Err(error) => {
+                eprintln!("the interrupted pass failed: {error}");
+                error.report().copied().unwrap_or_default()
+            }
+        };
+        eprintln!("interrupted pass: {report}");
+        add(&mut totals, &report);
+    }
+    eprintln!(
+        "stopped after {passes} pass{}: {totals}",
+        if passes == 1 { "" } else { "es" }
+    );
+}
+
+/// Print the pass's report; a pass whose claim failed is an operational
+/// error (what it finished before failing is printed first).
+fn report_pass(result: outbox_actors::Result<DrainReport>) -> Result<DrainReport, Failure> {
+    match result {
+        Ok(report) => {
+            eprintln!("pass: {report}");
+            Ok(report)
+        }
+        Err(error) => {
+            if let Some(report) = error.report() {
+                eprintln!("pass: {report}");
+            }
+            Err(Failure::from(error))
+        }
+    }
+}
+
+/// Print a scheduled pass's report, stamped, and return what it counted.
+/// Passes that found nothing are not printed (a drain that runs every second
+/// would print little else); a failed pass is printed, not fatal: the next
+/// tick tries again.
+fn report_tick(result: outbox_actors::Result<DrainReport>) -> DrainReport {
+    let now = time(chrono::Utc::now());
+    match result {
+        Ok(report) if report.selected() == 0 && report.released == 0 => report,
+        Ok(report) => {
+            eprintln!("{now} pass: {report}");
+            report
+        }
+        Err(error) => {
+            eprintln!("{now} pass failed, trying again at the next tick: {error}");
+            error.report().copied().unwrap_or_default()
+        }
+    }
+}
+
+fn add(total: &mut DrainReport, pass: &DrainReport) {
+    total.claimed += pass.claimed;
+    total.delivered += pass.delivered;
+    total.retried += pass.retried;
+    total.dead_lettered += pass.dead_lettered;
+    total.abandoned_dead_lettered += pass.abandoned_dead_lettered;
+    total.settlement_failed += pass.settlement_failed;
+    total.lease_lost += pass.lease_lost;
+    total.released += pass.released;
+}
+
+fn mailbox(error: actix::MailboxError) -> Failure {
+    Failure::operational(format!(
+        "the drain coordinator stopped unexpectedly: {error}"
+    ))
+}
+
+/// Resolves on the next committed insert; never, without wake-ups.
+async fn woken(wakeups: &mut Option<Wakeups>) {
+    if let Some(receiver) = wakeups
+        && receiver.changed().await
+    {
+        return;
+    }
+    // The store stopped sending wake-ups: ticks alone drive passes now.
+    *wakeups = None;
+    std::future::pending().await
+}
+
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM. The handlers are installed here,
+/// before any pass starts, so a signal never kills the process mid-delivery.
+#[cfg(unix)]
+fn stop_signal() -> Result<impl Future<Output = ()>, Failure> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let install = |kind| {
+        signal(kind)
+            .map_err(|e| Failure::operational(format!("cannot install the Ctrl-C handler: {e}")))
+    };
+    let mut interrupt = install(SignalKind::interrupt())?;
+    let mut terminate = install(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+    })
+}
+
+/// Resolves on Ctrl-C.
+#[cfg(not(unix))]
+fn stop_signal() -> Result<impl Future<Output = ()>, Failure> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+}
+
+impl Deliver {
+    /// Deliver one message; the future is what the runtime races against
+    /// the lease and `max_active` (dropping it kills the command).
+    fn deliver(
+        &self,
+        message: &RawMessage,
+        context: &DeliveryContext,
+    ) -> LocalBoxFuture<'static, DeliveryResult> {
+        let claimed = context.message();
+        let label = format!(
+            "{} ({} {}, attempt {} of {})",
+            claimed.id, message.kind, message.name, claimed.attempts, claimed.max_attempts
+        );
+        let delivery = match self {
+            Deliver::Print => std::future::ready(print(message, context)).boxed_local(),
+            Deliver::Exec(command) => exec(command.clone(), message, context).boxed_local(),
+        };
+        delivery
+            .map(move |result| {
+                if let Err(error) = &result {
+                    eprintln!("{label} failed: {error}");
+                }
+                result
+            })
+            .boxed_local()
+    }
+}
+
+/// A message as `--print` writes it.
+#[derive(Serialize)]
+struct Printed<'a> {
+    id: &'a str,
+    kind: MessageKind,
+    name: &'a str,
+    attempt: u32,
+    max_attempts: u32,
+    created_at: chrono::DateTime<chrono::Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace: Option<&'a TraceCarrier>,
+    payload: &'a Payload,
+}
+
+fn print(message: &RawMessage, context: &DeliveryContext) -> DeliveryResult {
+    use std::io::Write;
+    let claimed = context.message();
+    let line = serde_json::to_string(&Printed {
+        id: &claimed.id,
+        kind: message.kind,
+        name: &message.name,
+        attempt: claimed.attempts,
+        max_attempts: claimed.max_attempts,
+        created_at: claimed.created_at,
+        trace: claimed.trace.as_ref(),
+        payload: &message.payload,
+    })?;
+    // Delivered only once the line is out: a closed stdout fails the attempt.
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// `sh -c COMMAND` exited unsuccessfully.
+#[derive(Debug)]
+struct CommandFailed {
+    status: std::process::ExitStatus,
+    stderr: String,
+}
+
+impl std::fmt::Display for CommandFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.status.code() {
+            Some(code) => write!(f, "the command exited with status {code}")?,
+            // Killed by a signal: the status says which.
+            None => write!(f, "the command failed ({})", self.status)?,
+        }
+        if self.stderr.is_empty() {
+            f.write_str(" and wrote nothing to stderr")
+        } else {
+            write!(f, ": {}", self.stderr)
+        }
+    }
+}
+
+impl std::error::Error for CommandFailed {}
+
+/// Most of a failed command's stderr kept as its error: the last lines,
+/// where the reason usually is.
+const STDERR_LINES: usize = 10;
+const STDERR_BYTES: usize = 2048;
+
+fn stderr_tail(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim_end)
+        .filter(|line| !line.is_empty())
+        .collect();
+    let tail = lines[lines.len().saturating_sub(STDERR_LINES)..].join("\n");
+    if tail.len() <= STDERR_BYTES {
+        return tail;
+    }
+    let mut start = tail.len() - STDERR_BYTES;
+    while !tail.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("…{}", &tail[start..])
+}
+
+fn exec(
+    command: Arc<str>,
+    message: &RawMessage,
+    context: &DeliveryContext,
+) -> impl Future<Output = DeliveryResult> + 'static {
+    let claimed = context.message();
+    let mut shell = tokio::process::Command::new("sh");
+    shell
+        .arg("-c")
+        .arg(&*command)
+        .env("OUTBOX_ID", &claimed.id)
+        .env("OUTBOX_NAME", &message.name)
+        .env("OUTBOX_KIND", message.kind.as_str())
+        .env("OUTBOX_ATTEMPT", claimed.attempts.to_string())
+        .env("OUTBOX_MAX_ATTEMPTS", claimed.max_attempts.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped())
+        // An aborted delivery (lease lost, max_active, shutdown) drops this
+        // future: the command must not run on unowned.
+        .kill_on_drop(true);
+    let payload = message.payload.as_str().as_bytes().to_vec();
+    run(shell, payload)
+}
+
+async fn run(mut shell: tokio::process::Command, payload: Vec<u8>) -> DeliveryResult {
+    let mut child = shell.spawn()?;
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    let feed = async move {
+        // A command that does not read its input closes the pipe early;
+        // that is its business, and its exit status still decides.
+        let _ = stdin.write_all(&payload).await;
+    };
+    let ((), output) = tokio::join!(feed, child.wait_with_output());
+    let output = output?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(CommandFailed {
+        status: output.status,
+        stderr: stderr_tail(&output.stderr),
+    }
+    .into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_errors_name_the_flag() {
+        assert_eq!(flag("batch_size"), "--batch-size");
+        assert_eq!(flag("max_active"), "--max-active");
+        assert_eq!(flag("retry.initial_delay"), "--retry-delay");
+        assert_eq!(flag("settlement.attempts"), "--settlement-attempts");
+    }
+
+    #[test]
+    fn the_error_is_the_end_of_stderr() {
+        let many: String = (1..=20).map(|n| format!("line {n}\n\n")).collect();
+        let tail = stderr_tail(many.as_bytes());
+        assert!(
+            tail.starts_with("line 11\n") && tail.ends_with("line 20"),
+            "{tail}"
+        );
+        let long = "é".repeat(3000);
+        let tail = stderr_tail(long.as_bytes());
+        assert!(tail.starts_with('…') && tail.len() <= STDERR_BYTES + 3);
+    }
+}
