@@ -226,6 +226,8 @@ pub(crate) async fn start(
             .route("/metrics", web::get().to(metrics_text))
     })
     .disable_signals()
+    // Idle keep-alive connections would otherwise hold a graceful stop open.
+    .shutdown_timeout(2)
     .bind(bind)?;
     let addr = server.addrs()[0];
     let server = server.run();
