@@ -14,10 +14,12 @@
 //! for its idle slots (within its budget), even after a claim came back
 //! empty.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use chrono::{DateTime, DurationRound, Utc};
 use outbox::{
     Clock, DrainConfig, EventBus, JobDispatcher, MessageKind, OutboxStore, Registry, RetryPolicy,
     SharedClock, SharedStore, SystemClock,
@@ -25,7 +27,7 @@ use outbox::{
 use tokio::sync::oneshot;
 
 use crate::claimer::{Claimer, Refill, WindDown};
-use crate::context::{DrainContext, DrainObserver};
+use crate::context::{DrainContext, DrainObserver, after, until};
 use crate::error::{Error, Result};
 use crate::messages::{DeadLetter, DrainReport, LeaseLost, Notice, Outcome, OutcomeNotice};
 use crate::telemetry;
@@ -89,6 +91,8 @@ pub(crate) struct DeliveryFinished {
     pub(crate) pass: u64,
     pub(crate) outcome: Outcome,
     pub(crate) notices: Vec<Notice>,
+    /// When a retried message is due again.
+    pub(crate) retry_at: Option<DateTime<Utc>>,
 }
 
 /// Messages a claim of the running pass dead-lettered because their
@@ -142,6 +146,11 @@ pub struct DrainCoordinator {
     /// `Some` once shutdown began: who waits for it to complete.
     shutdown: Option<Vec<oneshot::Sender<DrainReport>>>,
     background: Vec<SpawnHandle>,
+    /// When work this coordinator left behind becomes claimable again
+    /// (retries, lost leases, a failed claim), so it comes back to it
+    /// without a schedule or a new insert.
+    revisits: BTreeSet<DateTime<Utc>>,
+    revisit_timer: Option<(DateTime<Utc>, SpawnHandle)>,
     passes: u64,
     last_report: Option<DrainReport>,
     totals: DrainReport,
@@ -245,6 +254,46 @@ impl DrainCoordinator {
         } else {
             self.start_pass(waiter.into_iter().collect(), ctx);
         }
+    }
+
+    /// Come back for work that is due at `at`: a pass then (or, if one is
+    /// running, a refill and a follow-up).
+    fn revisit(&mut self, at: DateTime<Utc>, ctx: &mut Context<Self>) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        // Revisits within a few milliseconds of each other share one pass.
+        let at = at
+            .duration_round_up(chrono::Duration::milliseconds(10))
+            .unwrap_or(at);
+        self.revisits.insert(at);
+        self.arm_revisit(ctx);
+    }
+
+    fn arm_revisit(&mut self, ctx: &mut Context<Self>) {
+        let Some(&first) = self.revisits.first() else {
+            return;
+        };
+        if let Some((armed_for, handle)) = self.revisit_timer {
+            if armed_for <= first {
+                return;
+            }
+            ctx.cancel_future(handle);
+        }
+        let delay = until(self.drain.now(), first);
+        let handle = ctx.run_later(delay, |act, ctx| {
+            act.revisit_timer = None;
+            let now = act.drain.now();
+            let due: Vec<_> = act.revisits.range(..=now).copied().collect();
+            for at in &due {
+                act.revisits.remove(at);
+            }
+            if !due.is_empty() && act.shutdown.is_none() {
+                act.request_pass(None, ctx);
+            }
+            act.arm_revisit(ctx);
+        });
+        self.revisit_timer = Some((first, handle));
     }
 
     fn current(&mut self, pass: u64) -> Option<&mut Pass> {
@@ -403,6 +452,10 @@ impl Handler<Shutdown> for DrainCoordinator {
             for handle in self.background.drain(..) {
                 ctx.cancel_future(handle);
             }
+            if let Some((_, handle)) = self.revisit_timer.take() {
+                ctx.cancel_future(handle);
+            }
+            self.revisits.clear();
             for waiter in self.follow_up.take().into_iter().flatten() {
                 let _ = waiter.send(Err(Error::ShuttingDown));
             }
@@ -447,6 +500,17 @@ impl Handler<DeliveryFinished> for DrainCoordinator {
             pass.report.add(finished.outcome);
             pass.finished += 1;
         }
+        let due_again = match finished.outcome {
+            Outcome::Retried => finished.retry_at,
+            // Claimable again once its lease ends, at the latest a lease from now.
+            Outcome::LeaseLost | Outcome::SettlementFailed { .. } => {
+                Some(after(self.drain.now(), self.drain.config.lease))
+            }
+            Outcome::Delivered | Outcome::DeadLettered | Outcome::Released => None,
+        };
+        if let Some(at) = due_again {
+            self.revisit(at, ctx);
+        }
         for notice in finished.notices {
             self.notify(notice);
         }
@@ -473,6 +537,13 @@ impl Handler<ClaimerDone> for DrainCoordinator {
     type Result = ();
 
     fn handle(&mut self, done: ClaimerDone, ctx: &mut Context<Self>) {
+        if done.error.is_some() {
+            // Try the store again soon; and a claim that failed may still
+            // have taken rows, claimable again when their leases end.
+            let now = self.drain.now();
+            self.revisit(after(now, self.drain.heartbeat), ctx);
+            self.revisit(after(now, self.drain.config.lease), ctx);
+        }
         if let Some(pass) = self.current(done.pass) {
             pass.claimed = Some(done.claimed);
             pass.report.claimed = done.claimed;
@@ -597,6 +668,8 @@ impl DrainCoordinatorBuilder {
             follow_up: None,
             shutdown: None,
             background: Vec::new(),
+            revisits: BTreeSet::new(),
+            revisit_timer: None,
             passes: 0,
             last_report: None,
             totals: DrainReport::default(),

@@ -88,7 +88,7 @@ impl Reporter {
         }
     }
 
-    fn report(&mut self, outcome: Outcome, notices: Vec<Notice>) {
+    fn report(&mut self, outcome: Outcome, notices: Vec<Notice>, retry_at: Option<DateTime<Utc>>) {
         if self.armed {
             telemetry::delivery_reported();
         }
@@ -100,6 +100,7 @@ impl Reporter {
             pass: self.pass,
             outcome,
             notices,
+            retry_at,
         });
         self.claimer.do_send(SlotFreed { slot: self.slot });
     }
@@ -123,7 +124,7 @@ impl Drop for Reporter {
                 error.into(),
             );
             telemetry::delivery_died(&failure);
-            self.report(Outcome::LeaseLost, vec![Notice::Lease(failure)]);
+            self.report(Outcome::LeaseLost, vec![Notice::Lease(failure)], None);
         }
     }
 }
@@ -176,7 +177,7 @@ impl DeliveryActor {
             heartbeat.do_send(StopHeartbeat);
         }
         self.span.in_scope(|| report_lease(&self.drain, &failure));
-        self.finish(Outcome::LeaseLost, vec![Notice::Lease(failure)], ctx);
+        self.finish(Outcome::LeaseLost, vec![Notice::Lease(failure)], None, ctx);
     }
 
     fn delivered(&mut self, result: DeliveryResult, ctx: &mut Context<Self>) {
@@ -196,9 +197,15 @@ impl DeliveryActor {
         }
     }
 
-    fn finish(&mut self, outcome: Outcome, notices: Vec<Notice>, ctx: &mut Context<Self>) {
+    fn finish(
+        &mut self,
+        outcome: Outcome,
+        notices: Vec<Notice>,
+        retry_at: Option<DateTime<Utc>>,
+        ctx: &mut Context<Self>,
+    ) {
         self.phase = Phase::Done;
-        self.reporter.report(outcome, notices);
+        self.reporter.report(outcome, notices, retry_at);
         ctx.stop();
     }
 }
@@ -280,9 +287,9 @@ impl Handler<Extended> for DeliveryActor {
             result,
         );
         ctx.spawn(settle.instrument(self.span.clone()).into_actor(self).map(
-            |(outcome, notices), act, ctx| {
+            |(outcome, notices, retry_at), act, ctx| {
                 telemetry::settled(&act.message, outcome, act.started, act.drain.now());
-                act.finish(outcome, notices, ctx)
+                act.finish(outcome, notices, retry_at, ctx)
             },
         ));
     }
@@ -332,7 +339,7 @@ impl Handler<Abort> for DeliveryActor {
             release
                 .instrument(self.span.clone())
                 .into_actor(self)
-                .map(|outcome, act, ctx| act.finish(outcome, Vec::new(), ctx)),
+                .map(|outcome, act, ctx| act.finish(outcome, Vec::new(), None, ctx)),
         );
     }
 }
@@ -509,6 +516,10 @@ async fn settle(
     })
 }
 
+/// What a settled delivery reports: its outcome, what subscribers should
+/// hear, and when a retried message is due again.
+type Settled = (Outcome, Vec<Notice>, Option<DateTime<Utc>>);
+
 /// Everything after the handler returned: the extension, the settlement,
 /// and the notices, in the reference order.
 async fn settle_delivery(
@@ -517,11 +528,11 @@ async fn settle_delivery(
     active_until: DateTime<Utc>,
     extension: Extension,
     result: DeliveryResult,
-) -> (Outcome, Vec<Notice>) {
+) -> Settled {
     let (locked_until, renewal_error, recovered) = match extension {
         Extension::Lost(failure) => {
             report_lease(&drain, &failure);
-            return (Outcome::LeaseLost, vec![Notice::Lease(failure)]);
+            return (Outcome::LeaseLost, vec![Notice::Lease(failure)], None);
         }
         Extension::Held {
             locked_until,
@@ -591,12 +602,13 @@ async fn settle_delivery(
                 claim_lost: unsettled.claim_lost,
             },
             notices,
+            None,
         );
     }
     match write {
         Settle::Delivered => {
             telemetry::delivered(&message);
-            (Outcome::Delivered, notices)
+            (Outcome::Delivered, notices, None)
         }
         Settle::Failed {
             error,
@@ -609,7 +621,7 @@ async fn settle_delivery(
                 observer.on_dead_letter(&dead_letter)
             });
             notices.push(Notice::Outcome(OutcomeNotice::DeadLettered(dead_letter)));
-            (Outcome::DeadLettered, notices)
+            (Outcome::DeadLettered, notices, None)
         }
         Settle::Failed {
             error,
@@ -618,7 +630,7 @@ async fn settle_delivery(
             ..
         } => {
             telemetry::retry_scheduled(&message, &error, retry_delay, retry_at);
-            (Outcome::Retried, notices)
+            (Outcome::Retried, notices, retry_at)
         }
     }
 }
