@@ -154,6 +154,8 @@ pub struct DrainCoordinator {
     passes: u64,
     last_report: Option<DrainReport>,
     totals: DrainReport,
+    /// When the pending gauge was last sampled.
+    pending_sampled: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for DrainCoordinator {
@@ -310,10 +312,10 @@ impl DrainCoordinator {
         }
         let pass = self.pass.take().expect("a finished pass exists");
         let report = pass.report;
-        telemetry::pass_finished(&self.drain, &report);
+        telemetry::pass_finished(&self.drain, &report, &mut self.pending_sampled);
         self.passes += 1;
         self.last_report = Some(report);
-        add_reports(&mut self.totals, &report);
+        self.totals += report;
         let result = match pass.error {
             None => Ok(report),
             Some(source) => Err(Error::Pass {
@@ -353,17 +355,6 @@ impl DrainCoordinator {
             }
         }
     }
-}
-
-fn add_reports(total: &mut DrainReport, pass: &DrainReport) {
-    total.claimed += pass.claimed;
-    total.delivered += pass.delivered;
-    total.retried += pass.retried;
-    total.dead_lettered += pass.dead_lettered;
-    total.abandoned_dead_lettered += pass.abandoned_dead_lettered;
-    total.settlement_failed += pass.settlement_failed;
-    total.lease_lost += pass.lease_lost;
-    total.released += pass.released;
 }
 
 impl Actor for DrainCoordinator {
@@ -670,6 +661,7 @@ impl DrainCoordinatorBuilder {
             background: Vec::new(),
             revisits: BTreeSet::new(),
             revisit_timer: None,
+            pending_sampled: None,
             passes: 0,
             last_report: None,
             totals: DrainReport::default(),

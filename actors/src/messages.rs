@@ -57,6 +57,19 @@ impl DrainReport {
     }
 }
 
+impl std::ops::AddAssign for DrainReport {
+    fn add_assign(&mut self, pass: DrainReport) {
+        self.claimed += pass.claimed;
+        self.delivered += pass.delivered;
+        self.retried += pass.retried;
+        self.dead_lettered += pass.dead_lettered;
+        self.abandoned_dead_lettered += pass.abandoned_dead_lettered;
+        self.settlement_failed += pass.settlement_failed;
+        self.lease_lost += pass.lease_lost;
+        self.released += pass.released;
+    }
+}
+
 impl fmt::Display for DrainReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

@@ -179,12 +179,26 @@ pub(crate) fn coordinator_started() {
     metrics::describe();
 }
 
-/// A pass ended: log its tally and sample the pending gauge.
-pub(crate) fn pass_finished(drain: &Arc<DrainContext>, report: &DrainReport) {
+/// How often at most the pending gauge is sampled: passes can run hundreds
+/// of times a second on wake-ups, and each sample is a count in the store.
+const PENDING_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A pass ended: log its tally and, at most every
+/// [`PENDING_SAMPLE_INTERVAL`], sample the pending gauge. `last_sample` is
+/// the coordinator's memory of when it last did.
+pub(crate) fn pass_finished(
+    drain: &Arc<DrainContext>,
+    report: &DrainReport,
+    last_sample: &mut Option<Instant>,
+) {
     tracing::debug!(target: "outbox", event = "outbox.pass_finished", claimed = report.claimed,
         delivered = report.delivered, retried = report.retried, dead_lettered = report.dead_lettered,
         settlement_failed = report.settlement_failed, lease_lost = report.lease_lost,
         "outbox drain pass finished");
+    if last_sample.is_some_and(|at| at.elapsed() < PENDING_SAMPLE_INTERVAL) {
+        return;
+    }
+    *last_sample = Some(Instant::now());
     let drain = drain.clone();
     // Off the coordinator's mailbox: a slow count must not delay the next pass.
     actix::spawn(async move {
