@@ -5,10 +5,12 @@
 //! message, and refills a slot as soon as it frees rather than waiting for a
 //! whole wave to finish. One claim is in flight at a time; slots that free
 //! while it runs are filled by the next, so a slow store gets larger batches
-//! on its own. Messages dead-lettered at claim (attempts used up) are
-//! reported as dead letters. The pass ends when the budget is spent, a
-//! claim returns nothing, or claiming fails, and every delivery it started
-//! has reported.
+//! on its own. Slots that free together (a batched settlement answers many
+//! deliveries at once) are filled by one claim: a refill waits only until
+//! the messages already in the mailbox are handled. Messages dead-lettered
+//! at claim (attempts used up) are reported as dead letters. The pass ends
+//! when the budget is spent, a claim returns nothing, or claiming fails, and
+//! every delivery it started has reported.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,6 +32,12 @@ pub(crate) struct SlotFreed {
     pub(crate) slot: u64,
 }
 
+/// Claim for the free slots. Sent to self, so it is handled after every
+/// message already in the mailbox: the slots those free join the claim.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct Refill;
+
 /// Stop claiming; abort deliveries still running after `grace`.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -50,6 +58,8 @@ pub(crate) struct Claimer {
     next_slot: u64,
     claimed: u64,
     claiming: bool,
+    /// A [`Refill`] is queued.
+    refilling: bool,
     exhausted: bool,
     winding_down: bool,
     /// The shutdown grace is over: every delivery, even one started by a
@@ -76,6 +86,7 @@ impl Claimer {
             next_slot: 0,
             claimed: 0,
             claiming: false,
+            refilling: false,
             exhausted: false,
             winding_down: false,
             aborting: false,
@@ -252,6 +263,21 @@ impl Handler<SlotFreed> for Claimer {
 
     fn handle(&mut self, freed: SlotFreed, ctx: &mut Context<Self>) {
         self.active.remove(&freed.slot);
+        // A claim per freed slot would cost a statement per message when
+        // one settlement frees many slots at once; claim once for all of them.
+        if !self.refilling {
+            self.refilling = true;
+            ctx.notify(Refill);
+        }
+        self.finish_if_done(ctx);
+    }
+}
+
+impl Handler<Refill> for Claimer {
+    type Result = ();
+
+    fn handle(&mut self, _: Refill, ctx: &mut Context<Self>) {
+        self.refilling = false;
         self.fill(ctx);
         self.finish_if_done(ctx);
     }
