@@ -412,12 +412,8 @@ mod sqlite {
             let rows: Vec<_> = claimed
                 .iter()
                 .map(|(id, token)| {
-                    serde_json::json!({
-                        "op": "deliver",
-                        "id": id,
-                        "token": token.as_deref().expect("a claimed row has a token"),
-                        "now": now,
-                    })
+                    let token = token.as_deref().expect("a claimed row has a token");
+                    serde_json::json!([id, token, now])
                 })
                 .collect();
             let settled: Vec<String> = sqlx::query_scalar(AssertSqlSafe(settle.clone()))
