@@ -598,7 +598,7 @@ mod postgres {
     pub(super) async fn raw_sql(store: &PostgresOutbox, messages: u64) -> Duration {
         let lease = DrainConfig::default().lease;
         let pool = store.pool();
-        let claim: Arc<str> = store.claim_sql().into();
+        let claim: Arc<str> = store.claim_sql(BASELINE_CLAIM).into();
         let settle: Arc<str> = store.settle_sql().into();
         let started = Instant::now();
         let mut delivered = 0;
@@ -608,7 +608,6 @@ mod postgres {
                 sqlx::query(AssertSqlSafe(claim.clone()))
                     .bind(now)
                     .bind(now + lease)
-                    .bind(BASELINE_CLAIM as i64)
                     .fetch_all(pool)
                     .await
                     .expect("claim")
