@@ -1,15 +1,35 @@
-//! Throughput of the actor runtime against a baseline that makes the same
-//! store calls from a plain tokio loop, in the same run.
+//! Throughput of the actor runtime against a baseline, in the same run.
 //!
 //! ```text
 //! cargo run --release --example bench -- --store memory --messages 200000 --concurrency 64
+//! cargo run --release --example bench -- --store sqlite --messages 100000 --concurrency 64
+//! scripts/with-postgres cargo run --release --features postgres --example bench -- \
+//!     --store postgres --messages 100000 --concurrency 64
 //! ```
 //!
-//! Both sides deliver every message to a no-op handler: claim (as many as
+//! The runtime delivers every message to a no-op handler: claim (as many as
 //! there are free slots), decode, handle, renew once (the final extension),
-//! mark delivered. The runtime adds what the baseline lacks: an actor and a
-//! heartbeat per message, the `max_active` timer, bounded store calls,
-//! outcome messages. The last line printed is one JSON object.
+//! settle. What it is measured against depends on the store:
+//!
+//! - **memory**: a plain tokio loop that makes the same store calls with the
+//!   same concurrency, without actors, heartbeats, timers or outcome
+//!   messages.
+//! - **sqlite**, **postgres**: raw SQL, the best a drain could do with the
+//!   store's own statements: a loop that claims 100 rows with the store's
+//!   claim statement ([`claim_sql`](outbox::PostgresOutbox::claim_sql)) and
+//!   marks them delivered in one fenced write
+//!   ([`settle_sql`](outbox::PostgresOutbox::settle_sql)). No renewal, no
+//!   handler, one statement in flight at a time.
+//!
+//! Each side gets a store of its own, filled before timing starts: a fresh
+//! database file (SQLite) or a fresh table in `DATABASE_URL` (PostgreSQL,
+//! dropped afterwards). Both sides run against the same database server with
+//! the same settings. On PostgreSQL the run also counts transactions: the
+//! growth of `pg_stat_database.xact_commit` over each timed drain, divided
+//! by the messages (the connections are closed before the count is read,
+//! since a backend publishes its counts when it goes idle or exits).
+//!
+//! The last line printed is one JSON object.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -36,6 +56,14 @@ impl Event for Tick {
     const NAME: &'static str = "bench.tick";
 }
 
+/// Rows per claim of the raw-SQL baseline.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const BASELINE_CLAIM: usize = 100;
+
+/// Messages per transaction while filling a SQL store.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const FILL_CHUNK: u64 = 10_000;
+
 struct Args {
     store: String,
     messages: u64,
@@ -46,6 +74,15 @@ struct Args {
     /// Delivery arbiters for the runtime (0: the coordinator's thread).
     arbiters: usize,
 }
+
+/// The stores this build can measure.
+const STORES: &[&str] = &[
+    "memory",
+    #[cfg(feature = "sqlite")]
+    "sqlite",
+    #[cfg(feature = "postgres")]
+    "postgres",
+];
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
@@ -75,19 +112,29 @@ fn parse_args() -> Result<Args, String> {
                 args.arbiters = value()?.parse().map_err(|e| format!("--arbiters: {e}"))?
             }
             "--help" | "-h" => {
-                return Err(
-                    "usage: bench [--store memory] [--messages N] [--concurrency N] [--batch N]"
-                        .into(),
-                );
+                return Err(format!(
+                    "usage: bench [--store {}] [--messages N] [--concurrency N] [--batch N] \
+                     [--only runtime|baseline] [--arbiters N]",
+                    STORES.join("|")
+                ));
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
         }
     }
-    if args.store != "memory" {
+    if !STORES.contains(&args.store.as_str()) {
         return Err(format!(
-            "unknown store {:?}; this build knows: memory",
-            args.store
+            "unknown store {:?}; this build knows: {} (the SQL stores need their \
+             cargo features: --features sqlite, --features postgres)",
+            args.store,
+            STORES.join(", ")
         ));
+    }
+    if args
+        .only
+        .as_deref()
+        .is_some_and(|only| only != "runtime" && only != "baseline")
+    {
+        return Err("--only takes runtime or baseline".into());
     }
     if args.messages == 0 || args.concurrency == 0 {
         return Err("--messages and --concurrency must be at least 1".into());
@@ -95,15 +142,15 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
+fn tick(n: u64) -> NewMessage {
+    NewMessage::event(&Tick { n }).expect("a tick serializes")
+}
+
 async fn fill(store: &MemoryOutbox, messages: u64) {
     let now = SystemClock.now();
     for n in 0..messages {
         store
-            .enqueue(
-                NewMessage::event(&Tick { n })
-                    .expect("a tick serializes")
-                    .at(now),
-            )
+            .enqueue(tick(n).at(now))
             .await
             .expect("enqueue into memory");
     }
@@ -183,6 +230,459 @@ async fn baseline(store: SharedStore, messages: u64, concurrency: usize) -> Dura
     started.elapsed()
 }
 
+/// The runtime's settings for a bench run.
+#[derive(Debug, Clone, Copy)]
+struct RuntimeSettings {
+    messages: u64,
+    concurrency: usize,
+    batch_size: usize,
+    arbiters: usize,
+}
+
+/// Drain every message with the actor runtime; returns the time taken.
+/// Must run inside an actix system.
+async fn drain_with_runtime(store: impl OutboxStore, settings: RuntimeSettings) -> Duration {
+    let coordinator = DrainCoordinator::builder(store)
+        .registry(registry())
+        .event_bus(bus())
+        .config(DrainConfig {
+            batch_size: settings.batch_size,
+            concurrency: settings.concurrency,
+            delivery_arbiters: settings.arbiters,
+            ..DrainConfig::default()
+        })
+        .wake_on_insert(false)
+        .start()
+        .expect("a valid configuration");
+    let started = Instant::now();
+    let mut delivered = 0;
+    while delivered < settings.messages {
+        let report = coordinator
+            .send(Drain)
+            .await
+            .expect("coordinator")
+            .expect("pass");
+        assert_eq!(
+            report.delivered, report.claimed,
+            "every message delivered: {report}"
+        );
+        assert!(report.claimed > 0, "the store ran dry after {delivered}");
+        delivered += report.delivered;
+    }
+    started.elapsed()
+}
+
+/// What one side of a run measured.
+#[derive(Debug, Clone, Copy)]
+struct Side {
+    elapsed: Duration,
+    /// Committed transactions per message (PostgreSQL only).
+    commits_per_message: Option<f64>,
+}
+
+impl Side {
+    fn timed(elapsed: Duration) -> Self {
+        Side {
+            elapsed,
+            commits_per_message: None,
+        }
+    }
+}
+
+fn memory_sides(
+    messages: u64,
+    concurrency: usize,
+    settings: RuntimeSettings,
+    (run_baseline, run_runtime): (bool, bool),
+) -> (Option<Side>, Option<Side>) {
+    let baseline_side = run_baseline.then(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let store = MemoryOutbox::new();
+            fill(&store, messages).await;
+            Side::timed(baseline(Arc::new(store), messages, concurrency).await)
+        })
+    });
+    let runtime_side = run_runtime.then(|| {
+        actix::System::new().block_on(async move {
+            let store = MemoryOutbox::new();
+            fill(&store, messages).await;
+            Side::timed(drain_with_runtime(store, settings).await)
+        })
+    });
+    (baseline_side, runtime_side)
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    //! The SQLite side: a fresh database file per side.
+
+    use std::path::{Path, PathBuf};
+
+    use outbox::SqliteOutbox;
+    use sqlx::{AssertSqlSafe, Row};
+
+    use super::*;
+
+    /// A database file in the temporary directory, removed on drop with its
+    /// WAL and shared-memory files.
+    pub(super) struct TempDatabase {
+        path: PathBuf,
+    }
+
+    impl TempDatabase {
+        pub(super) fn new(side: &str) -> Self {
+            let path = std::env::temp_dir().join(format!(
+                "outbox-bench-{}-{side}-{}.db",
+                std::process::id(),
+                uuid_suffix()
+            ));
+            TempDatabase { path }
+        }
+
+        pub(super) fn url(&self) -> String {
+            format!("sqlite://{}", self.path.display())
+        }
+    }
+
+    impl Drop for TempDatabase {
+        fn drop(&mut self) {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut name = self.path.clone().into_os_string();
+                name.push(suffix);
+                let _ = std::fs::remove_file(Path::new(&name));
+            }
+        }
+    }
+
+    fn uuid_suffix() -> String {
+        outbox::message::new_claim_token()[..8].to_owned()
+    }
+
+    /// A store on a fresh file, holding `messages` pending ticks.
+    pub(super) async fn filled(database: &TempDatabase, messages: u64) -> SqliteOutbox {
+        let store = SqliteOutbox::connect(&database.url())
+            .await
+            .expect("open the bench database");
+        let now = SystemClock.now();
+        let mut n = 0;
+        while n < messages {
+            let mut tx = store.pool().begin().await.expect("begin");
+            for _ in 0..FILL_CHUNK.min(messages - n) {
+                store
+                    .enqueue_in(&mut tx, tick(n).at(now))
+                    .await
+                    .expect("enqueue");
+                n += 1;
+            }
+            tx.commit().await.expect("commit");
+        }
+        store
+    }
+
+    /// Raw SQL: claim 100 with the store's claim statement, mark them all
+    /// delivered in one fenced write, until every message is delivered.
+    pub(super) async fn raw_sql(store: &SqliteOutbox, messages: u64) -> Duration {
+        let lease = DrainConfig::default().lease;
+        let pool = store.pool();
+        let claim: Arc<str> = store.claim_sql().into();
+        let settle: Arc<str> = store.settle_sql().into();
+        let started = Instant::now();
+        let mut delivered = 0;
+        while delivered < messages {
+            let now = SystemClock.now();
+            let until = now + lease;
+            // The store claims in a `BEGIN IMMEDIATE` transaction; one
+            // statement in autocommit takes the same write lock up front.
+            let claimed: Vec<(String, Option<String>)> = sqlx::query(AssertSqlSafe(claim.clone()))
+                .bind(now.timestamp_micros())
+                .bind(until.timestamp_micros())
+                .bind(BASELINE_CLAIM as i64)
+                .fetch_all(pool)
+                .await
+                .expect("claim")
+                .iter()
+                .map(|row| (row.get("id"), row.get("claim_token")))
+                .collect();
+            assert!(!claimed.is_empty(), "the store ran dry after {delivered}");
+            let now = SystemClock.now().timestamp_micros();
+            let rows: Vec<_> = claimed
+                .iter()
+                .map(|(id, token)| {
+                    let token = token.as_deref().expect("a claimed row has a token");
+                    serde_json::json!([id, token, now])
+                })
+                .collect();
+            let settled: Vec<String> = sqlx::query_scalar(AssertSqlSafe(settle.clone()))
+                .bind(serde_json::Value::Array(rows).to_string())
+                .fetch_all(pool)
+                .await
+                .expect("settle");
+            assert_eq!(settled.len(), claimed.len(), "every claim settles");
+            delivered += settled.len() as u64;
+        }
+        started.elapsed()
+    }
+}
+
+#[cfg(feature = "sqlite")]
+fn sqlite_sides(
+    messages: u64,
+    settings: RuntimeSettings,
+    (run_baseline, run_runtime): (bool, bool),
+) -> (Option<Side>, Option<Side>) {
+    let baseline_side = run_baseline.then(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let database = sqlite::TempDatabase::new("baseline");
+            let store = sqlite::filled(&database, messages).await;
+            let elapsed = sqlite::raw_sql(&store, messages).await;
+            store.pool().close().await;
+            Side::timed(elapsed)
+        })
+    });
+    let runtime_side = run_runtime.then(|| {
+        actix::System::new().block_on(async move {
+            let database = sqlite::TempDatabase::new("runtime");
+            let store = sqlite::filled(&database, messages).await;
+            let pool = store.pool().clone();
+            let elapsed = drain_with_runtime(store, settings).await;
+            pool.close().await;
+            Side::timed(elapsed)
+        })
+    });
+    (baseline_side, runtime_side)
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    //! The PostgreSQL side: a fresh table per side in `DATABASE_URL`.
+
+    use chrono::{DateTime, Utc};
+    use outbox::PostgresOutbox;
+    use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+    use sqlx::{AssertSqlSafe, Connection, Row};
+
+    use super::*;
+
+    pub(super) fn url() -> String {
+        std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+            eprintln!(
+                "--store postgres needs DATABASE_URL; run it under scripts/with-postgres \
+                 for a throwaway cluster"
+            );
+            std::process::exit(2)
+        })
+    }
+
+    /// The store on a fresh pool (sqlx's default size, as a user gets it),
+    /// which connects when first used.
+    fn store(table: &str) -> PostgresOutbox {
+        let pool = PgPoolOptions::new()
+            .connect_lazy(&url())
+            .expect("DATABASE_URL is a PostgreSQL URL");
+        PostgresOutbox::builder(pool)
+            .table(table)
+            .expect("a valid table name")
+            // Nobody listens during the bench: no NOTIFY per insert.
+            .notify(false)
+            .build()
+    }
+
+    /// A fresh table `bench_<pid>_<side>` holding `messages` pending ticks,
+    /// filled on a pool that is closed again, and a store on a new pool for
+    /// the drain.
+    pub(super) async fn filled(side: &str, messages: u64) -> PostgresOutbox {
+        let table = format!("bench_{}_{side}", std::process::id());
+        let fill = store(&table);
+        drop_table(&fill).await;
+        fill.setup().await.expect("create the bench table");
+        let now = SystemClock.now();
+        let mut n = 0;
+        while n < messages {
+            let mut tx = fill.pool().begin().await.expect("begin");
+            for _ in 0..FILL_CHUNK.min(messages - n) {
+                fill.enqueue_in(&mut tx, tick(n).at(now))
+                    .await
+                    .expect("enqueue");
+                n += 1;
+            }
+            tx.commit().await.expect("commit");
+        }
+        sqlx::query(AssertSqlSafe(format!("ANALYZE \"{table}\"")))
+            .execute(fill.pool())
+            .await
+            .expect("analyze");
+        fill.pool().close().await;
+        store(&table)
+    }
+
+    pub(super) async fn drop_table(store: &PostgresOutbox) {
+        let table = store.table().to_string();
+        let mut conn = PgConnection::connect(&url()).await.expect("connect");
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS \"{table}\"; DROP TABLE IF EXISTS \"{table}_migrations\""
+        )))
+        .execute(&mut conn)
+        .await
+        .expect("drop the bench table");
+        conn.close().await.ok();
+    }
+
+    /// Counts the transactions committed in the bench database, from a
+    /// connection of its own.
+    pub(super) struct Commits {
+        conn: PgConnection,
+    }
+
+    impl Commits {
+        pub(super) async fn connect() -> Self {
+            Commits {
+                conn: PgConnection::connect(&url()).await.expect("connect"),
+            }
+        }
+
+        /// Transactions committed so far by every other backend, once those
+        /// backends are gone. A backend publishes its counts when it goes
+        /// idle (at most once a second) or exits, so this waits until no
+        /// other client is connected: close the pools first.
+        pub(super) async fn settled(&mut self) -> i64 {
+            loop {
+                let others: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                       AND backend_type = 'client backend'",
+                )
+                .fetch_one(&mut self.conn)
+                .await
+                .expect("read pg_stat_activity");
+                if others == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // A backend leaves pg_stat_activity in the same exit step that
+            // publishes its counts; give that step time to finish.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            sqlx::query_scalar(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+            )
+            .fetch_one(&mut self.conn)
+            .await
+            .expect("read pg_stat_database")
+        }
+
+        /// Close `pool` and count the commits made since `before`, per
+        /// message. The count includes this connection's own reads (one per
+        /// 50 ms while waiting), a rounding error at these message counts.
+        pub(super) async fn per_message(
+            &mut self,
+            pool: &PgPool,
+            before: i64,
+            messages: u64,
+        ) -> f64 {
+            pool.close().await;
+            let after = self.settled().await;
+            (after - before) as f64 / messages as f64
+        }
+    }
+
+    /// Raw SQL: claim 100 with the store's claim statement, mark them all
+    /// delivered in one fenced write, until every message is delivered.
+    pub(super) async fn raw_sql(store: &PostgresOutbox, messages: u64) -> Duration {
+        let lease = DrainConfig::default().lease;
+        let pool = store.pool();
+        let claim: Arc<str> = store.claim_sql(BASELINE_CLAIM).into();
+        let settle: Arc<str> = store.settle_sql().into();
+        let started = Instant::now();
+        let mut delivered = 0;
+        while delivered < messages {
+            let now = SystemClock.now();
+            let claimed: Vec<(bool, String, Option<String>)> =
+                sqlx::query(AssertSqlSafe(claim.clone()))
+                    .bind(now)
+                    .bind(now + lease)
+                    .fetch_all(pool)
+                    .await
+                    .expect("claim")
+                    .iter()
+                    .map(|row| (row.get("abandoned"), row.get("id"), row.get("claim_token")))
+                    .collect();
+            assert!(!claimed.is_empty(), "the store ran dry after {delivered}");
+            let n = claimed.len();
+            let (ids, tokens): (Vec<String>, Vec<String>) = claimed
+                .into_iter()
+                .map(|(abandoned, id, token)| {
+                    assert!(!abandoned, "no bench message runs out of attempts");
+                    (id, token.expect("a claimed row has a token"))
+                })
+                .unzip();
+            let now = SystemClock.now();
+            let settled: Vec<String> = sqlx::query_scalar(AssertSqlSafe(settle.clone()))
+                .bind(vec!["deliver"; n])
+                .bind(ids)
+                .bind(tokens)
+                .bind(vec![now; n])
+                .bind(vec![None::<DateTime<Utc>>; n])
+                .bind(vec![None::<DateTime<Utc>>; n])
+                .bind(vec![None::<String>; n])
+                .fetch_all(pool)
+                .await
+                .expect("settle");
+            assert_eq!(settled.len(), n, "every claim settles");
+            delivered += n as u64;
+        }
+        started.elapsed()
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn postgres_sides(
+    messages: u64,
+    settings: RuntimeSettings,
+    (run_baseline, run_runtime): (bool, bool),
+) -> (Option<Side>, Option<Side>) {
+    let baseline_side = run_baseline.then(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let mut commits = postgres::Commits::connect().await;
+            let store = postgres::filled("baseline", messages).await;
+            let before = commits.settled().await;
+            let elapsed = postgres::raw_sql(&store, messages).await;
+            let commits = commits.per_message(store.pool(), before, messages).await;
+            postgres::drop_table(&store).await;
+            Side {
+                elapsed,
+                commits_per_message: Some(commits),
+            }
+        })
+    });
+    let runtime_side = run_runtime.then(|| {
+        actix::System::new().block_on(async move {
+            let mut commits = postgres::Commits::connect().await;
+            let store = postgres::filled("runtime", messages).await;
+            let before = commits.settled().await;
+            let elapsed = drain_with_runtime(store.clone(), settings).await;
+            let commits = commits.per_message(store.pool(), before, messages).await;
+            postgres::drop_table(&store).await;
+            Side {
+                elapsed,
+                commits_per_message: Some(commits),
+            }
+        })
+    });
+    (baseline_side, runtime_side)
+}
+
 fn main() {
     let args = match parse_args() {
         Ok(args) => args,
@@ -199,77 +699,80 @@ fn main() {
         only,
         arbiters,
     } = args;
-    let run_baseline = only.as_deref() != Some("runtime");
-    let run_runtime = only.as_deref() != Some("baseline");
+    let sides = (
+        only.as_deref() != Some("runtime"),
+        only.as_deref() != Some("baseline"),
+    );
     let batch_size = batch.unwrap_or(messages as usize).max(concurrency);
+    let settings = RuntimeSettings {
+        messages,
+        concurrency,
+        batch_size,
+        arbiters,
+    };
 
-    let baseline_time = run_baseline.then(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.block_on(async {
-            let store = MemoryOutbox::new();
-            fill(&store, messages).await;
-            baseline(Arc::new(store), messages, concurrency).await
-        })
-    });
-
-    let runtime_time = run_runtime.then(|| {
-        actix::System::new().block_on(async move {
-            let store = MemoryOutbox::new();
-            fill(&store, messages).await;
-            let coordinator = DrainCoordinator::builder(store.clone())
-                .registry(registry())
-                .event_bus(bus())
-                .config(DrainConfig {
-                    batch_size,
-                    concurrency,
-                    delivery_arbiters: arbiters,
-                    ..DrainConfig::default()
-                })
-                .wake_on_insert(false)
-                .start()
-                .expect("a valid configuration");
-            let started = Instant::now();
-            let mut delivered = 0;
-            while delivered < messages {
-                let report = coordinator
-                    .send(Drain)
-                    .await
-                    .expect("coordinator")
-                    .expect("pass");
-                assert_eq!(
-                    report.delivered, report.claimed,
-                    "every message delivered: {report}"
-                );
-                delivered += report.delivered;
-            }
-            started.elapsed()
-        })
-    });
-    let (Some(runtime_time), Some(baseline_time)) = (runtime_time, baseline_time) else {
-        println!("{runtime_time:?} {baseline_time:?}");
+    let (baseline_side, runtime_side) = match store_name.as_str() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => sqlite_sides(messages, settings, sides),
+        #[cfg(feature = "postgres")]
+        "postgres" => postgres_sides(messages, settings, sides),
+        _ => memory_sides(messages, concurrency, settings, sides),
+    };
+    let (Some(runtime_side), Some(baseline_side)) = (runtime_side, baseline_side) else {
+        println!("runtime {runtime_side:?}, baseline {baseline_side:?}");
         return;
     };
 
     let per_sec = |elapsed: Duration| messages as f64 / elapsed.as_secs_f64();
-    let runtime_per_sec = per_sec(runtime_time);
-    let baseline_per_sec = per_sec(baseline_time);
+    let runtime_per_sec = per_sec(runtime_side.elapsed);
+    let baseline_per_sec = per_sec(baseline_side.elapsed);
+    let commits = |side: Side| {
+        side.commits_per_message
+            .map(|c| format!(", {c:.4} commits/message"))
+            .unwrap_or_default()
+    };
     println!(
         "{store_name}: {messages} messages, concurrency {concurrency}, batch {batch_size}: \
-         runtime {:.0}/s ({:.2?}), baseline {:.0}/s ({:.2?})",
-        runtime_per_sec, runtime_time, baseline_per_sec, baseline_time
+         runtime {:.0}/s ({:.2?}{}), baseline {:.0}/s ({:.2?}{})",
+        runtime_per_sec,
+        runtime_side.elapsed,
+        commits(runtime_side),
+        baseline_per_sec,
+        baseline_side.elapsed,
+        commits(baseline_side),
     );
+    let round = |x: f64, places: i32| {
+        let scale = 10f64.powi(places);
+        (x * scale).round() / scale
+    };
+    let summary = Summary {
+        store: store_name,
+        messages,
+        concurrency,
+        runtime_per_sec: runtime_per_sec.round(),
+        baseline_per_sec: baseline_per_sec.round(),
+        ratio: round(runtime_per_sec / baseline_per_sec, 3),
+        commits_per_message: runtime_side.commits_per_message.map(|c| round(c, 4)),
+        baseline_commits_per_message: baseline_side.commits_per_message.map(|c| round(c, 4)),
+    };
     println!(
         "{}",
-        serde_json::json!({
-            "store": store_name,
-            "messages": messages,
-            "concurrency": concurrency,
-            "runtime_per_sec": runtime_per_sec.round(),
-            "baseline_per_sec": baseline_per_sec.round(),
-            "ratio": (runtime_per_sec / baseline_per_sec * 1000.0).round() / 1000.0,
-        })
+        serde_json::to_string(&summary).expect("the summary serializes")
     );
+}
+
+/// The last line of output, fields in this order.
+#[derive(Serialize)]
+struct Summary {
+    store: String,
+    messages: u64,
+    concurrency: usize,
+    runtime_per_sec: f64,
+    baseline_per_sec: f64,
+    /// `runtime_per_sec / baseline_per_sec`.
+    ratio: f64,
+    /// The runtime's committed transactions per message (PostgreSQL).
+    commits_per_message: Option<f64>,
+    /// The baseline's, for comparison (PostgreSQL).
+    baseline_commits_per_message: Option<f64>,
 }

@@ -204,16 +204,16 @@ async fn claim_is_answered_from_the_partial_indexes() {
     // a cached statement ends up with.
     let mut conn = pool.acquire().await.unwrap();
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "PREPARE claim_plan (timestamptz, timestamptz, bigint) AS {}; \
+        "PREPARE claim_plan (timestamptz, timestamptz) AS {}; \
          PREPARE settle_plan (text[], text[], text[], timestamptz[], timestamptz[], \
            timestamptz[], text[]) AS {}",
-        outbox.claim_sql(),
+        outbox.claim_sql(10),
         outbox.settle_sql()
     )))
     .execute(&mut *conn)
     .await
     .unwrap();
-    let claim_args = "'2030-01-01 12:00:00+00', '2030-01-01 12:00:30+00', 10";
+    let claim_args = "'2030-01-01 12:00:00+00', '2030-01-01 12:00:30+00'";
     let settle_args = "array['deliver', 'deliver'], array['p0', 'p1'], array['t', 't'], \
         array['2030-01-01 12:00:00+00', '2030-01-01 12:00:00+00']::timestamptz[], \
         array[NULL, NULL]::timestamptz[], array[NULL, NULL]::timestamptz[], \
@@ -277,6 +277,63 @@ async fn claim_is_answered_from_the_partial_indexes() {
         .unwrap();
     let ids: Vec<_> = batch.claimed.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids, ["p0", "p1", "p2"]);
+}
+
+/// A claim statement is planned once and its plan reused: with the limit
+/// bound as a parameter PostgreSQL re-planned every claim, since a plan for
+/// reuse could not see the limit and was costed for a tenth of the table.
+#[tokio::test]
+async fn a_claim_statement_reuses_its_plan() {
+    let pool = pool().await;
+    let table = unique("reuse");
+    let outbox = store(&pool, &table, SettlementMode::default()).await;
+    // A backlog: what a plan that cannot see the limit is costed for.
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (id, kind, name, payload, max_attempts, available_at, \
+           created_at, updated_at) \
+         SELECT 'm' || i, 'event', 'backlog', '{{}}', 5, $1, $1, $1 \
+         FROM generate_series(1, 50000) AS i"
+    )))
+    .bind(t0())
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(AssertSqlSafe(format!("ANALYZE {table}")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "PREPARE reused (timestamptz, timestamptz) AS {}",
+        outbox.claim_sql(10)
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    // PostgreSQL plans the first five executions for their values, then
+    // settles on one plan if that costs no more.
+    let run = "EXECUTE reused('2030-01-01 12:00:00+00', '2030-01-01 12:00:30+00')";
+    for _ in 0..6 {
+        sqlx::raw_sql(AssertSqlSafe(run.to_owned()))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    let plan = sqlx::raw_sql(AssertSqlSafe(format!("EXPLAIN {run}")))
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get::<String, _>(0))
+        .collect::<Vec<_>>()
+        .join("\n");
+    println!("{plan}");
+    // A reused plan compares with the parameter, a fresh one with the value.
+    assert!(
+        plan.contains("available_at <= $1"),
+        "planned afresh:\n{plan}"
+    );
+    tx.rollback().await.unwrap();
 }
 
 #[tokio::test]

@@ -1204,6 +1204,24 @@ fn a_failed_claim_is_retried_by_the_coordinator() {
 }
 
 #[test]
+fn slots_freed_together_are_refilled_by_one_claim() {
+    run(|| async {
+        let h = Harness::start(DrainConfig {
+            concurrency: 4,
+            batch_size: 8,
+            ..config()
+        });
+        for n in 0..8 {
+            h.enqueue(ping(n, 1_000)).await;
+        }
+        assert_eq!(h.drain().await.delivered, 8);
+        // The first four deliveries end at the same instant: one claim for
+        // their four slots, not one for the first slot and one for the rest.
+        assert_eq!(h.store.calls(Op::Claim), 2);
+    });
+}
+
+#[test]
 fn a_pass_refuses_to_start_without_a_transport_for_registered_messages() {
     run(|| async {
         let store = FaultStore::new();

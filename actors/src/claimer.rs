@@ -5,11 +5,14 @@
 //! message, and refills a slot as soon as it frees rather than waiting for a
 //! whole wave to finish. One claim is in flight at a time; slots that free
 //! while it runs are filled by the next, so a slow store gets larger batches
-//! on its own. Messages dead-lettered at claim (attempts used up) are
-//! reported as dead letters. The pass ends when the budget is spent, a
-//! claim returns nothing, or claiming fails, and every delivery it started
-//! has reported. A [`Refill`] (sent when new messages may be due) makes it
-//! claim again after an empty claim, as long as the pass is still open.
+//! on its own. Slots that free together (a batched settlement answers many
+//! deliveries at once) are filled by one claim: a refill waits only until
+//! the messages already in the mailbox are handled. Messages dead-lettered
+//! at claim (attempts used up) are reported as dead letters. The pass ends
+//! when the budget is spent, a claim returns nothing, or claiming fails, and
+//! every delivery it started has reported. A [`Refill`] (sent when new
+//! messages may be due) makes it claim again after an empty claim, as long
+//! as the pass is still open.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +40,12 @@ pub(crate) struct SlotFreed {
 #[rtype(result = "()")]
 pub(crate) struct Refill;
 
+/// Claim for the free slots. Sent to self, so it is handled after every
+/// message already in the mailbox: the slots those free join the claim.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct FillSlots;
+
 /// Stop claiming; abort deliveries still running after `grace`.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -57,6 +66,8 @@ pub(crate) struct Claimer {
     next_slot: u64,
     claimed: u64,
     claiming: bool,
+    /// A [`FillSlots`] is queued.
+    filling: bool,
     exhausted: bool,
     winding_down: bool,
     /// The shutdown grace is over: every delivery, even one started by a
@@ -83,6 +94,7 @@ impl Claimer {
             next_slot: 0,
             claimed: 0,
             claiming: false,
+            filling: false,
             exhausted: false,
             winding_down: false,
             aborting: false,
@@ -259,6 +271,21 @@ impl Handler<SlotFreed> for Claimer {
 
     fn handle(&mut self, freed: SlotFreed, ctx: &mut Context<Self>) {
         self.active.remove(&freed.slot);
+        // A claim per freed slot would cost a statement per message when
+        // one settlement frees many slots at once; claim once for all of them.
+        if !self.filling {
+            self.filling = true;
+            ctx.notify(FillSlots);
+        }
+        self.finish_if_done(ctx);
+    }
+}
+
+impl Handler<FillSlots> for Claimer {
+    type Result = ();
+
+    fn handle(&mut self, _: FillSlots, ctx: &mut Context<Self>) {
+        self.filling = false;
         self.fill(ctx);
         self.finish_if_done(ctx);
     }

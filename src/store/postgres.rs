@@ -241,11 +241,17 @@ impl PostgresOutbox {
         &self.core.channel
     }
 
-    /// The claim statement, for tools that measure the store against raw SQL.
-    /// Binds: `$1` now, `$2` lease end, `$3` limit. Rows out of attempts come
-    /// back with `abandoned = true`, untouched.
-    pub fn claim_sql(&self) -> &str {
-        &self.core.sql.claim
+    /// The statement that claims up to `limit` messages, for tools that
+    /// measure the store against raw SQL. Binds: `$1` now, `$2` lease end.
+    /// Rows out of attempts come back with `abandoned = true`, untouched.
+    ///
+    /// The limit is written into the statement rather than bound: PostgreSQL
+    /// cannot see a bound `LIMIT` when it plans a statement for reuse and
+    /// assumes a tenth of the table, so it planned every claim afresh. With
+    /// the limit written out, each size of claim is a prepared statement of
+    /// its own whose plan is reused.
+    pub fn claim_sql(&self, limit: usize) -> String {
+        self.core.sql.claim(limit)
     }
 
     /// The fenced write statement. Binds seven arrays of equal length: `$1`
@@ -333,18 +339,19 @@ impl Statements {
             // Each arm is read from its own partial index in claim order,
             // skipping rows another claimer holds; the union is cut to the
             // limit again. Rows out of attempts are returned untouched.
+            // `{limit}` is written out per claim; see `claim_sql`.
             claim: format!(
                 "WITH pending AS ( \
                    SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
                    FROM {t} WHERE status = 'pending' AND available_at <= $1 \
-                   ORDER BY available_at, created_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
+                   ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  expired AS ( \
                    SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
                    FROM {t} WHERE status = 'claimed' AND locked_until <= $1 \
-                   ORDER BY available_at, created_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
+                   ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  picked AS ( \
                    SELECT * FROM pending UNION ALL SELECT * FROM expired \
-                   ORDER BY available_at, created_at, seq LIMIT $3), \
+                   ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
                  claimed AS ( \
                    UPDATE {t} AS m SET status = 'claimed', attempts = m.attempts + 1, \
                      claim_token = gen_random_uuid()::text, claimed_at = $1, locked_until = $2, \
@@ -438,6 +445,14 @@ impl Statements {
     }
 }
 
+impl Statements {
+    /// The claim statement for up to `limit` messages. A number is the only
+    /// thing written into it.
+    fn claim(&self, limit: usize) -> String {
+        self.claim.replace("{limit}", &limit.to_string())
+    }
+}
+
 /// The channel of `table`: readable when it fits in an identifier.
 fn channel_of(table: &TableName) -> String {
     let readable = format!("outbox:{table}");
@@ -500,10 +515,9 @@ impl Core {
         check::claim_batch(&params)?;
         let ClaimBatch { limit, now, lease } = params;
         let locked_until = lease_end(now, lease)?;
-        let rows = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
+        let rows = sqlx::query(AssertSqlSafe(self.sql.claim(limit)))
             .bind(now)
             .bind(locked_until)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await
             .map_err(db("claim_batch"))?;

@@ -87,9 +87,10 @@ pub(crate) struct Settle {
 
 /// A store that can apply fenced writes in bulk.
 pub(crate) trait SettleBackend: Send + Sync + 'static {
-    /// Apply `rows` (distinct ids) in one statement. Per row: `Ok` when its
-    /// token owned the message with a live lease, else [`Error::Claim`].
-    /// `Err` when the statement itself failed (nothing is known to be applied).
+    /// Apply `rows` (distinct ids), in one statement or one per kind of
+    /// write. Per row: `Ok` when its token owned the message with a live
+    /// lease, [`Error::Claim`] when it did not, or the error of a statement
+    /// that failed. `Err` when nothing is known to be applied.
     fn settle(&self, rows: &[Settle]) -> impl Future<Output = Result<Vec<Result<()>>>> + Send;
 }
 

@@ -9,9 +9,12 @@
 //!   claimers can never pick the same row, and the claim never has to upgrade
 //!   a read lock (which fails in WAL mode when another writer got in first).
 //!   Messages out of attempts are dead-lettered by the same statement.
-//! - **Fenced writes** (renewals and settlements) are one `UPDATE ... FROM
+//! - **Fenced writes** (renewals and settlements) are an `UPDATE ... FROM
 //!   json_each(...)` over any number of rows, each matched on `id`,
-//!   `claim_token` and `locked_until > now`; see [`SettlementMode`].
+//!   `claim_token` and `locked_until > now`; see [`SettlementMode`]. Each
+//!   kind of write has a statement of its own that assigns only the columns
+//!   it changes, so SQLite maintains only the indexes over those: a batch
+//!   runs one statement per kind of write in it.
 //! - The store's own writes take turns on an in-process lock, so they queue
 //!   on a future instead of spinning in SQLite's busy handler.
 //!
@@ -254,12 +257,13 @@ impl SqliteOutbox {
         &self.core.sql.claim
     }
 
-    /// The fenced write statement. Binds: `?1` a JSON array of objects
-    /// `{op, id, token, now, until, available, error}` (`op` one of `renew`,
-    /// `deliver`, `retry`, `dead`, `release`; times in µs); returns the ids it
-    /// changed.
+    /// The fenced write that marks a batch delivered, as the store runs it
+    /// for a batch of [`mark_delivered`](OutboxStore::mark_delivered) calls.
+    /// Binds: `?1` a JSON array of `[id, token, now]` rows (`now` in µs);
+    /// returns the ids it changed. Renewals and the other settlements have
+    /// statements of the same shape.
     pub fn settle_sql(&self) -> &str {
-        &self.core.sql.settle
+        &self.core.sql.settle.deliver
     }
 
     /// Enqueue on the caller's connection, inside the caller's transaction
@@ -322,7 +326,7 @@ struct Statements {
     claim: Arc<str>,
     abandoned: Arc<str>,
     quarantine: Arc<str>,
-    settle: Arc<str>,
+    settle: FencedWrites,
     fences: Arc<str>,
     get: Arc<str>,
     stats: Arc<str>,
@@ -374,33 +378,7 @@ impl Statements {
                  locked_until = NULL, last_error = ?1, updated_at = ?2 WHERE seq = ?3"
             )
             .into(),
-            // Each row is looked up by id. The unary `+` keeps the planner
-            // off the index of claimed rows, which statistics taken while
-            // few rows were claimed make look free, and which would then be
-            // scanned once per row of the batch.
-            settle: format!(
-                "UPDATE {t} AS m SET \
-                   status = CASE v.op WHEN 'renew' THEN 'claimed' WHEN 'deliver' THEN 'delivered' \
-                     WHEN 'dead' THEN 'dead_lettered' ELSE 'pending' END, \
-                   attempts = CASE v.op WHEN 'release' THEN max(m.attempts - 1, 0) ELSE m.attempts END, \
-                   available_at = CASE v.op WHEN 'retry' THEN v.available WHEN 'release' THEN v.now \
-                     ELSE m.available_at END, \
-                   claim_token = CASE v.op WHEN 'renew' THEN m.claim_token END, \
-                   claimed_at = CASE v.op WHEN 'renew' THEN m.claimed_at END, \
-                   locked_until = CASE v.op WHEN 'renew' THEN v.until END, \
-                   last_error = CASE WHEN v.op IN ('retry', 'dead') THEN v.error ELSE m.last_error END, \
-                   delivered_at = CASE v.op WHEN 'deliver' THEN v.now ELSE m.delivered_at END, \
-                   updated_at = v.now \
-                 FROM (SELECT value ->> '$.op' AS op, value ->> '$.id' AS id, \
-                         value ->> '$.token' AS token, value ->> '$.now' AS now, \
-                         value ->> '$.until' AS until, value ->> '$.available' AS available, \
-                         value ->> '$.error' AS error \
-                       FROM json_each(?1)) AS v \
-                 WHERE m.id = v.id AND +m.status = 'claimed' AND m.claim_token = v.token \
-                   AND +m.locked_until > v.now \
-                 RETURNING id"
-            )
-            .into(),
+            settle: FencedWrites::new(&t),
             fences: format!(
                 "SELECT id, status, claim_token, locked_until FROM {t} \
                  WHERE id IN (SELECT value FROM json_each(?1))"
@@ -553,53 +531,176 @@ impl Core {
 }
 
 impl SettleBackend for Core {
+    /// One statement per kind of write in the batch (a batch of renewals is
+    /// one statement, renewals and deliveries are two), each row fenced on
+    /// its own. A statement that fails fails its rows only.
     async fn settle(&self, rows: &[Settle]) -> Result<Vec<Result<()>>> {
-        let json = serde_json::Value::Array(
-            rows.iter()
-                .map(|row| {
-                    serde_json::json!({
-                        "op": row.op.code(),
-                        "id": row.id,
-                        "token": row.claim_token,
-                        "now": micros(row.now),
-                        "until": row.op.locked_until().map(micros),
-                        "available": row.op.available_at().map(micros),
-                        "error": row.error,
-                    })
-                })
-                .collect(),
-        )
-        .to_string();
-        let changed: Vec<String> = {
+        let mut results: Vec<Option<Result<()>>> = vec![None; rows.len()];
+        let mut lost = Vec::new();
+        {
             let _write = self.write.lock().await;
-            sqlx::query_scalar(AssertSqlSafe(self.sql.settle.clone()))
-                .bind(&json)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(db("settle"))?
-        };
-        let changed: std::collections::HashSet<String> = changed.into_iter().collect();
-        let lost: Vec<&str> = rows
-            .iter()
-            .filter(|row| !changed.contains(&row.id))
-            .map(|row| row.id.as_str())
-            .collect();
-        let fences = if lost.is_empty() {
-            Default::default()
-        } else {
-            self.fences(&lost).await
-        };
-        Ok(rows
-            .iter()
-            .map(|row| {
-                if changed.contains(&row.id) {
-                    Ok(())
-                } else {
-                    let fence = fences.get(&row.id).cloned();
-                    Err(sql::claim_loss(&row.id, fence, &row.claim_token, row.now).into())
+            for kind in FencedWrites::KINDS {
+                let group: Vec<usize> = (0..rows.len())
+                    .filter(|&i| rows[i].op.code() == kind)
+                    .collect();
+                let Some(&first) = group.first() else {
+                    continue;
+                };
+                let statement = self.sql.settle.get(rows[first].op).clone();
+                let json =
+                    serde_json::Value::Array(group.iter().map(|&i| fenced_row(&rows[i])).collect())
+                        .to_string();
+                let changed: sqlx::Result<Vec<String>> =
+                    sqlx::query_scalar(AssertSqlSafe(statement))
+                        .bind(&json)
+                        .fetch_all(&self.pool)
+                        .await;
+                match changed {
+                    Ok(changed) => {
+                        let changed: std::collections::HashSet<String> =
+                            changed.into_iter().collect();
+                        for &i in &group {
+                            if changed.contains(&rows[i].id) {
+                                results[i] = Some(Ok(()));
+                            } else {
+                                lost.push(i);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let error = Error::store(rows[first].op.operation(), e);
+                        for &i in &group {
+                            results[i] = Some(Err(error.clone()));
+                        }
+                    }
                 }
-            })
+            }
+        }
+        if !lost.is_empty() {
+            let ids: Vec<&str> = lost.iter().map(|&i| rows[i].id.as_str()).collect();
+            let fences = self.fences(&ids).await;
+            for i in lost {
+                let row = &rows[i];
+                let fence = fences.get(&row.id).cloned();
+                results[i] = Some(Err(sql::claim_loss(
+                    &row.id,
+                    fence,
+                    &row.claim_token,
+                    row.now,
+                )
+                .into()));
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|result| result.expect("every row belongs to one kind of write"))
             .collect())
+    }
+}
+
+/// The JSON row a fenced write reads: `[id, token, now]`, then what the
+/// write sets (the new lease end, or the retry time and the error record).
+fn fenced_row(row: &Settle) -> serde_json::Value {
+    let mut fields = vec![
+        serde_json::Value::from(row.id.as_str()),
+        serde_json::Value::from(row.claim_token.as_str()),
+        serde_json::Value::from(micros(row.now)),
+    ];
+    match row.op {
+        SettleOp::Renew { locked_until } => fields.push(micros(locked_until).into()),
+        SettleOp::Retry { available_at } => {
+            fields.push(micros(available_at).into());
+            fields.push(row.error.as_deref().into());
+        }
+        SettleOp::DeadLetter => fields.push(row.error.as_deref().into()),
+        SettleOp::Deliver | SettleOp::Release => {}
+    }
+    serde_json::Value::Array(fields)
+}
+
+/// The fenced write statements, one per kind of write.
+///
+/// Each sets only the columns its write changes: SQLite maintains only the
+/// indexes over the columns an `UPDATE` assigns, so one statement that
+/// assigned every column (to serve every kind of write) cost about twice
+/// as much per row. Every row is looked up by id and applied only while
+/// its token still holds a live claim. The unary `+` keeps the planner off
+/// the index of claimed rows, which statistics taken while few rows were
+/// claimed make look free, and which would then be scanned once per row of
+/// the batch.
+#[derive(Debug)]
+struct FencedWrites {
+    renew: Arc<str>,
+    deliver: Arc<str>,
+    retry: Arc<str>,
+    dead: Arc<str>,
+    release: Arc<str>,
+}
+
+impl FencedWrites {
+    /// Every kind, by [`SettleOp::code`], in the order a batch applies them.
+    const KINDS: [&'static str; 5] = ["renew", "deliver", "retry", "dead", "release"];
+
+    fn new(t: &str) -> Self {
+        let write = |fields: &[&str], set: &str| -> Arc<str> {
+            let columns = fields
+                .iter()
+                .enumerate()
+                .map(|(i, field)| format!("value ->> {i} AS {field}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                "UPDATE {t} AS m SET {set} \
+                 FROM (SELECT {columns} FROM json_each(?1)) AS v \
+                 WHERE m.id = v.id AND +m.status = 'claimed' AND m.claim_token = v.token \
+                   AND +m.locked_until > v.now \
+                 RETURNING id"
+            )
+            .into()
+        };
+        const FENCE: [&str; 3] = ["id", "token", "now"];
+        const CLEAR: &str = "claim_token = NULL, claimed_at = NULL, locked_until = NULL";
+        FencedWrites {
+            renew: write(
+                &[&FENCE[..], &["until"]].concat(),
+                "locked_until = v.until, updated_at = v.now",
+            ),
+            deliver: write(
+                &FENCE,
+                &format!("status = 'delivered', {CLEAR}, delivered_at = v.now, updated_at = v.now"),
+            ),
+            retry: write(
+                &[&FENCE[..], &["available", "error"]].concat(),
+                &format!(
+                    "status = 'pending', available_at = v.available, {CLEAR}, \
+                     last_error = v.error, updated_at = v.now"
+                ),
+            ),
+            dead: write(
+                &[&FENCE[..], &["error"]].concat(),
+                &format!(
+                    "status = 'dead_lettered', {CLEAR}, last_error = v.error, updated_at = v.now"
+                ),
+            ),
+            release: write(
+                &FENCE,
+                &format!(
+                    "status = 'pending', attempts = max(m.attempts - 1, 0), available_at = v.now, \
+                     {CLEAR}, updated_at = v.now"
+                ),
+            ),
+        }
+    }
+
+    /// The statement for `op`.
+    fn get(&self, op: SettleOp) -> &Arc<str> {
+        match op {
+            SettleOp::Renew { .. } => &self.renew,
+            SettleOp::Deliver => &self.deliver,
+            SettleOp::Retry { .. } => &self.retry,
+            SettleOp::DeadLetter => &self.dead,
+            SettleOp::Release => &self.release,
+        }
     }
 }
 
@@ -942,4 +1043,152 @@ fn decode(row: &SqliteRow) -> Result<MessageRow> {
         delivered_at: optional_time("delivered_at")?,
         id: id.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::message::MessageKind;
+
+    /// A database file of its own, removed on drop.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(name: &str) -> Self {
+            let unique = crate::message::new_claim_token();
+            TempFile(std::env::temp_dir().join(format!("outbox-unit-{name}-{unique}.db")))
+        }
+
+        fn url(&self) -> String {
+            format!("sqlite://{}", self.0.display())
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut path = self.0.clone().into_os_string();
+                path.push(suffix);
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    fn t0() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
+    }
+
+    /// A store holding `count` claimed messages, and those claims.
+    async fn claimed(file: &TempFile, count: usize) -> (SqliteOutbox, Vec<crate::ClaimedMessage>) {
+        let store = SqliteOutbox::connect(&file.url()).await.unwrap();
+        for n in 0..count {
+            let payload = crate::Payload::from_json(format!("{{\"n\":{n}}}")).unwrap();
+            let message = NewMessage::new(MessageKind::Event, "test", payload).at(t0());
+            store.enqueue(message).await.unwrap();
+        }
+        let batch = store
+            .claim_batch(ClaimBatch {
+                limit: count,
+                now: t0(),
+                lease: Duration::from_secs(30),
+            })
+            .await
+            .unwrap();
+        assert_eq!(batch.claimed.len(), count);
+        (store, batch.claimed)
+    }
+
+    fn row(op: SettleOp, message: &crate::ClaimedMessage) -> Settle {
+        Settle {
+            op,
+            id: message.id.clone(),
+            claim_token: message.claim_token.clone(),
+            now: t0() + chrono::Duration::seconds(1),
+            error: Some(ErrorRecord::new("test::Failure", "failed").to_json()),
+        }
+    }
+
+    /// Every fenced write looks its rows up by id, with statistics of a
+    /// table of mostly settled rows and few claims.
+    #[tokio::test]
+    async fn every_fenced_write_looks_rows_up_by_id() {
+        let file = TempFile::new("plans");
+        let (store, _) = claimed(&file, 2_000).await;
+        sqlx::query("UPDATE \"outbox\" SET status = 'delivered' WHERE seq > 3")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let mut conn = store.pool().acquire().await.unwrap();
+        sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+        let writes = &store.core.sql.settle;
+        for statement in [
+            &writes.renew,
+            &writes.deliver,
+            &writes.retry,
+            &writes.dead,
+            &writes.release,
+        ] {
+            let plan: Vec<String> =
+                sqlx::query(AssertSqlSafe(format!("EXPLAIN QUERY PLAN {statement}")))
+                    .bind("[]")
+                    .fetch_all(&mut *conn)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|row| row.get::<String, _>("detail"))
+                    .collect();
+            assert!(
+                plan.iter()
+                    .any(|l| l.contains("USING INDEX sqlite_autoindex") && l.contains("(id=?)")),
+                "{statement}\ndoes not look rows up by id:\n{}",
+                plan.join("\n")
+            );
+        }
+    }
+
+    /// A batch mixing kinds of writes runs one statement per kind; one that
+    /// fails fails its own rows, and the others still apply.
+    #[tokio::test]
+    async fn a_failed_kind_of_write_fails_only_its_rows() {
+        let file = TempFile::new("partial");
+        let (store, claims) = claimed(&file, 3).await;
+        sqlx::query(
+            "CREATE TRIGGER no_dead_letters BEFORE UPDATE OF status ON \"outbox\" \
+             WHEN NEW.status = 'dead_lettered' BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let until = t0() + chrono::Duration::seconds(31);
+        let rows = [
+            row(SettleOp::Deliver, &claims[0]),
+            row(SettleOp::DeadLetter, &claims[1]),
+            row(
+                SettleOp::Renew {
+                    locked_until: until,
+                },
+                &claims[2],
+            ),
+        ];
+        let results = store.core.settle(&rows).await.unwrap();
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        match &results[1] {
+            Err(Error::Store { operation, .. }) => assert_eq!(*operation, "mark_failed"),
+            other => panic!("the refused dead letter: {other:?}"),
+        }
+        assert!(results[2].is_ok(), "{:?}", results[2]);
+        let status = |id: &str| {
+            let store = store.clone();
+            let id = id.to_owned();
+            async move { store.get_message(&id).await.unwrap() }
+        };
+        assert_eq!(status(&claims[0].id).await.status, MessageStatus::Delivered);
+        assert_eq!(status(&claims[1].id).await.status, MessageStatus::Claimed);
+        assert_eq!(status(&claims[2].id).await.locked_until, Some(until));
+    }
 }
