@@ -1070,6 +1070,40 @@ fn concurrency_is_never_exceeded() {
 }
 
 #[test]
+fn the_next_handlers_run_while_earlier_deliveries_settle_within_a_bound() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.always(Op::Deliver, Fault::Delay(Duration::from_secs(5)));
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                concurrency: 2,
+                batch_size: 6,
+                ..config()
+            },
+            |b| b,
+        );
+        for n in 0..6 {
+            h.enqueue(ping(n, 10)).await;
+        }
+        assert_eq!(h.drain().await.delivered, 6);
+        let starts: Vec<i64> = h
+            .probe
+            .started
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, at)| (*at - support::epoch()).num_milliseconds())
+            .collect();
+        // Two handlers at a time; the second pair runs while the first pair
+        // settles (5 s each), but no more than two messages wait on their
+        // settlement behind the running handlers, so the third pair waits.
+        assert_eq!(starts, [0, 0, 10, 10, 5_010, 5_010], "{starts:?}");
+        assert_eq!(h.probe.max_in_flight.load(Ordering::SeqCst), 2);
+    });
+}
+
+#[test]
 fn a_freed_slot_is_refilled_at_once_not_in_waves() {
     run(|| async {
         let h = Harness::start(DrainConfig {

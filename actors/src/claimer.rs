@@ -27,11 +27,13 @@ use crate::delivery::{Abort, DeliveryActor, Reporter};
 use crate::messages::DeadLetter;
 use crate::telemetry;
 
-/// A delivery finished (or died); its slot is free.
+/// A delivery's handler returned (`finished: false`: its settlement is
+/// still under way), or the delivery ended or died (`finished: true`).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub(crate) struct SlotFreed {
     pub(crate) slot: u64,
+    pub(crate) finished: bool,
 }
 
 /// New messages may be due (a wake-up, a tick or a `Drain` arrived during
@@ -62,7 +64,10 @@ pub(crate) struct Claimer {
     next_arbiter: usize,
     /// Messages this pass may still select (claimed plus abandoned).
     budget: usize,
-    active: HashMap<u64, Addr<DeliveryActor>>,
+    /// Every live delivery, and whether its handler still runs.
+    active: HashMap<u64, (Addr<DeliveryActor>, bool)>,
+    /// Deliveries whose handler still runs.
+    handling: usize,
     next_slot: u64,
     claimed: u64,
     claiming: bool,
@@ -91,6 +96,7 @@ impl Claimer {
             arbiters,
             next_arbiter: 0,
             active: HashMap::new(),
+            handling: 0,
             next_slot: 0,
             claimed: 0,
             claiming: false,
@@ -106,11 +112,14 @@ impl Claimer {
         if self.claiming || self.exhausted || self.winding_down || self.budget == 0 {
             return;
         }
-        let free = self
-            .drain
-            .config
-            .concurrency
-            .saturating_sub(self.active.len());
+        // At most `concurrency` handlers run, and at most `concurrency` more
+        // messages finish their extension and settlement behind them: the
+        // next claim overlaps the writes of the deliveries before it, instead
+        // of waiting for them.
+        let concurrency = self.drain.config.concurrency;
+        let free = concurrency
+            .saturating_sub(self.handling)
+            .min((2 * concurrency).saturating_sub(self.active.len()));
         if free == 0 {
             return;
         }
@@ -226,7 +235,8 @@ impl Claimer {
         if self.aborting {
             address.do_send(Abort);
         }
-        self.active.insert(slot, address);
+        self.active.insert(slot, (address, true));
+        self.handling += 1;
     }
 
     fn finish_if_done(&mut self, ctx: &mut Context<Self>) {
@@ -270,7 +280,18 @@ impl Handler<SlotFreed> for Claimer {
     type Result = ();
 
     fn handle(&mut self, freed: SlotFreed, ctx: &mut Context<Self>) {
-        self.active.remove(&freed.slot);
+        let handler_was_running = if freed.finished {
+            self.active
+                .remove(&freed.slot)
+                .is_some_and(|(_, handling)| handling)
+        } else {
+            self.active
+                .get_mut(&freed.slot)
+                .is_some_and(|(_, handling)| std::mem::replace(handling, false))
+        };
+        if handler_was_running {
+            self.handling -= 1;
+        }
         // A claim per freed slot would cost a statement per message when
         // one settlement frees many slots at once; claim once for all of them.
         if !self.filling {
@@ -314,7 +335,7 @@ impl Handler<WindDown> for Claimer {
         self.winding_down = true;
         ctx.run_later(wind_down.grace, |act, _| {
             act.aborting = true;
-            for delivery in act.active.values() {
+            for (delivery, _) in act.active.values() {
                 delivery.do_send(Abort);
             }
         });

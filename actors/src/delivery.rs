@@ -102,7 +102,10 @@ impl Reporter {
             notices,
             retry_at,
         });
-        self.claimer.do_send(SlotFreed { slot: self.slot });
+        self.claimer.do_send(SlotFreed {
+            slot: self.slot,
+            finished: true,
+        });
     }
 }
 
@@ -188,6 +191,12 @@ impl DeliveryActor {
         self.stop_delivering(ctx);
         self.phase = Phase::Extending;
         self.result = Some(result);
+        // The handler's slot is free; the claim and settlement writes still
+        // to come do not need it.
+        self.reporter.claimer.do_send(SlotFreed {
+            slot: self.reporter.slot,
+            finished: false,
+        });
         match &self.reporter.heartbeat {
             Some(heartbeat) => heartbeat.do_send(StopAndExtend),
             None => {

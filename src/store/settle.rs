@@ -58,6 +58,7 @@ impl SettleOp {
     }
 
     /// The new `locked_until` of a renewal.
+    #[cfg(feature = "postgres")]
     pub(crate) fn locked_until(self) -> Option<DateTime<Utc>> {
         match self {
             SettleOp::Renew { locked_until } => Some(locked_until),
@@ -66,6 +67,7 @@ impl SettleOp {
     }
 
     /// The new `available_at` of a retry.
+    #[cfg(feature = "postgres")]
     pub(crate) fn available_at(self) -> Option<DateTime<Utc>> {
         match self {
             SettleOp::Retry { available_at } => Some(available_at),
