@@ -32,7 +32,9 @@ pub const MIN_LEASE: Duration = Duration::from_millis(2);
 pub struct DrainConfig {
     /// Most messages one pass claims (delivered and abandoned together). Default 100.
     pub batch_size: usize,
-    /// Deliveries in flight at once; at most `batch_size`. Default 1.
+    /// Handlers running at once; at most `batch_size`. A delivery whose
+    /// handler returned settles without holding a slot, so the next message
+    /// starts while it does. Default 1.
     pub concurrency: usize,
     /// How long a claim owns a message unless renewed. Default 30 s.
     #[serde(with = "humantime_serde")]

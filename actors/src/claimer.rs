@@ -1,8 +1,9 @@
 //! `Claimer`: fills delivery slots for one pass.
 //!
-//! It claims only as many messages as there are free slots (never past the
-//! pass's remaining budget), starts one [`DeliveryActor`] per claimed
-//! message, and refills a slot as soon as it frees rather than waiting for a
+//! A slot is a running handler: it claims only as many messages as there are
+//! free slots (never past the pass's remaining budget), starts one
+//! [`DeliveryActor`] per claimed message, and refills a slot as soon as its
+//! handler returns, while that delivery settles, rather than waiting for a
 //! whole wave to finish. One claim is in flight at a time; slots that free
 //! while it runs are filled by the next, so a slow store gets larger batches
 //! on its own. Slots that free together (a batched settlement answers many
@@ -112,14 +113,12 @@ impl Claimer {
         if self.claiming || self.exhausted || self.winding_down || self.budget == 0 {
             return;
         }
-        // At most `concurrency` handlers run, and at most `concurrency` more
-        // messages finish their extension and settlement behind them: the
-        // next claim overlaps the writes of the deliveries before it, instead
-        // of waiting for them.
-        let concurrency = self.drain.config.concurrency;
-        let free = concurrency
-            .saturating_sub(self.handling)
-            .min((2 * concurrency).saturating_sub(self.active.len()));
+        // A slot is a running handler. Deliveries whose handler returned
+        // finish their extension and settlement without one, so the next
+        // claim overlaps those writes instead of waiting for them. The claims
+        // they hold are bounded by the pass's budget (`batch_size`), as in a
+        // drain that claims its whole batch at once.
+        let free = self.drain.config.concurrency.saturating_sub(self.handling);
         if free == 0 {
             return;
         }
