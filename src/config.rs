@@ -34,7 +34,8 @@ pub struct DrainConfig {
     pub batch_size: usize,
     /// Handlers running at once; at most `batch_size`. A delivery whose
     /// handler returned settles without holding a slot, so the next message
-    /// starts while it does. Default 1.
+    /// starts while it does (up to 512 deliveries settle at once behind the
+    /// running handlers). Default 1.
     pub concurrency: usize,
     /// How long a claim owns a message unless renewed. Default 30 s.
     #[serde(with = "humantime_serde")]

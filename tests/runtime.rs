@@ -1107,6 +1107,39 @@ fn the_next_handlers_run_while_earlier_deliveries_settle_within_the_batch() {
 }
 
 #[test]
+fn claiming_waits_when_too_many_deliveries_are_settling() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.always(Op::Deliver, Fault::Delay(Duration::from_secs(10)));
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                concurrency: 1,
+                batch_size: 600,
+                ..config()
+            },
+            |b| b,
+        );
+        for n in 0..600 {
+            h.enqueue(ping(n, 1)).await;
+        }
+        assert_eq!(h.drain().await.delivered, 600);
+        let starts: Vec<i64> = h
+            .probe
+            .started
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, at)| (*at - support::epoch()).num_milliseconds())
+            .collect();
+        // One handler at a time, and 512 deliveries settling behind it: the
+        // next claim waits for the first settlement.
+        let before_first_settled = starts.iter().filter(|&&at| at < 10_000).count();
+        assert_eq!(before_first_settled, 513, "{starts:?}");
+    });
+}
+
+#[test]
 fn a_freed_slot_is_refilled_at_once_not_in_waves() {
     run(|| async {
         let h = Harness::start(DrainConfig {

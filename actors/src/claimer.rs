@@ -4,7 +4,8 @@
 //! free slots (never past the pass's remaining budget), starts one
 //! [`DeliveryActor`] per claimed message, and refills a slot as soon as its
 //! handler returns, while that delivery settles, rather than waiting for a
-//! whole wave to finish. One claim is in flight at a time; slots that free
+//! whole wave to finish (claiming waits when too many deliveries are still
+//! settling). One claim is in flight at a time; slots that free
 //! while it runs are filled by the next, so a slow store gets larger batches
 //! on its own. Slots that free together (a batched settlement answers many
 //! deliveries at once) are filled by one claim: a refill waits only until
@@ -55,6 +56,13 @@ struct FillSlots;
 pub(crate) struct WindDown {
     pub(crate) grace: Duration,
 }
+
+/// Deliveries that may be settling, their handler done, beyond the running
+/// handlers. Enough for several full batches of fenced writes to be under way
+/// while the next claim runs; few enough that a store which settles slower
+/// than it claims makes claiming wait, instead of a large batch being claimed
+/// whole and left waiting on its writes.
+const SETTLING: usize = 512;
 
 pub(crate) struct Claimer {
     drain: Arc<DrainContext>,
@@ -115,10 +123,11 @@ impl Claimer {
         }
         // A slot is a running handler. Deliveries whose handler returned
         // finish their extension and settlement without one, so the next
-        // claim overlaps those writes instead of waiting for them. The claims
-        // they hold are bounded by the pass's budget (`batch_size`), as in a
-        // drain that claims its whole batch at once.
-        let free = self.drain.config.concurrency.saturating_sub(self.handling);
+        // claim overlaps those writes instead of waiting for them.
+        let concurrency = self.drain.config.concurrency;
+        let free = concurrency
+            .saturating_sub(self.handling)
+            .min((concurrency + SETTLING).saturating_sub(self.active.len()));
         if free == 0 {
             return;
         }
