@@ -40,6 +40,16 @@
 //!   every `heartbeat`, so a lease has `lease - heartbeat` of slack: keep
 //!   clock skew well below that (NTP keeps it in milliseconds; the defaults
 //!   leave 20 s).
+//!
+//! # Runtimes
+//!
+//! The pool's connections, and the task that batches fenced writes, run on
+//! the tokio runtime that first used them; a connection whose runtime shut
+//! down is dead. Create the store on the runtime that outlives its users (in
+//! an actix application, the system's runtime, before the server starts),
+//! and share clones of it, rather than opening it on a short-lived runtime
+//! and passing it on. The batch task is started again on the caller's
+//! runtime if its own is gone, so only the pool needs this care.
 
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -49,7 +59,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
-use super::settle::{Settle, SettleBackend, SettleOp, Settler};
+use super::settle::{Settle, SettleBackend, Settler};
 use super::sql::{self, Dialect, MessageRow, SettlementMode, TableName, db};
 use super::{
     ClaimBatch, ClaimedBatch, ListCursor, ListMessages, MarkDelivered, MarkFailed, MessagePage,
@@ -818,58 +828,21 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn renew_claim(&self, params: RenewClaim) -> Result<DateTime<Utc>> {
-        check::fence(&params.id, &params.claim_token)?;
-        check::positive_lease(params.lease)?;
-        let locked_until = lease_end(params.now, params.lease)?;
-        self.settle(Settle {
-            op: SettleOp::Renew { locked_until },
-            id: params.id,
-            claim_token: params.claim_token,
-            now: params.now,
-            error: None,
-        })
-        .await?;
+        let (row, locked_until) = Settle::renew(params)?;
+        self.settle(row).await?;
         Ok(locked_until)
     }
 
     async fn mark_delivered(&self, params: MarkDelivered) -> Result<()> {
-        self.settle(Settle {
-            op: SettleOp::Deliver,
-            id: params.id,
-            claim_token: params.claim_token,
-            now: params.now,
-            error: None,
-        })
-        .await
+        self.settle(params.into()).await
     }
 
     async fn mark_failed(&self, params: MarkFailed) -> Result<()> {
-        let op = if params.dead_letter {
-            SettleOp::DeadLetter
-        } else {
-            SettleOp::Retry {
-                available_at: params.retry_at.unwrap_or(params.now),
-            }
-        };
-        self.settle(Settle {
-            op,
-            id: params.id,
-            claim_token: params.claim_token,
-            now: params.now,
-            error: Some(params.error.bounded().to_json()),
-        })
-        .await
+        self.settle(params.into()).await
     }
 
     async fn release_claim(&self, params: ReleaseClaim) -> Result<()> {
-        self.settle(Settle {
-            op: SettleOp::Release,
-            id: params.id,
-            claim_token: params.claim_token,
-            now: params.now,
-            error: None,
-        })
-        .await
+        self.settle(params.into()).await
     }
 
     /// Listens on [`PostgresOutbox::channel`] while any receiver lives;

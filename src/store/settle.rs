@@ -18,6 +18,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
 
 use super::sql::SettlementMode;
+use super::{MarkDelivered, MarkFailed, ReleaseClaim, RenewClaim, check, lease_end};
 use crate::error::{Error, Result};
 
 /// What a fenced write does to a message its token still owns.
@@ -85,6 +86,67 @@ pub(crate) struct Settle {
     pub(crate) now: DateTime<Utc>,
     /// `last_error` as JSON, for retries and dead letters.
     pub(crate) error: Option<String>,
+}
+
+impl Settle {
+    /// The renewal `params` asks for, checked, with the `locked_until` it
+    /// sets.
+    pub(crate) fn renew(params: RenewClaim) -> Result<(Settle, DateTime<Utc>)> {
+        check::fence(&params.id, &params.claim_token)?;
+        check::positive_lease(params.lease)?;
+        let locked_until = lease_end(params.now, params.lease)?;
+        let row = Settle {
+            op: SettleOp::Renew { locked_until },
+            id: params.id,
+            claim_token: params.claim_token,
+            now: params.now,
+            error: None,
+        };
+        Ok((row, locked_until))
+    }
+}
+
+impl From<MarkDelivered> for Settle {
+    fn from(params: MarkDelivered) -> Self {
+        Settle {
+            op: SettleOp::Deliver,
+            id: params.id,
+            claim_token: params.claim_token,
+            now: params.now,
+            error: None,
+        }
+    }
+}
+
+impl From<MarkFailed> for Settle {
+    fn from(params: MarkFailed) -> Self {
+        let op = if params.dead_letter {
+            SettleOp::DeadLetter
+        } else {
+            SettleOp::Retry {
+                available_at: params.retry_at.unwrap_or(params.now),
+            }
+        };
+        Settle {
+            op,
+            id: params.id,
+            claim_token: params.claim_token,
+            now: params.now,
+            error: Some(params.error.bounded().to_json()),
+        }
+    }
+}
+
+impl From<ReleaseClaim> for Settle {
+    fn from(params: ReleaseClaim) -> Self {
+        Settle {
+            op: SettleOp::Release,
+            id: params.id,
+            claim_token: params.claim_token,
+            now: params.now,
+            error: None,
+        }
+    }
 }
 
 /// A store that can apply fenced writes in bulk.
