@@ -194,6 +194,16 @@ impl HeartbeatActor {
         }
     }
 
+    /// The deadline of the next renewal and whether `max_active` sets it, or
+    /// the failure to report when it has passed already.
+    fn time_left(&self, reason: &str) -> Result<(DateTime<Utc>, bool), LeaseLost> {
+        let (deadline, active_first) = self.deadline();
+        if self.drain.now() >= deadline {
+            return Err(self.deadline_failure(active_first, !active_first, reason, None));
+        }
+        Ok((deadline, active_first))
+    }
+
     fn schedule(&mut self, delay: Duration, ctx: &mut Context<Self>) {
         self.tick = Some(ctx.run_later(delay, |act, ctx| act.renew(ctx)));
     }
@@ -209,17 +219,11 @@ impl HeartbeatActor {
             ctx.stop();
             return;
         }
-        let (deadline, active_first) = self.deadline();
-        if self.drain.now() >= deadline {
-            let failure = self.deadline_failure(
-                active_first,
-                !active_first,
-                "the lease ran out before it was renewed",
-                None,
-            );
-            self.fail(failure);
-            return;
-        }
+        let (deadline, active_first) =
+            match self.time_left("the lease ran out before it was renewed") {
+                Ok(left) => left,
+                Err(failure) => return self.fail(failure),
+            };
         self.renewing = true;
         let renewal = bounded_renewal(self.drain.clone(), self.message.clone(), deadline);
         ctx.spawn(renewal.into_actor(self).map(move |renewal, act, ctx| {
@@ -299,17 +303,11 @@ impl HeartbeatActor {
             self.answer(Extension::Lost(failure), ctx);
             return;
         }
-        let (deadline, active_first) = self.deadline();
-        if self.drain.now() >= deadline {
-            let failure = self.deadline_failure(
-                active_first,
-                !active_first,
-                "the lease ran out before the delivery finished",
-                None,
-            );
-            self.answer(Extension::Lost(failure), ctx);
-            return;
-        }
+        let (deadline, active_first) =
+            match self.time_left("the lease ran out before the delivery finished") {
+                Ok(left) => left,
+                Err(failure) => return self.answer(Extension::Lost(failure), ctx),
+            };
         let renewal = bounded_renewal(self.drain.clone(), self.message.clone(), deadline);
         ctx.spawn(renewal.into_actor(self).map(move |renewal, act, ctx| {
             let extension = act.extension(renewal, active_first);

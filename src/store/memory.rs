@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use chrono::{DateTime, Utc};
 
 use super::{
-    ClaimBatch, ClaimedBatch, ListCursor, ListMessages, MarkDelivered, MarkFailed, MessagePage,
-    OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
-    RequeueDeadLetters, WakeupSender, Wakeups, check, lease_end,
+    ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, OutboxAdmin,
+    OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters,
+    WakeupSender, Wakeups, check, lease_end,
 };
 use crate::error::{AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, Result};
 use crate::message::{
@@ -462,7 +462,6 @@ impl MemoryOutbox {
             None => Bound::Unbounded,
         };
         let mut messages = Vec::new();
-        let mut more = false;
         for &slot in state
             .listing
             .range((start, Bound::Unbounded))
@@ -477,20 +476,12 @@ impl MemoryOutbox {
             {
                 continue;
             }
-            if messages.len() == params.limit {
-                more = true;
+            messages.push(message.clone());
+            if messages.len() > params.limit {
                 break;
             }
-            messages.push(message.clone());
         }
-        let next = more.then(|| {
-            let last: &OutboxMessage = messages.last().expect("a full page has a last message");
-            ListCursor {
-                created_at: last.created_at,
-                id: last.id.clone(),
-            }
-        });
-        Ok(MessagePage { messages, next })
+        Ok(MessagePage::of(messages, params.limit))
     }
 
     fn get_now(&self, id: &str) -> Result<OutboxMessage> {

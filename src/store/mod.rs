@@ -284,6 +284,23 @@ pub struct MessagePage {
     pub next: Option<ListCursor>,
 }
 
+impl MessagePage {
+    /// The page of `limit` messages out of up to `limit + 1` read: a
+    /// message past the limit only says that another page follows.
+    pub(crate) fn of(mut messages: Vec<OutboxMessage>, limit: usize) -> Self {
+        let more = messages.len() > limit;
+        messages.truncate(limit);
+        let next = more
+            .then(|| messages.last())
+            .flatten()
+            .map(|last| ListCursor {
+                created_at: last.created_at,
+                id: last.id.clone(),
+            });
+        MessagePage { messages, next }
+    }
+}
+
 /// Requeue dead letters: pending, available `now`, attempts reset to 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequeueDeadLetters {

@@ -64,9 +64,9 @@ use sqlx::{AssertSqlSafe, Connection, Row};
 use super::settle::{Settle, SettleBackend, SettleOp, Settler};
 use super::sql::{self, Dialect, MessageRow, SettlementMode, TableName, db};
 use super::{
-    ClaimBatch, ClaimedBatch, ListCursor, ListMessages, MarkDelivered, MarkFailed, MessagePage,
-    OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
-    RequeueDeadLetters, WakeupSender, Wakeups, check, lease_end,
+    ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, OutboxAdmin,
+    OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters,
+    WakeupSender, Wakeups, check, lease_end,
 };
 use crate::error::{AbandonedClaimError, AdminError, Error, Result};
 use crate::message::{ErrorRecord, MessageStatus, NewMessage, OutboxMessage};
@@ -844,20 +844,11 @@ impl OutboxAdmin for SqliteOutbox {
             .fetch_all(&self.core.pool)
             .await
             .map_err(db("list_messages"))?;
-        let mut messages = rows
+        let messages = rows
             .iter()
             .map(|row| decode(row)?.into_message())
             .collect::<Result<Vec<_>>>()?;
-        let more = messages.len() > params.limit;
-        messages.truncate(params.limit);
-        let next = more.then(|| {
-            let last = messages.last().expect("a full page has a last message");
-            ListCursor {
-                created_at: last.created_at,
-                id: last.id.clone(),
-            }
-        });
-        Ok(MessagePage { messages, next })
+        Ok(MessagePage::of(messages, params.limit))
     }
 
     async fn get_message(&self, id: &str) -> Result<OutboxMessage> {
