@@ -60,6 +60,19 @@ struct Probe {
     completed: Timeline,
 }
 
+impl Probe {
+    /// When each handler started, in milliseconds since the epoch of the
+    /// virtual clock, in start order.
+    fn start_offsets(&self) -> Vec<i64> {
+        self.started
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, at)| (*at - support::epoch()).num_milliseconds())
+            .collect()
+    }
+}
+
 struct Running {
     probe: Probe,
     id: String,
@@ -948,14 +961,7 @@ fn the_schedule_skips_ticks_while_a_pass_runs() {
         assert_eq!(status.passes, 2);
         assert!(status.running);
         assert_eq!(h.probe.max_in_flight.load(Ordering::SeqCst), 1);
-        let starts: Vec<i64> = h
-            .probe
-            .started
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, at)| (*at - support::epoch()).num_milliseconds())
-            .collect();
+        let starts = h.probe.start_offsets();
         assert_eq!(starts, [0, 4_000, 8_000]);
         // A Drain can still be sent at any time.
         assert_eq!(h.drain().await.delivered, 1);
@@ -1086,22 +1092,13 @@ fn the_next_handlers_run_while_earlier_deliveries_settle_within_the_batch() {
         for n in 0..6 {
             h.enqueue(ping(n, 10)).await;
         }
-        let starts = || -> Vec<i64> {
-            h.probe
-                .started
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|(_, at)| (*at - support::epoch()).num_milliseconds())
-                .collect()
-        };
         // Two handlers at a time; the second pair runs while the first pair
         // settles (5 s each). The pass holds no more claims than its batch,
         // so the last pair waits for the next pass.
         assert_eq!(h.drain().await.delivered, 4);
-        assert_eq!(starts(), [0, 0, 10, 10]);
+        assert_eq!(h.probe.start_offsets(), [0, 0, 10, 10]);
         assert_eq!(h.drain().await.delivered, 2);
-        assert_eq!(starts(), [0, 0, 10, 10, 5_020, 5_020]);
+        assert_eq!(h.probe.start_offsets(), [0, 0, 10, 10, 5_020, 5_020]);
         assert_eq!(h.probe.max_in_flight.load(Ordering::SeqCst), 2);
     });
 }
@@ -1124,14 +1121,7 @@ fn claiming_waits_when_too_many_deliveries_are_settling() {
             h.enqueue(ping(n, 1)).await;
         }
         assert_eq!(h.drain().await.delivered, 600);
-        let starts: Vec<i64> = h
-            .probe
-            .started
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, at)| (*at - support::epoch()).num_milliseconds())
-            .collect();
+        let starts = h.probe.start_offsets();
         // One handler at a time, and 512 deliveries settling behind it: the
         // next claim waits for the first settlement.
         let before_first_settled = starts.iter().filter(|&&at| at < 10_000).count();
