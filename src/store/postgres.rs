@@ -66,7 +66,7 @@ use super::{
     OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters,
     WakeupSender, Wakeups, check, lease_end,
 };
-use crate::error::{AbandonedClaimError, AdminError, Error, Result};
+use crate::error::{AbandonedClaimError, Error, Result};
 use crate::message::{ErrorRecord, MessageStatus, NewMessage, OutboxMessage};
 use crate::registry::{Event, Job};
 
@@ -1016,21 +1016,7 @@ impl PostgresOutbox {
             Err(e) => return e,
         };
         let until: Option<DateTime<Utc>> = row.try_get(1).ok().flatten();
-        match until {
-            Some(locked_until) if status == MessageStatus::Claimed && locked_until > now => {
-                AdminError::ClaimLive {
-                    id: id.to_owned(),
-                    locked_until,
-                }
-                .into()
-            }
-            // A dead letter that the update missed was requeued in between.
-            _ => AdminError::NotDeadLettered {
-                id: id.to_owned(),
-                status,
-            }
-            .into(),
-        }
+        sql::requeue_refusal(id, status, until, now)
     }
 }
 

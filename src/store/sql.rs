@@ -18,7 +18,7 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 
-use crate::error::{ClaimError, ClaimLoss, Error, Result};
+use crate::error::{AdminError, ClaimError, ClaimLoss, Error, Result};
 use crate::message::{
     ClaimedMessage, ErrorRecord, MessageKind, MessageStatus, OutboxMessage, Payload, TraceCarrier,
 };
@@ -421,6 +421,31 @@ pub(crate) fn claim_loss(
         Some(_) => ClaimLoss::Unknown,
     };
     ClaimError::new(id, reason)
+}
+
+/// Why a requeue matched nothing, from the message's status and lease as
+/// read afterwards.
+pub(crate) fn requeue_refusal(
+    id: &str,
+    status: MessageStatus,
+    locked_until: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Error {
+    match locked_until {
+        Some(locked_until) if status == MessageStatus::Claimed && locked_until > now => {
+            AdminError::ClaimLive {
+                id: id.to_owned(),
+                locked_until,
+            }
+            .into()
+        }
+        // A dead letter that the update missed was requeued in between.
+        _ => AdminError::NotDeadLettered {
+            id: id.to_owned(),
+            status,
+        }
+        .into(),
+    }
 }
 
 /// Map a database error of `operation` to the store's transient error.
