@@ -8,8 +8,8 @@
 //! ```
 //!
 //! The runtime delivers every message to a no-op handler: claim (as many as
-//! there are free slots), decode, handle, renew once (the final extension),
-//! settle. What it is measured against depends on the store:
+//! there are free slots), decode, handle, settle (the settlement write is
+//! also the final lease extension). What it is measured against depends on the store:
 //!
 //! - **memory**: a plain tokio loop that makes the same store calls with the
 //!   same concurrency, without actors, heartbeats, timers or outcome
@@ -41,8 +41,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use outbox::{
     ClaimBatch, Clock, DeliveryContext, DrainConfig, Event, InProcessBus, MarkDelivered,
-    MemoryOutbox, MessageKind, NewMessage, OutboxStore, Registry, RenewClaim, SharedStore,
-    SystemClock,
+    MemoryOutbox, MessageKind, NewMessage, OutboxStore, Registry, SharedStore, SystemClock,
 };
 use outbox_actors::{Drain, DrainCoordinator};
 use serde::{Deserialize, Serialize};
@@ -203,15 +202,6 @@ async fn baseline(store: SharedStore, messages: u64, concurrency: usize) -> Dura
                 );
                 in_flight.push(async move {
                     publish.await.expect("no-op handler");
-                    store
-                        .renew_claim(RenewClaim {
-                            id: message.id.clone(),
-                            claim_token: message.claim_token.clone(),
-                            now: SystemClock.now(),
-                            lease,
-                        })
-                        .await
-                        .expect("renew");
                     store
                         .mark_delivered(MarkDelivered {
                             id: message.id.clone(),

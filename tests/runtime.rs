@@ -297,15 +297,46 @@ fn renewal_recovered_after_a_transient_failure() {
 fn renewal_degraded_when_the_final_extension_fails() {
     run(|| async {
         let store = FaultStore::new();
-        store.fault(Op::Renew, 1, Fault::Transient);
+        // The extension is the first settlement write.
+        store.fault(Op::Deliver, 1, Fault::Transient);
         let h = Harness::start_with(store, config(), |b| b);
         let id = h.enqueue(ping(1, 1_000)).await;
         let r = h.drain().await;
         assert_eq!(r.delivered, 1);
         let leases = h.leases();
         assert_eq!(leases.len(), 1);
-        assert_eq!(leases[0].state, LeaseState::Degraded);
+        assert_eq!(
+            (leases[0].state, leases[0].operation),
+            (LeaseState::Degraded, LeaseOperation::Renew)
+        );
         assert_eq!(h.status(&id).await, MessageStatus::Delivered);
+        // Settled under the claim's first lease, on the second attempt.
+        let writes: Vec<i64> = h
+            .store
+            .log()
+            .iter()
+            .filter(|c| c.op == Op::Deliver)
+            .map(|c| (c.now - support::epoch()).num_milliseconds())
+            .collect();
+        assert_eq!(writes, [1_000, 1_100]);
+        assert_eq!(h.store.calls(Op::Renew), 0);
+    });
+}
+
+#[test]
+fn renewal_recovered_when_the_extension_succeeds() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.fault(Op::Renew, 1, Fault::Transient);
+        let h = Harness::start_with(store, config(), |b| b);
+        h.enqueue(ping(1, 12_000)).await;
+        assert_eq!(h.drain().await.delivered, 1);
+        // The renewal at 10 s failed, its retry was still waiting when the
+        // handler finished; the settlement write confirmed the lease.
+        let leases = h.leases();
+        assert_eq!(leases.len(), 1, "{leases:?}");
+        assert_eq!(leases[0].state, LeaseState::Recovered);
+        assert_eq!(h.store.calls(Op::Renew), 1);
     });
 }
 
@@ -337,17 +368,27 @@ fn the_extension_waits_for_a_renewal_in_flight() {
         h.enqueue(ping(1, 11_000)).await;
         assert_eq!(h.drain().await.delivered, 1);
         // The heartbeat's renewal started at 10 s and answered at 12 s; the
-        // handler finished at 11 s, but the extension waited for the answer.
-        let renewals: Vec<(i64, support::Answer)> = h
+        // handler finished at 11 s, but the extension (the settlement write)
+        // waited for the answer.
+        let writes: Vec<(Op, i64, support::Answer)> = h
             .store
             .log()
             .iter()
-            .filter(|c| c.op == Op::Renew)
-            .map(|c| ((c.now - support::epoch()).num_milliseconds(), c.answer))
+            .filter(|c| c.op != Op::Claim)
+            .map(|c| {
+                (
+                    c.op,
+                    (c.now - support::epoch()).num_milliseconds(),
+                    c.answer,
+                )
+            })
             .collect();
         assert_eq!(
-            renewals,
-            [(10_000, support::Answer::Ok), (12_000, support::Answer::Ok)]
+            writes,
+            [
+                (Op::Renew, 10_000, support::Answer::Ok),
+                (Op::Deliver, 12_000, support::Answer::Ok)
+            ]
         );
         assert!(h.leases().is_empty());
     });
@@ -480,19 +521,30 @@ fn renewal_retries_are_bounded_by_max_active_when_it_ends_first() {
 fn confirmed_loss_at_the_extension_settles_nothing() {
     run(|| async {
         let store = FaultStore::new();
-        store.fault(Op::Renew, 1, Fault::Claim);
+        store.fault(Op::Deliver, 1, Fault::Claim);
         let h = Harness::start_with(store, config(), |b| b);
         h.enqueue(ping(1, 1_000)).await;
         let r = h.drain().await;
-        assert_eq!(r.lease_lost, 1);
-        assert_eq!(r.delivered, 0);
+        assert_eq!(
+            r,
+            report(|r| {
+                r.claimed = 1;
+                r.lease_lost = 1;
+            })
+        );
         assert_eq!(h.probe.completed().len(), 1, "the handler finished");
         assert_eq!(
             h.store.calls(Op::Deliver),
-            0,
-            "no settlement after a confirmed loss"
+            1,
+            "the refused extension write is not retried"
         );
-        assert!(h.leases()[0].confirmed_lost);
+        let leases = h.leases();
+        assert_eq!(
+            (leases[0].operation, leases[0].state),
+            (LeaseOperation::Renew, LeaseState::Lost)
+        );
+        assert!(leases[0].confirmed_lost && leases[0].error.is_claim_lost());
+        assert!(h.recorder.outcomes().is_empty(), "no settlement failure");
     });
 }
 
@@ -500,7 +552,8 @@ fn confirmed_loss_at_the_extension_settles_nothing() {
 fn confirmed_loss_at_settlement_counts_settlement_failed_and_lease_lost() {
     run(|| async {
         let store = FaultStore::new();
-        store.fault(Op::Deliver, 1, Fault::Claim);
+        store.fault(Op::Deliver, 1, Fault::Transient);
+        store.fault(Op::Deliver, 2, Fault::Claim);
         let h = Harness::start_with(store, config(), |b| b);
         h.enqueue(ping(1, 10)).await;
         let r = h.drain().await;
@@ -514,7 +567,7 @@ fn confirmed_loss_at_settlement_counts_settlement_failed_and_lease_lost() {
         );
         assert_eq!(
             h.store.calls(Op::Deliver),
-            1,
+            2,
             "a claim error is never retried"
         );
         let outcomes = h.recorder.outcomes();
@@ -529,6 +582,7 @@ fn confirmed_loss_at_settlement_counts_settlement_failed_and_lease_lost() {
 fn settlement_that_misses_its_deadline_is_claim_loss() {
     run(|| async {
         let store = FaultStore::new();
+        store.fault(Op::Deliver, 1, Fault::Transient);
         store.always(Op::Deliver, Fault::Hang);
         let h = Harness::start_with(
             store,
@@ -542,8 +596,9 @@ fn settlement_that_misses_its_deadline_is_claim_loss() {
         let started = h.clock.now();
         let r = h.drain().await;
         assert_eq!((r.settlement_failed, r.lease_lost), (1, 1));
-        // The extension at 10 ms gave a lease to 30.01 s: the deadline.
-        assert_eq!((h.clock.now() - started).num_milliseconds(), 30_010);
+        // The extension failed, so the claim's own lease, to 30 s, is the
+        // deadline.
+        assert_eq!((h.clock.now() - started).num_milliseconds(), 30_000);
         let outcomes = h.recorder.outcomes();
         let OutcomeNotice::SettlementFailed(failure) = &outcomes[0] else {
             panic!("{outcomes:?}")
@@ -553,6 +608,27 @@ fn settlement_that_misses_its_deadline_is_claim_loss() {
             "{:?}",
             failure.error
         );
+    });
+}
+
+#[test]
+fn an_extension_that_misses_its_deadline_is_unconfirmed_loss() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.always(Op::Deliver, Fault::Hang);
+        let h = Harness::start_with(store, config(), |b| b);
+        h.enqueue(ping(1, 10)).await;
+        let started = h.clock.now();
+        let r = h.drain().await;
+        assert_eq!((r.settlement_failed, r.lease_lost), (0, 1));
+        assert_eq!((h.clock.now() - started).num_milliseconds(), 30_000);
+        let leases = h.leases();
+        assert_eq!(
+            (leases[0].operation, leases[0].state),
+            (LeaseOperation::Renew, LeaseState::Lost)
+        );
+        assert!(!leases[0].confirmed_lost);
+        assert_eq!(h.store.calls(Op::Deliver), 1);
     });
 }
 
@@ -608,7 +684,7 @@ fn max_active_aborts_a_delivery_that_runs_too_long() {
 fn max_active_reached_during_the_extension() {
     run(|| async {
         let store = FaultStore::new();
-        store.fault(Op::Renew, 1, Fault::Delay(Duration::from_secs(2)));
+        store.fault(Op::Deliver, 1, Fault::Delay(Duration::from_secs(2)));
         let h = Harness::start_with(
             store,
             DrainConfig {
@@ -618,12 +694,15 @@ fn max_active_reached_during_the_extension() {
             |b| b,
         );
         h.enqueue(ping(1, 4_000)).await;
+        let started = h.clock.now();
         let r = h.drain().await;
-        assert_eq!((r.lease_lost, r.delivered), (1, 0));
+        assert_eq!((r.lease_lost, r.delivered, r.settlement_failed), (1, 0, 0));
+        // The write at 4 s was cut off at `max_active`, 5 s.
+        assert_eq!((h.clock.now() - started).num_seconds(), 5);
         let leases = h.leases();
         assert_eq!(leases[0].operation, LeaseOperation::MaxActive);
         assert!(!leases[0].confirmed_lost);
-        assert_eq!(h.store.calls(Op::Deliver), 0);
+        assert_eq!(h.store.calls(Op::Deliver), 1);
     });
 }
 
@@ -881,7 +960,7 @@ fn observers_that_panic_or_fail_change_nothing() {
         let counting = Counting::default();
         let observer = counting.clone();
         let store = FaultStore::new();
-        store.fault(Op::Renew, 1, Fault::Transient);
+        store.fault(Op::Deliver, 1, Fault::Transient);
         let h = Harness::start_with(store, config(), move |b| {
             b.observer(Panicking).observer(Failing).observer(observer)
         });
@@ -909,7 +988,7 @@ fn observers_that_panic_or_fail_change_nothing() {
         assert_eq!(
             counting.leases.load(Ordering::SeqCst),
             1,
-            "the degraded renewal"
+            "the degraded extension"
         );
     });
 }

@@ -406,8 +406,9 @@ fn lease_failures_are_counted_by_state_and_operation() {
         [("recovered/renew".to_owned(), 1)]
     );
 
+    // The extension is the first settlement write.
     let store = FaultStore::new();
-    store.fault(Op::Renew, 1, Fault::Transient);
+    store.fault(Op::Deliver, 1, Fault::Transient);
     assert_eq!(
         lease_failures(store, config(), order(1_000)),
         [("degraded/renew".to_owned(), 1)]
@@ -426,8 +427,10 @@ fn lease_failures_are_counted_by_state_and_operation() {
 #[test]
 fn settlement_failures_are_counted_and_record_no_duration() {
     run_metered(|m| async move {
+        // The extension write fails, the next settlement attempt is refused.
         let store = FaultStore::new();
-        store.fault(Op::Deliver, 1, Fault::Claim);
+        store.fault(Op::Deliver, 1, Fault::Transient);
+        store.fault(Op::Deliver, 2, Fault::Claim);
         let h = Harness::start(store, config());
         h.enqueue(event(order(10))).await;
         let report = h.drain().await;
@@ -726,7 +729,8 @@ fn payloads_are_logged_at_trace_level_only() {
     let capture = traced(|| async {
         let store = FaultStore::new();
         // Fail a settlement too, so every error path logs.
-        store.fault(Op::Fail, 1, Fault::Claim);
+        store.fault(Op::Fail, 1, Fault::Transient);
+        store.fault(Op::Fail, 2, Fault::Claim);
         let h = Harness::start(store, config());
         let mut secret = failing(10);
         secret.note = SECRET.to_owned();

@@ -5,9 +5,11 @@
 //! in it is a delivery failure), starts a child
 //! [`HeartbeatActor`](crate::heartbeat::HeartbeatActor), and owns the
 //! `max_active` timer. Lease loss or `max_active` aborts the delivery: its
-//! future is dropped and nothing is settled. A finished delivery asks the
-//! heartbeat for its final extension, then settles under the claim token
-//! within the same deadline, reports exactly one outcome and stops. If the
+//! future is dropped and nothing is settled. A finished delivery stops its
+//! heartbeat (which waits for a renewal in flight and hands over the last
+//! confirmed lease), settles under the claim token within that lease, its
+//! first settlement write doubling as the final extension, reports exactly
+//! one outcome and stops. If the
 //! actor itself dies, its drop guard reports the message lost and frees the
 //! slot, so the pass still ends.
 
@@ -28,7 +30,7 @@ use tracing::Instrument;
 use crate::claimer::SlotFreed;
 use crate::context::{DrainContext, after, until};
 use crate::coordinator::DeliveryFinished;
-use crate::heartbeat::{Extension, HeartbeatActor, StopAndExtend, StopHeartbeat};
+use crate::heartbeat::{Extension, HeartbeatActor, StopAndExtend, StopHeartbeat, deadline_failure};
 use crate::messages::{
     DeadLetter, LeaseLost, LeaseOperation, LeaseState, Notice, Outcome, OutcomeNotice,
     SettleOperation, SettlementFailed,
@@ -441,17 +443,62 @@ struct Unsettled {
     claim_lost: bool,
 }
 
-/// Write the outcome under the claim token: up to the configured attempts
-/// with doubling delay, each bounded by `min(locked_until, active_until)`.
-async fn settle(
+/// Why one settlement write did not apply.
+enum Unwritten {
+    /// The deadline passed before it was made or answered.
+    Deadline,
+    Failed(outbox::Error),
+}
+
+/// One settlement write under the claim token, bounded by `deadline`.
+async fn write_once(
     drain: &DrainContext,
     message: &ClaimedMessage,
-    locked_until: DateTime<Utc>,
-    active_until: DateTime<Utc>,
     settle: &Settle,
+    deadline: DateTime<Utc>,
+) -> Result<(), Unwritten> {
+    let now = drain.now();
+    let remaining = until(now, deadline);
+    if remaining.is_zero() {
+        return Err(Unwritten::Deadline);
+    }
+    let call = match settle {
+        Settle::Delivered => drain.store.mark_delivered(MarkDelivered {
+            id: message.id.clone(),
+            claim_token: message.claim_token.clone(),
+            now,
+        }),
+        Settle::Failed {
+            error,
+            dead_letter,
+            retry_at,
+            ..
+        } => drain.store.mark_failed(MarkFailed {
+            id: message.id.clone(),
+            claim_token: message.claim_token.clone(),
+            error: error.clone(),
+            dead_letter: *dead_letter,
+            now,
+            retry_at: *retry_at,
+        }),
+    };
+    match tokio::time::timeout(remaining, call).await {
+        Err(_) => Err(Unwritten::Deadline),
+        Ok(Err(error)) => Err(Unwritten::Failed(error)),
+        Ok(Ok(())) => Ok(()),
+    }
+}
+
+/// The settlement attempts after the first write (the extension) failed
+/// with `first_error`: up to the configured attempts in all, with doubling
+/// delay, each bounded by `deadline`.
+async fn retry_settlement(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    deadline: DateTime<Utc>,
+    settle: &Settle,
+    first_error: outbox::Error,
 ) -> Result<(), Unsettled> {
-    let deadline = locked_until.min(active_until);
-    let attempts = drain.config.settlement.attempts;
     let missed_deadline = || Unsettled {
         error: LeaseLostError {
             id: message.id.clone(),
@@ -467,60 +514,38 @@ async fn settle(
         .into(),
         claim_lost: true,
     };
-    let mut last_error = None;
-    for attempt in 1..=attempts {
-        let now = drain.now();
-        let remaining = until(now, deadline);
-        if remaining.is_zero() {
-            return Err(missed_deadline());
-        }
-        let call = match settle {
-            Settle::Delivered => drain.store.mark_delivered(MarkDelivered {
-                id: message.id.clone(),
-                claim_token: message.claim_token.clone(),
-                now,
-            }),
-            Settle::Failed {
-                error,
-                dead_letter,
-                retry_at,
-                ..
-            } => drain.store.mark_failed(MarkFailed {
-                id: message.id.clone(),
-                claim_token: message.claim_token.clone(),
-                error: error.clone(),
-                dead_letter: *dead_letter,
-                now,
-                retry_at: *retry_at,
-            }),
-        };
-        match tokio::time::timeout(remaining, call).await {
-            Err(_) => return Err(missed_deadline()),
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(error)) if error.is_claim_lost() => {
-                return Err(Unsettled {
-                    error,
-                    claim_lost: true,
-                });
-            }
-            Ok(Err(error)) => {
-                tracing::debug!(target: "outbox", id = %message.id, attempt, %error, "outbox settlement attempt failed");
-                last_error = Some(error);
-            }
-        }
+    tracing::debug!(target: "outbox", id = %message.id, attempt = 1, error = %first_error,
+        "outbox settlement attempt failed");
+    let mut last_error = first_error;
+    for attempt in 2..=drain.config.settlement.attempts {
         let remaining = until(drain.now(), deadline);
-        if attempt >= attempts || remaining.is_zero() {
+        if remaining.is_zero() {
             break;
         }
         let backoff = drain
             .config
             .settlement
             .delay
-            .saturating_mul(1 << (attempt - 1).min(20));
+            .saturating_mul(1 << (attempt - 2).min(20));
         tokio::time::sleep(backoff.min(remaining).max(Duration::from_millis(1))).await;
+        match write_once(drain, message, settle, deadline).await {
+            Ok(()) => return Ok(()),
+            Err(Unwritten::Deadline) => return Err(missed_deadline()),
+            Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
+                return Err(Unsettled {
+                    error,
+                    claim_lost: true,
+                });
+            }
+            Err(Unwritten::Failed(error)) => {
+                tracing::debug!(target: "outbox", id = %message.id, attempt, %error,
+                    "outbox settlement attempt failed");
+                last_error = error;
+            }
+        }
     }
     Err(Unsettled {
-        error: last_error.expect("at least one settlement attempt ran"),
+        error: last_error,
         claim_lost: false,
     })
 }
@@ -529,8 +554,22 @@ async fn settle(
 /// hear, and when a retried message is due again.
 type Settled = (Outcome, Vec<Notice>, Option<DateTime<Utc>>);
 
+/// The extension found the claim lost: nothing is settled.
+fn lost_at_extension(drain: &DrainContext, failure: LeaseLost) -> Settled {
+    report_lease(drain, &failure);
+    (Outcome::LeaseLost, vec![Notice::Lease(failure)], None)
+}
+
 /// Everything after the handler returned: the extension, the settlement,
 /// and the notices, in the reference order.
+///
+/// The extension is the first settlement write. A renewal just before it
+/// would confirm only what that write's own fence confirms (this token owns
+/// the message and its lease is live now), so the write stands in for it,
+/// with the renewal's outcomes: a claim error is confirmed loss and settles
+/// nothing; a transient failure with lease left settles under the last
+/// confirmed lease, reported as degraded; earlier renewal errors are
+/// reported as recovered once it succeeds.
 async fn settle_delivery(
     drain: Arc<DrainContext>,
     message: Arc<ClaimedMessage>,
@@ -538,27 +577,14 @@ async fn settle_delivery(
     extension: Extension,
     result: DeliveryResult,
 ) -> Settled {
-    let (locked_until, renewal_error, recovered) = match extension {
-        Extension::Lost(failure) => {
-            report_lease(&drain, &failure);
-            return (Outcome::LeaseLost, vec![Notice::Lease(failure)], None);
-        }
+    let (locked_until, renewal_error) = match extension {
+        Extension::Lost(failure) => return lost_at_extension(&drain, failure),
         Extension::Held {
             locked_until,
             renewal_error,
-            recovered,
-        } => (locked_until, renewal_error, recovered),
+        } => (locked_until, renewal_error),
     };
     let mut notices = Vec::new();
-    let renewal_notice = renewal_error.map(|error| {
-        let state = if recovered {
-            LeaseState::Recovered
-        } else {
-            LeaseState::Degraded
-        };
-        LeaseLost::new(&message, LeaseOperation::Renew, state, false, error)
-    });
-
     let (write, delivery_error) = match result {
         Ok(()) => (Settle::Delivered, None),
         Err(error) => {
@@ -580,7 +606,61 @@ async fn settle_delivery(
             (write, Some(error))
         }
     };
-    let settled = settle(&drain, &message, locked_until, active_until, &write).await;
+    let lease_notice =
+        |state, error| LeaseLost::new(&message, LeaseOperation::Renew, state, false, error);
+    let active_first = active_until <= locked_until;
+    let extension = write_once(&drain, &message, &write, locked_until.min(active_until)).await;
+    let (renewal_notice, settled) = match extension {
+        Ok(()) => (
+            renewal_error.map(|error| lease_notice(LeaseState::Recovered, error)),
+            Ok(()),
+        ),
+        Err(Unwritten::Deadline) => {
+            let failure = deadline_failure(
+                &drain,
+                &message,
+                active_first,
+                false,
+                "the extension write did not complete before the lease deadline",
+                None,
+            );
+            return lost_at_extension(&drain, failure);
+        }
+        Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
+            let failure = LeaseLost::new(
+                &message,
+                LeaseOperation::Renew,
+                LeaseState::Lost,
+                true,
+                error,
+            );
+            return lost_at_extension(&drain, failure);
+        }
+        Err(Unwritten::Failed(error)) => {
+            let failed_at = drain.now();
+            if failed_at < locked_until && failed_at < active_until {
+                // The last confirmed lease is still running: settle under it,
+                // the failed write counting as the first attempt.
+                let deadline = locked_until.min(active_until);
+                let settled =
+                    retry_settlement(&drain, &message, deadline, &write, error.clone()).await;
+                (Some(lease_notice(LeaseState::Degraded, error)), settled)
+            } else {
+                let failure = if active_first && failed_at >= active_until {
+                    deadline_failure(&drain, &message, true, false, "", None)
+                } else {
+                    LeaseLost::new(
+                        &message,
+                        LeaseOperation::Renew,
+                        LeaseState::Lost,
+                        false,
+                        error,
+                    )
+                };
+                return lost_at_extension(&drain, failure);
+            }
+        }
+    };
 
     if let Some(notice) = renewal_notice {
         report_lease(&drain, &notice);

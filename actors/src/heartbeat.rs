@@ -7,8 +7,12 @@
 //! deadline; a renewal that does not answer before the deadline is loss
 //! (unconfirmed). Loss is told to the parent as [`LeaseLost`]. When the
 //! delivery is done the parent sends [`StopAndExtend`]: the heartbeat stops
-//! without cutting a renewal in flight, renews once more (the extension),
-//! answers [`Extended`] with the lease the settlement may use, and stops.
+//! without cutting a renewal in flight, answers [`Extended`] with the last
+//! lease it confirmed, and stops. The extension itself is the first
+//! settlement write: it is fenced on the claim token and a live lease at
+//! the moment it is made, which is all a renewal just before it would
+//! confirm, so a separate renewal would only cost a write (see
+//! `settle_delivery` in the delivery module).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,8 +24,8 @@ use actix::prelude::*;
 use chrono::{DateTime, Utc};
 use outbox::{ClaimedMessage, LeaseLostError, MaxActiveDurationError, RenewClaim};
 
-/// Stop renewing, let a renewal in flight finish, then renew once more and
-/// answer [`Extended`].
+/// Stop renewing, let a renewal in flight finish, then answer [`Extended`]
+/// with the lease for the extension.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub(crate) struct StopAndExtend;
@@ -31,16 +35,16 @@ pub(crate) struct StopAndExtend;
 #[rtype(result = "()")]
 pub(crate) struct StopHeartbeat;
 
-/// What the final extension found.
+/// What the heartbeat knows of the lease when the delivery is done.
 #[derive(Debug)]
 pub(crate) enum Extension {
-    /// The claim is held until `locked_until`; settle before then.
+    /// The claim was last confirmed until `locked_until`, still ahead;
+    /// extend and settle before then.
     Held {
         locked_until: DateTime<Utc>,
-        /// A renewal error seen along the way: recovered from when
-        /// `recovered`, else the extension itself failed (degraded).
+        /// The first transient renewal error seen along the way: recovered
+        /// from if the extension succeeds.
         renewal_error: Option<outbox::Error>,
-        recovered: bool,
     },
     /// The claim is lost or unconfirmed; do not settle.
     Lost(LeaseLost),
@@ -94,6 +98,33 @@ async fn bounded_renewal(
             }
         }
     }
+}
+
+/// The failure for a deadline that passed: `max_active` when it ends first,
+/// else the lease.
+pub(crate) fn deadline_failure(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    active_first: bool,
+    confirmed_lost: bool,
+    reason: &str,
+    cause: Option<outbox::Error>,
+) -> LeaseLost {
+    let (operation, confirmed_lost, error) = if active_first {
+        let error = MaxActiveDurationError {
+            id: message.id.clone(),
+            max_active: drain.config.max_active,
+        };
+        (LeaseOperation::MaxActive, false, error.into())
+    } else {
+        let error = LeaseLostError {
+            id: message.id.clone(),
+            reason: reason.to_owned(),
+            source: cause.map(Box::new),
+        };
+        (LeaseOperation::Renew, confirmed_lost, error.into())
+    };
+    LeaseLost::new(message, operation, LeaseState::Lost, confirmed_lost, error)
 }
 
 pub(crate) struct HeartbeatActor {
@@ -161,8 +192,6 @@ impl HeartbeatActor {
         )
     }
 
-    /// The failure for a deadline that passed: `max_active` when it ends
-    /// first, else the lease.
     fn deadline_failure(
         &self,
         active_first: bool,
@@ -170,28 +199,14 @@ impl HeartbeatActor {
         reason: &str,
         cause: Option<outbox::Error>,
     ) -> LeaseLost {
-        if active_first {
-            self.lost(
-                LeaseOperation::MaxActive,
-                false,
-                MaxActiveDurationError {
-                    id: self.message.id.clone(),
-                    max_active: self.drain.config.max_active,
-                }
-                .into(),
-            )
-        } else {
-            self.lost(
-                LeaseOperation::Renew,
-                confirmed_lost,
-                LeaseLostError {
-                    id: self.message.id.clone(),
-                    reason: reason.to_owned(),
-                    source: cause.map(Box::new),
-                }
-                .into(),
-            )
-        }
+        deadline_failure(
+            &self.drain,
+            &self.message,
+            active_first,
+            confirmed_lost,
+            reason,
+            cause,
+        )
     }
 
     /// The deadline of the next renewal and whether `max_active` sets it, or
@@ -299,57 +314,17 @@ impl HeartbeatActor {
     }
 
     fn extend(&mut self, ctx: &mut Context<Self>) {
-        if let Some(failure) = self.failure.clone() {
-            self.answer(Extension::Lost(failure), ctx);
-            return;
-        }
-        let (deadline, active_first) =
-            match self.time_left("the lease ran out before the delivery finished") {
-                Ok(left) => left,
-                Err(failure) => return self.answer(Extension::Lost(failure), ctx),
-            };
-        let renewal = bounded_renewal(self.drain.clone(), self.message.clone(), deadline);
-        ctx.spawn(renewal.into_actor(self).map(move |renewal, act, ctx| {
-            let extension = act.extension(renewal, active_first);
-            act.answer(extension, ctx);
-        }));
-    }
-
-    fn extension(&mut self, renewal: Renewal, active_first: bool) -> Extension {
-        match renewal {
-            Renewal::Succeeded(locked_until) => {
-                let renewal_error = self.first_error.take();
-                Extension::Held {
-                    locked_until,
-                    recovered: renewal_error.is_some(),
-                    renewal_error,
-                }
-            }
-            Renewal::Failed(error) if !error.is_claim_lost() => {
-                let failed_at = self.drain.now();
-                if failed_at < self.locked_until && failed_at < self.active_until {
-                    // The last confirmed lease is still running: settle under it.
-                    Extension::Held {
-                        locked_until: self.locked_until,
-                        renewal_error: Some(error),
-                        recovered: false,
-                    }
-                } else if active_first && failed_at >= self.active_until {
-                    Extension::Lost(self.deadline_failure(true, false, "", None))
-                } else {
-                    Extension::Lost(self.lost(LeaseOperation::Renew, false, error))
-                }
-            }
-            Renewal::Failed(error) => {
-                Extension::Lost(self.lost(LeaseOperation::Renew, true, error))
-            }
-            Renewal::Deadline => Extension::Lost(self.deadline_failure(
-                active_first,
-                false,
-                "the final renewal did not complete before settlement",
-                None,
-            )),
-        }
+        let extension = match self.failure.clone() {
+            Some(failure) => Extension::Lost(failure),
+            None => match self.time_left("the lease ran out before the delivery finished") {
+                Ok(_) => Extension::Held {
+                    locked_until: self.locked_until,
+                    renewal_error: self.first_error.take(),
+                },
+                Err(failure) => Extension::Lost(failure),
+            },
+        };
+        self.answer(extension, ctx);
     }
 
     fn answer(&mut self, extension: Extension, ctx: &mut Context<Self>) {

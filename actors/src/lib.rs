@@ -27,7 +27,7 @@
 //!   is a delivery failure), owns the `max_active` timer, settles, and
 //!   reports exactly one outcome, through a drop guard if it dies.
 //! - `heartbeat`: the delivery's child `HeartbeatActor`; renews the lease
-//!   and gives the final extension before settlement.
+//!   and hands the last confirmed lease to the settlement.
 //! - `messages`: what several actors exchange and what subscribers receive:
 //!   [`DrainReport`], [`Outcome`], [`LeaseLost`], [`OutcomeNotice`].
 //! - `context`: what the actors of one coordinator share, and the
@@ -62,7 +62,7 @@
 //! | `outbox.dead_lettered` | error | failed for good; field `abandoned` |
 //! | `outbox.lease_lost` | warn | claim lost, delivery aborted (error when its delivery actor died) |
 //! | `outbox.renewal_recovered` | info | renewals failed, then succeeded |
-//! | `outbox.renewal_degraded` | warn | the final renewal failed; settled under the last lease |
+//! | `outbox.renewal_degraded` | warn | the extension (the first settlement write) failed; settled under the last lease |
 //! | `outbox.settlement_failed` | error | the outcome could not be stored |
 //! | `outbox.released` | info | claim given back at shutdown |
 //! | `outbox.release_failed` | warn | claim not given back at shutdown; claimable after its lease |

@@ -115,7 +115,8 @@ pub enum Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LeaseOperation {
-    /// Renewing the lease (heartbeat or the final extension).
+    /// Renewing the lease: a heartbeat, or the final extension (the first
+    /// settlement write, which is fenced on a live lease like a renewal).
     Renew,
     /// The delivery reached the `max_active` limit.
     MaxActive,
@@ -129,7 +130,7 @@ pub enum LeaseState {
     Lost,
     /// Renewals failed for a while, then succeeded; the message settled normally.
     Recovered,
-    /// The final renewal failed transiently; the message settled under its
+    /// The final extension failed transiently; the message settled under its
     /// last confirmed lease.
     Degraded,
 }
