@@ -606,20 +606,26 @@ async fn settle_delivery(
             (write, Some(error))
         }
     };
-    let lease_notice =
-        |state, error| LeaseLost::new(&message, LeaseOperation::Renew, state, false, error);
-    let active_first = active_until <= locked_until;
-    let extension = write_once(&drain, &message, &write, locked_until.min(active_until)).await;
-    let (renewal_notice, settled) = match extension {
+    let deadline = locked_until.min(active_until);
+    let lease = |state, confirmed_lost, error| {
+        LeaseLost::new(
+            &message,
+            LeaseOperation::Renew,
+            state,
+            confirmed_lost,
+            error,
+        )
+    };
+    let (renewal_notice, settled) = match write_once(&drain, &message, &write, deadline).await {
         Ok(()) => (
-            renewal_error.map(|error| lease_notice(LeaseState::Recovered, error)),
+            renewal_error.map(|error| lease(LeaseState::Recovered, false, error)),
             Ok(()),
         ),
         Err(Unwritten::Deadline) => {
             let failure = deadline_failure(
                 &drain,
                 &message,
-                active_first,
+                active_until <= locked_until,
                 false,
                 "the extension write did not complete before the lease deadline",
                 None,
@@ -627,38 +633,21 @@ async fn settle_delivery(
             return lost_at_extension(&drain, failure);
         }
         Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
-            let failure = LeaseLost::new(
-                &message,
-                LeaseOperation::Renew,
-                LeaseState::Lost,
-                true,
-                error,
-            );
-            return lost_at_extension(&drain, failure);
+            return lost_at_extension(&drain, lease(LeaseState::Lost, true, error));
+        }
+        Err(Unwritten::Failed(error)) if drain.now() < deadline => {
+            // The last confirmed lease is still running: settle under it, the
+            // failed write counting as the first attempt.
+            let settled = retry_settlement(&drain, &message, deadline, &write, error.clone()).await;
+            (Some(lease(LeaseState::Degraded, false, error)), settled)
         }
         Err(Unwritten::Failed(error)) => {
-            let failed_at = drain.now();
-            if failed_at < locked_until && failed_at < active_until {
-                // The last confirmed lease is still running: settle under it,
-                // the failed write counting as the first attempt.
-                let deadline = locked_until.min(active_until);
-                let settled =
-                    retry_settlement(&drain, &message, deadline, &write, error.clone()).await;
-                (Some(lease_notice(LeaseState::Degraded, error)), settled)
+            let failure = if active_until <= locked_until {
+                deadline_failure(&drain, &message, true, false, "", None)
             } else {
-                let failure = if active_first && failed_at >= active_until {
-                    deadline_failure(&drain, &message, true, false, "", None)
-                } else {
-                    LeaseLost::new(
-                        &message,
-                        LeaseOperation::Renew,
-                        LeaseState::Lost,
-                        false,
-                        error,
-                    )
-                };
-                return lost_at_extension(&drain, failure);
-            }
+                lease(LeaseState::Lost, false, error)
+            };
+            return lost_at_extension(&drain, failure);
         }
     };
 
