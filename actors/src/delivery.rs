@@ -9,9 +9,8 @@
 //! heartbeat (which waits for a renewal in flight and hands over the last
 //! confirmed lease), settles under the claim token within that lease, its
 //! first settlement write doubling as the final extension, reports exactly
-//! one outcome and stops. If the
-//! actor itself dies, its drop guard reports the message lost and frees the
-//! slot, so the pass still ends.
+//! one outcome and stops. If the actor itself dies, its drop guard reports
+//! the message lost and frees the slot, so the pass still ends.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
