@@ -218,7 +218,7 @@ async fn every_interval(
         }
         passes += 1;
         match pass(coordinator, &mut stop, grace).await? {
-            PassEnd::Finished(result) => add(&mut totals, &report_tick(result)),
+            PassEnd::Finished(result) => totals += report_tick(result),
             PassEnd::Interrupted(result) => {
                 stopped(passes, totals, Some(result));
                 return Ok(());
@@ -249,7 +249,7 @@ fn stopped(
             }
         };
         eprintln!("interrupted pass: {report}");
-        add(&mut totals, &report);
+        totals += report;
     }
     eprintln!(
         "stopped after {passes} pass{}: {totals}",
@@ -291,17 +291,6 @@ fn report_tick(result: outbox_actors::Result<DrainReport>) -> DrainReport {
             error.report().copied().unwrap_or_default()
         }
     }
-}
-
-fn add(total: &mut DrainReport, pass: &DrainReport) {
-    total.claimed += pass.claimed;
-    total.delivered += pass.delivered;
-    total.retried += pass.retried;
-    total.dead_lettered += pass.dead_lettered;
-    total.abandoned_dead_lettered += pass.abandoned_dead_lettered;
-    total.settlement_failed += pass.settlement_failed;
-    total.lease_lost += pass.lease_lost;
-    total.released += pass.released;
 }
 
 fn mailbox(error: actix::MailboxError) -> Failure {
