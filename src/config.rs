@@ -9,14 +9,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ConfigError, ConfigViolation};
+pub use crate::limits::{MAX_DURATION, MIN_LEASE};
 use crate::retry::RetryPolicy;
-
-/// Longest duration any setting accepts (one year): longer timers are a
-/// misconfiguration, and stores must be able to add them to a timestamp.
-pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
-
-/// Shortest lease: the heartbeat must fit strictly inside it.
-pub const MIN_LEASE: Duration = Duration::from_millis(2);
 
 /// Drain settings. `Default` gives the documented defaults.
 ///

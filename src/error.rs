@@ -1,17 +1,23 @@
-//! The crate's error type.
+//! The crate's error type, and the errors a delivery fails with.
 //!
 //! One enum, [`Error`], with the subsystem errors boxed in as their own types.
 //! The runtime branches on exactly one distinction: [`Error::Claim`] means the
 //! claim token no longer owns the message (confirmed loss, never retried);
 //! every other store error is treated as transient.
+//!
+//! A handler fails with a [`DeliveryError`]; the store keeps it as an
+//! [`ErrorRecord`] in `last_error`. Both live here, beside `Error`, because
+//! the retry policy, the transports and the stores all name them.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 
-use crate::message::{MessageKind, MessageStatus};
+use crate::kind::{MessageKind, MessageStatus};
 
 /// `Result` with this crate's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -389,3 +395,223 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// The error a delivery failed with: any error type, or a plain message.
+///
+/// Handlers return `Result<(), DeliveryError>` and can use `?` on any
+/// `std::error::Error`; the type name and cause chain are kept for
+/// `last_error`. It is cheap to clone, so observers can keep it.
+#[derive(Clone)]
+pub struct DeliveryError {
+    type_name: &'static str,
+    error: Arc<dyn std::error::Error + Send + Sync + 'static>,
+}
+
+impl DeliveryError {
+    /// A delivery error that is just a message.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        DeliveryError {
+            type_name: "message",
+            error: Arc::new(MessageError(message.to_string())),
+        }
+    }
+
+    /// Turn a caught panic into a delivery error.
+    pub fn panic(payload: &(dyn Any + Send)) -> Self {
+        let text = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a handler panicked with a non-string payload".to_owned());
+        DeliveryError {
+            type_name: "panic",
+            error: Arc::new(MessageError(format!("handler panicked: {text}"))),
+        }
+    }
+
+    /// The Rust type name of the wrapped error (`message` or `panic` for those).
+    pub fn type_name(&self) -> &'static str {
+        self.type_name
+    }
+
+    /// The wrapped error.
+    pub fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.error
+    }
+
+    /// The wrapped error, if it is a `T`.
+    pub fn downcast_ref<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        self.error.downcast_ref::<T>()
+    }
+
+    /// `true` when the payload did not decode into its registered type:
+    /// retrying cannot help, so the runtime dead-letters at once.
+    pub fn is_undecodable(&self) -> bool {
+        matches!(
+            self.downcast_ref::<Error>(),
+            Some(Error::Registry(RegistryError::Decode { .. }))
+        )
+    }
+
+    /// `true` for a panic caught in a handler.
+    pub fn is_panic(&self) -> bool {
+        self.type_name == "panic"
+    }
+
+    /// The error as stored in `last_error`.
+    pub fn to_record(&self) -> ErrorRecord {
+        ErrorRecord::from_dyn(self.type_name, self.as_error())
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for DeliveryError {
+    fn from(error: E) -> Self {
+        DeliveryError {
+            type_name: std::any::type_name::<E>(),
+            error: Arc::new(error),
+        }
+    }
+}
+
+impl fmt::Display for DeliveryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl fmt::Debug for DeliveryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeliveryError({}: {})", self.type_name, self.error)
+    }
+}
+
+#[derive(Debug)]
+struct MessageError(String);
+
+impl fmt::Display for MessageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for MessageError {}
+
+/// Largest serialized [`ErrorRecord`], in bytes. A larger error is truncated
+/// so one pathological error cannot bloat a row.
+pub const MAX_ERROR_RECORD_BYTES: usize = 8 * 1024;
+
+const TRUNCATION_MARKER: &str = "…[truncated]";
+
+/// A delivery error as stored in `last_error`: type name, message and cause
+/// chain, bounded to [`MAX_ERROR_RECORD_BYTES`] when serialized.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorRecord {
+    /// The Rust type of the error, or a label such as `panic`.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// The error's `Display` output.
+    pub message: String,
+    /// The `Display` output of each `source()`, outermost first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub causes: Vec<String>,
+    /// `true` when something was cut to fit the size bound.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+impl ErrorRecord {
+    /// A record with no causes, bounded.
+    pub fn new(type_name: impl Into<String>, message: impl Into<String>) -> Self {
+        ErrorRecord {
+            type_name: type_name.into(),
+            message: message.into(),
+            causes: Vec::new(),
+            truncated: false,
+        }
+        .bounded()
+    }
+
+    /// Record `error` and its `source()` chain, bounded.
+    pub fn from_error<E: std::error::Error + ?Sized>(error: &E) -> Self {
+        Self::from_dyn(std::any::type_name::<E>(), error)
+    }
+
+    /// Record a type-erased error under an explicit type name, bounded.
+    pub fn from_dyn(
+        type_name: impl Into<String>,
+        error: &(impl std::error::Error + ?Sized),
+    ) -> Self {
+        let mut causes = Vec::new();
+        let mut source = error.source();
+        // A cyclic or absurdly deep chain must not hang or bloat the record.
+        while let Some(cause) = source {
+            if causes.len() >= 32 {
+                break;
+            }
+            causes.push(cause.to_string());
+            source = cause.source();
+        }
+        ErrorRecord {
+            type_name: type_name.into(),
+            message: error.to_string(),
+            causes,
+            truncated: false,
+        }
+        .bounded()
+    }
+
+    /// The record as JSON, as stores keep it.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("an error record serializes")
+    }
+
+    /// Read a stored record; text that is not a record is kept as the message.
+    pub fn from_json(json: &str) -> Self {
+        serde_json::from_str(json).unwrap_or_else(|_| ErrorRecord::new("unknown", json))
+    }
+
+    /// Cut the record down until its JSON fits [`MAX_ERROR_RECORD_BYTES`].
+    pub fn bounded(mut self) -> Self {
+        if self.to_json().len() <= MAX_ERROR_RECORD_BYTES {
+            return self;
+        }
+        self.truncated = true;
+        // Escaping can grow text up to six-fold (`\u0000`), so cut, measure,
+        // and cut again: drop causes from the innermost, then halve strings.
+        truncate_str(&mut self.type_name, 256);
+        for cause in &mut self.causes {
+            truncate_str(cause, 1024);
+        }
+        truncate_str(&mut self.message, MAX_ERROR_RECORD_BYTES / 2);
+        while self.to_json().len() > MAX_ERROR_RECORD_BYTES {
+            if self.causes.pop().is_some() {
+                continue;
+            }
+            let half = self.message.len() / 2;
+            truncate_str(&mut self.message, half);
+        }
+        self
+    }
+}
+
+impl fmt::Display for ErrorRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.type_name, self.message)?;
+        for cause in &self.causes {
+            write!(f, "\n  caused by: {cause}")?;
+        }
+        Ok(())
+    }
+}
+
+fn truncate_str(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let mut cut = max.saturating_sub(TRUNCATION_MARKER.len());
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    s.truncate(cut);
+    s.push_str(TRUNCATION_MARKER);
+}

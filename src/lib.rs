@@ -71,7 +71,10 @@
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod kind;
+pub mod limits;
 pub mod message;
+pub mod payload;
 pub mod registry;
 pub mod retry;
 pub mod store;
@@ -81,14 +84,14 @@ pub mod transport;
 pub use clock::{Clock, SharedClock, SystemClock, TokioClock};
 pub use config::{DrainConfig, SettlementConfig};
 pub use error::{
-    AbandonedClaimError, AdminError, ClaimError, ClaimLoss, ConfigError, ConfigViolation, Error,
-    LeaseLostError, MaxActiveDurationError, RegistryError, Result,
+    AbandonedClaimError, AdminError, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
+    DeliveryError, Error, ErrorRecord, LeaseLostError, MaxActiveDurationError, RegistryError,
+    Result,
 };
-pub use message::{
-    ClaimedMessage, DEFAULT_MAX_ATTEMPTS, ErrorRecord, MessageKind, MessageStatus, NewMessage,
-    OutboxMessage, Payload, TraceCarrier,
-};
-pub use registry::{Event, Job, RawMessage, Registry, RegistryBuilder};
+pub use kind::{MessageKind, MessageStatus};
+pub use message::{ClaimedMessage, DEFAULT_MAX_ATTEMPTS, NewMessage, OutboxMessage};
+pub use payload::{Event, Job, Payload, RawMessage};
+pub use registry::{Registry, RegistryBuilder};
 pub use retry::RetryPolicy;
 /// The sqlx the SQL stores are built on, so an application's transactions
 /// and the outbox's always agree on its version.
@@ -107,9 +110,9 @@ pub use store::{
     MessagePage, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
     RequeueDeadLetters, SharedStore, Wakeups,
 };
+pub use trace::TraceCarrier;
 pub use transport::{
-    Delivery, DeliveryContext, DeliveryError, DeliveryResult, EventBus, InProcessBus,
-    InProcessJobs, JobDispatcher,
+    Delivery, DeliveryContext, DeliveryResult, EventBus, InProcessBus, InProcessJobs, JobDispatcher,
 };
 
 /// The names most programs need: `use outbox::prelude::*;`.

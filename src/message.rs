@@ -1,45 +1,22 @@
 //! The message model: what is stored, what a claim hands out, what enqueue takes.
 
-use std::fmt;
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 
 use crate::error::{Error, RegistryError, Result};
-use crate::registry::{Event, Job};
+pub use crate::error::{ErrorRecord, MAX_ERROR_RECORD_BYTES};
+pub use crate::kind::{MessageKind, MessageStatus};
+pub use crate::payload::Payload;
+use crate::payload::{Event, Job};
+pub use crate::trace::TraceCarrier;
 
 /// Attempts a message gets when the enqueuer does not say otherwise.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 
-/// Whether a message goes to the event bus or to the job dispatcher.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MessageKind {
-    /// Published to the [`EventBus`](crate::EventBus); any number of handlers.
-    Event,
-    /// Dispatched to the [`JobDispatcher`](crate::JobDispatcher); one handler.
-    Job,
-}
-
-impl MessageKind {
-    /// The stored spelling: `event` or `job`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MessageKind::Event => "event",
-            MessageKind::Job => "job",
-        }
-    }
-}
-
-impl fmt::Display for MessageKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
+// Parsing fails with `Error`, whose variants name the kinds: kept here, above
+// both, so `kind.rs` stays a leaf.
 impl FromStr for MessageKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -51,51 +28,6 @@ impl FromStr for MessageKind {
                 format!("{other:?} is not a message kind; use `event` or `job`"),
             )),
         }
-    }
-}
-
-/// Where a message is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MessageStatus {
-    /// Waiting for `available_at`, then for a claim.
-    Pending,
-    /// Owned by a claim token until `locked_until`.
-    Claimed,
-    /// Delivered and acknowledged. Terminal.
-    Delivered,
-    /// Given up on; kept for inspection and requeue. Terminal.
-    DeadLettered,
-}
-
-impl MessageStatus {
-    /// Every status, in life order.
-    pub const ALL: [MessageStatus; 4] = [
-        MessageStatus::Pending,
-        MessageStatus::Claimed,
-        MessageStatus::Delivered,
-        MessageStatus::DeadLettered,
-    ];
-
-    /// The stored spelling: `pending`, `claimed`, `delivered`, `dead_lettered`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MessageStatus::Pending => "pending",
-            MessageStatus::Claimed => "claimed",
-            MessageStatus::Delivered => "delivered",
-            MessageStatus::DeadLettered => "dead_lettered",
-        }
-    }
-
-    /// `true` for `Delivered` and `DeadLettered`: nothing will claim it again.
-    pub fn is_terminal(self) -> bool {
-        matches!(self, MessageStatus::Delivered | MessageStatus::DeadLettered)
-    }
-}
-
-impl fmt::Display for MessageStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -115,196 +47,6 @@ impl FromStr for MessageStatus {
             )),
         }
     }
-}
-
-/// W3C trace context captured at enqueue, so a delivery can join the trace
-/// of the request that produced it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TraceCarrier {
-    /// The `traceparent` header value.
-    pub traceparent: String,
-    /// The `tracestate` header value, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tracestate: Option<String>,
-}
-
-/// A message payload: validated JSON text.
-///
-/// Kept as text so a stored payload is decoded once, straight into its
-/// registered type, with no intermediate `serde_json::Value`.
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Payload(Box<RawValue>);
-
-impl Payload {
-    /// Serialize `value` into a payload.
-    pub fn from_serialize<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Self> {
-        serde_json::value::to_raw_value(value).map(Payload)
-    }
-
-    /// Take JSON text as a payload, rejecting anything that is not JSON.
-    pub fn from_json(json: impl Into<String>) -> Result<Self> {
-        RawValue::from_string(json.into())
-            .map(Payload)
-            .map_err(|e| Error::invalid("payload", format!("not valid JSON: {e}")))
-    }
-
-    /// The JSON text.
-    pub fn as_str(&self) -> &str {
-        self.0.get()
-    }
-
-    /// Decode into `T`.
-    pub fn decode<T: DeserializeOwned>(&self) -> serde_json::Result<T> {
-        serde_json::from_str(self.0.get())
-    }
-
-    /// Decode into a `serde_json::Value`, for display and inspection.
-    pub fn to_value(&self) -> serde_json::Value {
-        // A `RawValue` always holds valid JSON, so this cannot fail.
-        serde_json::from_str(self.0.get()).unwrap_or(serde_json::Value::Null)
-    }
-}
-
-impl From<serde_json::Value> for Payload {
-    fn from(value: serde_json::Value) -> Self {
-        // Serializing a `Value` cannot fail: its keys are strings.
-        Payload(serde_json::value::to_raw_value(&value).expect("a JSON value serializes"))
-    }
-}
-
-impl PartialEq for Payload {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl fmt::Debug for Payload {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Payloads may hold personal data: keep them out of `{:?}` output,
-        // which ends up in logs. Use `as_str` to see one on purpose.
-        write!(f, "Payload({} bytes)", self.as_str().len())
-    }
-}
-
-/// Largest serialized [`ErrorRecord`], in bytes. A larger error is truncated
-/// so one pathological error cannot bloat a row.
-pub const MAX_ERROR_RECORD_BYTES: usize = 8 * 1024;
-
-const TRUNCATION_MARKER: &str = "…[truncated]";
-
-/// A delivery error as stored in `last_error`: type name, message and cause
-/// chain, bounded to [`MAX_ERROR_RECORD_BYTES`] when serialized.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ErrorRecord {
-    /// The Rust type of the error, or a label such as `panic`.
-    #[serde(rename = "type")]
-    pub type_name: String,
-    /// The error's `Display` output.
-    pub message: String,
-    /// The `Display` output of each `source()`, outermost first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub causes: Vec<String>,
-    /// `true` when something was cut to fit the size bound.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub truncated: bool,
-}
-
-impl ErrorRecord {
-    /// A record with no causes, bounded.
-    pub fn new(type_name: impl Into<String>, message: impl Into<String>) -> Self {
-        ErrorRecord {
-            type_name: type_name.into(),
-            message: message.into(),
-            causes: Vec::new(),
-            truncated: false,
-        }
-        .bounded()
-    }
-
-    /// Record `error` and its `source()` chain, bounded.
-    pub fn from_error<E: std::error::Error + ?Sized>(error: &E) -> Self {
-        Self::from_dyn(std::any::type_name::<E>(), error)
-    }
-
-    /// Record a type-erased error under an explicit type name, bounded.
-    pub fn from_dyn(
-        type_name: impl Into<String>,
-        error: &(impl std::error::Error + ?Sized),
-    ) -> Self {
-        let mut causes = Vec::new();
-        let mut source = error.source();
-        // A cyclic or absurdly deep chain must not hang or bloat the record.
-        while let Some(cause) = source {
-            if causes.len() >= 32 {
-                break;
-            }
-            causes.push(cause.to_string());
-            source = cause.source();
-        }
-        ErrorRecord {
-            type_name: type_name.into(),
-            message: error.to_string(),
-            causes,
-            truncated: false,
-        }
-        .bounded()
-    }
-
-    /// The record as JSON, as stores keep it.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("an error record serializes")
-    }
-
-    /// Read a stored record; text that is not a record is kept as the message.
-    pub fn from_json(json: &str) -> Self {
-        serde_json::from_str(json).unwrap_or_else(|_| ErrorRecord::new("unknown", json))
-    }
-
-    /// Cut the record down until its JSON fits [`MAX_ERROR_RECORD_BYTES`].
-    pub fn bounded(mut self) -> Self {
-        if self.to_json().len() <= MAX_ERROR_RECORD_BYTES {
-            return self;
-        }
-        self.truncated = true;
-        // Escaping can grow text up to six-fold (`\u0000`), so cut, measure,
-        // and cut again: drop causes from the innermost, then halve strings.
-        truncate_str(&mut self.type_name, 256);
-        for cause in &mut self.causes {
-            truncate_str(cause, 1024);
-        }
-        truncate_str(&mut self.message, MAX_ERROR_RECORD_BYTES / 2);
-        while self.to_json().len() > MAX_ERROR_RECORD_BYTES {
-            if self.causes.pop().is_some() {
-                continue;
-            }
-            let half = self.message.len() / 2;
-            truncate_str(&mut self.message, half);
-        }
-        self
-    }
-}
-
-impl fmt::Display for ErrorRecord {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.type_name, self.message)?;
-        for cause in &self.causes {
-            write!(f, "\n  caused by: {cause}")?;
-        }
-        Ok(())
-    }
-}
-
-fn truncate_str(s: &mut String, max: usize) {
-    if s.len() <= max {
-        return;
-    }
-    let mut cut = max.saturating_sub(TRUNCATION_MARKER.len());
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    s.truncate(cut);
-    s.push_str(TRUNCATION_MARKER);
 }
 
 /// A stored outbox message.
@@ -472,6 +214,20 @@ impl NewMessage {
     /// captured from the current span.
     pub fn with_trace(mut self, trace: TraceCarrier) -> Self {
         self.trace = Some(trace);
+        self
+    }
+
+    /// Store the current span's trace context (see
+    /// [`TraceCarrier::current`]), replacing the carrier this message has.
+    /// Keeps it when no trace context is active, and always without the
+    /// `opentelemetry` feature.
+    ///
+    /// [`NewMessage::new`] already captures it; call this when the message
+    /// was built outside the span that enqueues it.
+    pub fn with_current_trace(mut self) -> Self {
+        if let Some(trace) = TraceCarrier::current() {
+            self.trace = Some(trace);
+        }
         self
     }
 

@@ -16,42 +16,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{ConfigError, Error, RegistryError, Result};
-use crate::message::{MessageKind, Payload};
+use crate::kind::MessageKind;
+use crate::payload::{DecodedPayload, Payload};
+pub use crate::payload::{Event, Job, RawMessage};
 use crate::retry::RetryPolicy;
-use crate::transport::DecodedPayload;
-
-/// A payload type published as an event.
-///
-/// ```
-/// #[derive(serde::Serialize, serde::Deserialize)]
-/// struct OrderPlaced { order_id: u64 }
-///
-/// impl outbox::Event for OrderPlaced {
-///     const NAME: &'static str = "order.placed";
-/// }
-/// ```
-pub trait Event: Serialize + DeserializeOwned + Send + Sync + 'static {
-    /// The stored message name; keep it stable across releases.
-    const NAME: &'static str;
-}
-
-/// A payload type run as a job.
-///
-/// A job may carry its own [`RetryPolicy`], which then governs the outbox's
-/// retries of that job (and its `max_attempts` becomes the message's budget).
-pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
-    /// The stored message name; keep it stable across releases.
-    const NAME: &'static str;
-
-    /// This job's retry policy; `None` uses the drain's.
-    fn retry_policy() -> Option<RetryPolicy> {
-        None
-    }
-}
 
 type Decoder = fn(&Payload) -> serde_json::Result<DecodedPayload>;
 
@@ -61,21 +32,6 @@ fn decode_as<T: DeserializeOwned + Send + Sync + 'static>(
     payload
         .decode::<T>()
         .map(|value| Box::new(value) as Box<dyn Any + Send + Sync>)
-}
-
-/// A message whose name has no typed registration, as a catch-all
-/// ([`RegistryBuilder::any`]) decodes it: kind, name and the payload as stored.
-///
-/// Handle it with [`InProcessBus::on_any`](crate::InProcessBus::on_any) or
-/// [`InProcessJobs::on_any`](crate::InProcessJobs::on_any).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RawMessage {
-    /// Event or job.
-    pub kind: MessageKind,
-    /// The stored name.
-    pub name: String,
-    /// The stored JSON payload, undecoded.
-    pub payload: Payload,
 }
 
 #[derive(Clone)]
@@ -321,7 +277,7 @@ impl RegistryBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde::Deserialize;
+    use serde::{Deserialize, Serialize};
 
     #[derive(Serialize, Deserialize, Debug, PartialEq)]
     struct Placed {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ConfigViolation;
-use crate::transport::DeliveryError;
+use crate::error::{ConfigViolation, DeliveryError};
+use crate::limits::MAX_DURATION;
 
 /// A predicate that decides whether an error is worth another attempt.
 pub type ShouldRetry = Arc<dyn Fn(&DeliveryError) -> bool + Send + Sync>;
@@ -184,12 +184,12 @@ impl RetryPolicy {
                 ),
             );
         }
-        if self.max_delay > crate::config::MAX_DURATION {
+        if self.max_delay > MAX_DURATION {
             bad(
                 "retry.max_delay",
                 format!(
                     "must be at most {}",
-                    humantime::format_duration(crate::config::MAX_DURATION)
+                    humantime::format_duration(MAX_DURATION)
                 ),
             );
         }

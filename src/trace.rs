@@ -32,9 +32,27 @@
 //!     headers
 //! }
 //! ```
+//!
+//! [`NewMessage::event`]: crate::NewMessage::event
+//! [`NewMessage::job`]: crate::NewMessage::job
+//! [`NewMessage::new`]: crate::NewMessage::new
+//! [`NewMessage::with_current_trace`]: crate::NewMessage::with_current_trace
+//! [`NewMessage::with_trace`]: crate::NewMessage::with_trace
+
+use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::message::{NewMessage, TraceCarrier};
+
+/// W3C trace context captured at enqueue, so a delivery can join the trace
+/// of the request that produced it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceCarrier {
+    /// The `traceparent` header value.
+    pub traceparent: String,
+    /// The `tracestate` header value, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
+}
 
 // Available without the feature (see the module docs for why).
 impl TraceCarrier {
@@ -90,22 +108,6 @@ impl TraceCarrier {
     }
 }
 
-impl NewMessage {
-    /// Store the current span's trace context (see
-    /// [`TraceCarrier::current`]), replacing the carrier this message has.
-    /// Keeps it when no trace context is active, and always without the
-    /// `opentelemetry` feature.
-    ///
-    /// [`NewMessage::new`] already captures it; call this when the message
-    /// was built outside the span that enqueues it.
-    pub fn with_current_trace(mut self) -> Self {
-        if let Some(trace) = TraceCarrier::current() {
-            self.trace = Some(trace);
-        }
-        self
-    }
-}
-
 #[cfg(feature = "opentelemetry")]
 mod w3c {
     use std::str::FromStr;
@@ -115,8 +117,8 @@ mod w3c {
         SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
     };
 
+    use super::TraceCarrier;
     use crate::error::{Error, Result};
-    use crate::message::TraceCarrier;
 
     /// The only `traceparent` version this crate writes.
     const VERSION: &str = "00";

@@ -15,115 +15,16 @@ use std::sync::Arc;
 
 use futures_util::future::LocalBoxFuture;
 
+pub use crate::error::DeliveryError;
 use crate::error::{Error, RegistryError};
-use crate::message::{ClaimedMessage, ErrorRecord, MessageKind, TraceCarrier};
-use crate::registry::{Event, Job, RawMessage};
-
-/// A payload decoded into its registered type, type-erased.
-pub type DecodedPayload = Box<dyn Any + Send + Sync>;
+use crate::kind::MessageKind;
+use crate::message::ClaimedMessage;
+pub use crate::payload::DecodedPayload;
+use crate::payload::{Event, Job, RawMessage};
+use crate::trace::TraceCarrier;
 
 /// What a transport's future resolves to.
 pub type DeliveryResult = Result<(), DeliveryError>;
-
-/// The error a delivery failed with: any error type, or a plain message.
-///
-/// Handlers return `Result<(), DeliveryError>` and can use `?` on any
-/// `std::error::Error`; the type name and cause chain are kept for
-/// `last_error`. It is cheap to clone, so observers can keep it.
-#[derive(Clone)]
-pub struct DeliveryError {
-    type_name: &'static str,
-    error: Arc<dyn std::error::Error + Send + Sync + 'static>,
-}
-
-impl DeliveryError {
-    /// A delivery error that is just a message.
-    pub fn msg(message: impl fmt::Display) -> Self {
-        DeliveryError {
-            type_name: "message",
-            error: Arc::new(MessageError(message.to_string())),
-        }
-    }
-
-    /// Turn a caught panic into a delivery error.
-    pub fn panic(payload: &(dyn Any + Send)) -> Self {
-        let text = payload
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a handler panicked with a non-string payload".to_owned());
-        DeliveryError {
-            type_name: "panic",
-            error: Arc::new(MessageError(format!("handler panicked: {text}"))),
-        }
-    }
-
-    /// The Rust type name of the wrapped error (`message` or `panic` for those).
-    pub fn type_name(&self) -> &'static str {
-        self.type_name
-    }
-
-    /// The wrapped error.
-    pub fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        &*self.error
-    }
-
-    /// The wrapped error, if it is a `T`.
-    pub fn downcast_ref<T: std::error::Error + 'static>(&self) -> Option<&T> {
-        self.error.downcast_ref::<T>()
-    }
-
-    /// `true` when the payload did not decode into its registered type:
-    /// retrying cannot help, so the runtime dead-letters at once.
-    pub fn is_undecodable(&self) -> bool {
-        matches!(
-            self.downcast_ref::<Error>(),
-            Some(Error::Registry(RegistryError::Decode { .. }))
-        )
-    }
-
-    /// `true` for a panic caught in a handler.
-    pub fn is_panic(&self) -> bool {
-        self.type_name == "panic"
-    }
-
-    /// The error as stored in `last_error`.
-    pub fn to_record(&self) -> ErrorRecord {
-        ErrorRecord::from_dyn(self.type_name, self.as_error())
-    }
-}
-
-impl<E: std::error::Error + Send + Sync + 'static> From<E> for DeliveryError {
-    fn from(error: E) -> Self {
-        DeliveryError {
-            type_name: std::any::type_name::<E>(),
-            error: Arc::new(error),
-        }
-    }
-}
-
-impl fmt::Display for DeliveryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.error, f)
-    }
-}
-
-impl fmt::Debug for DeliveryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DeliveryError({}: {})", self.type_name, self.error)
-    }
-}
-
-#[derive(Debug)]
-struct MessageError(String);
-
-impl fmt::Display for MessageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for MessageError {}
 
 /// What a handler learns about the message it is handling.
 #[derive(Debug, Clone)]
