@@ -191,6 +191,7 @@ impl fmt::Display for ClaimLoss {
 #[error(
     "outbox message {id:?} is no longer owned by this claim token ({reason}); it must not be settled by this worker"
 )]
+#[non_exhaustive]
 pub struct ClaimError {
     /// The message id.
     pub id: String,
@@ -214,6 +215,7 @@ impl ClaimError {
 #[error(
     "outbox message {id:?} used {attempts} of {max_attempts} claim attempts without a terminal settlement"
 )]
+#[non_exhaustive]
 pub struct AbandonedClaimError {
     /// The message id.
     pub id: String,
@@ -221,6 +223,17 @@ pub struct AbandonedClaimError {
     pub attempts: u32,
     /// The message's attempt budget.
     pub max_attempts: u32,
+}
+
+impl AbandonedClaimError {
+    /// The error for message `id`, claimed `attempts` times of `max_attempts`.
+    pub fn new(id: impl Into<String>, attempts: u32, max_attempts: u32) -> Self {
+        AbandonedClaimError {
+            id: id.into(),
+            attempts,
+            max_attempts,
+        }
+    }
 }
 
 /// A worker could not confirm that its claim is still active.
@@ -354,6 +367,7 @@ pub enum AdminError {
 
 /// One broken configuration rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConfigViolation {
     /// The field, as named in configuration files (`settlement.attempts`).
     pub field: &'static str,
@@ -369,6 +383,7 @@ impl fmt::Display for ConfigViolation {
 
 /// A configuration that breaks one or more rules. Lists every violation.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConfigError {
     /// What is wrong, one entry per broken rule.
     pub violations: Vec<ConfigViolation>,

@@ -114,6 +114,7 @@ pub type DecodedPayload = Box<dyn Any + Send + Sync>;
 /// Handle it with [`InProcessBus::on_any`](crate::InProcessBus::on_any) or
 /// [`InProcessJobs::on_any`](crate::InProcessJobs::on_any).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct RawMessage {
     /// Event or job.
     pub kind: MessageKind,

@@ -253,11 +253,11 @@ impl DeadLetter {
             attempts: message.attempts,
             max_attempts: message.max_attempts,
             error: message.last_error.clone().unwrap_or_else(|| {
-                ErrorRecord::from_error(&outbox::AbandonedClaimError {
-                    id: message.id.clone(),
-                    attempts: message.attempts,
-                    max_attempts: message.max_attempts,
-                })
+                ErrorRecord::from_error(&outbox::AbandonedClaimError::new(
+                    message.id.clone(),
+                    message.attempts,
+                    message.max_attempts,
+                ))
             }),
             abandoned: true,
         }

@@ -48,6 +48,7 @@ pub struct ClaimBatch {
 
 /// What a claim selected.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct ClaimedBatch {
     /// Messages now owned by their fresh tokens.
     pub claimed: Vec<ClaimedMessage>,
@@ -207,6 +208,7 @@ pub trait OutboxStore: Send + Sync + 'static {
 
 /// Counts per status and the health figures an operator looks at first.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct OutboxStats {
     /// Messages waiting (due or not).
     pub pending: u64,
@@ -277,6 +279,7 @@ pub struct ListCursor {
 
 /// A page of messages and where the next page starts.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct MessagePage {
     /// The messages, ordered by `(created_at, id)`.
     pub messages: Vec<OutboxMessage>,
@@ -285,6 +288,11 @@ pub struct MessagePage {
 }
 
 impl MessagePage {
+    /// A page of `messages`, followed by the page that starts after `next`.
+    pub fn new(messages: Vec<OutboxMessage>, next: Option<ListCursor>) -> Self {
+        MessagePage { messages, next }
+    }
+
     /// The page of `limit` messages out of up to `limit + 1` read: a
     /// message past the limit only says that another page follows.
     pub(crate) fn of(mut messages: Vec<OutboxMessage>, limit: usize) -> Self {
