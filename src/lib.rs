@@ -14,28 +14,52 @@
 //!
 //! # Layout
 //!
-//! - [`message`]: the stored [`OutboxMessage`], the [`ClaimedMessage`] a
-//!   delivery sees, the [`NewMessage`] enqueue takes, and [`ErrorRecord`],
-//!   the size-bounded form of a delivery error kept in `last_error`.
-//! - [`store`]: the store port. [`OutboxStore`] is the drain path (enqueue,
-//!   claim, renew, settle, release), [`OutboxAdmin`] the operator path; each
-//!   operation takes a parameter struct with the caller's `now`.
-//!   [`MemoryOutbox`] implements both; so do `SqliteOutbox` (`store::sqlite`,
-//!   feature `sqlite`, the default) and `PostgresOutbox` (`store::postgres`,
-//!   feature `postgres`), which add enqueue inside the caller's own sqlx
-//!   transaction. `store::sql` holds what the two share: table names,
-//!   migrations rendered per table, settlement batching.
-//! - [`registry`]: [`Event`] and [`Job`] payload types registered by name in a
-//!   [`Registry`], which decodes stored payloads at delivery.
-//! - [`transport`]: the [`EventBus`] and [`JobDispatcher`] traits, the
-//!   in-process [`InProcessBus`] and [`InProcessJobs`], and [`DeliveryError`].
-//! - [`retry`]: [`RetryPolicy`], exponential backoff with cap and seedable jitter.
-//! - [`config`]: [`DrainConfig`], validated, with humantime durations.
+//! One concept per file. Each module imports only modules listed before it,
+//! so the list reads from the leaves up to the store port, which builds on
+//! all of them.
+//!
+//! - [`kind`]: [`MessageKind`] (event or job) and [`MessageStatus`], the two
+//!   enums every other module names.
+//! - [`limits`]: the duration bounds that configuration, retry policies and
+//!   stores all enforce ([`MAX_DURATION`](limits::MAX_DURATION),
+//!   [`MIN_LEASE`](limits::MIN_LEASE)).
 //! - [`clock`]: [`Clock`], with [`SystemClock`] and the test clock [`TokioClock`].
 //! - [`error`]: [`Error`] and its parts; [`ClaimError`] is the one the
-//!   runtime treats as confirmed loss of a claim.
+//!   runtime treats as confirmed loss of a claim. Also what a delivery fails
+//!   with, [`DeliveryError`], and [`ErrorRecord`], its size-bounded form kept
+//!   in `last_error`.
+//! - [`retry`]: [`RetryPolicy`], exponential backoff with cap and seedable jitter.
+//! - [`config`]: [`DrainConfig`], validated, with humantime durations.
+//! - [`payload`]: what a message carries: the JSON [`Payload`], the
+//!   [`Event`] and [`Job`] traits payload types implement, and the
+//!   [`RawMessage`] a catch-all decodes into.
 //! - [`trace`]: trace propagation, the [`TraceCarrier`] a message takes from
 //!   enqueue to delivery.
+//! - [`message`]: the stored [`OutboxMessage`], the [`ClaimedMessage`] a
+//!   delivery sees, and the [`NewMessage`] enqueue takes.
+//! - [`registry`]: the [`Registry`] of payload types by name, which decodes
+//!   stored payloads at delivery.
+//! - [`transport`]: the [`EventBus`] and [`JobDispatcher`] traits, and the
+//!   in-process [`InProcessBus`] and [`InProcessJobs`].
+//! - [`store`]: the stores, one folder.
+//!   - `store/mod.rs`: the port. [`OutboxStore`] is the drain path (enqueue,
+//!     claim, renew, settle, release), [`OutboxAdmin`] the operator path;
+//!     each operation takes a parameter struct with the caller's `now`.
+//!   - `store/memory.rs`: [`MemoryOutbox`], the full contract in process
+//!     memory, for tests, demos and benchmarks.
+//!   - `store/sql.rs`: what the two SQL stores share, written once: table
+//!     names, migrations rendered per table, and the operations whose Rust
+//!     is the same on both databases.
+//!   - `store/fenced.rs`: fenced writes to claimed messages (renewals and
+//!     settlements), sent one by one or coalesced into one statement
+//!     (`SettlementMode`).
+//!   - `store/sqlite/`: `SqliteOutbox` (feature `sqlite`, the default), its
+//!     SQL statements apart from the Rust code, and its admin operations.
+//!   - `store/postgres/`: `PostgresOutbox` (feature `postgres`), its SQL
+//!     statements, its LISTEN/NOTIFY wake-up listener, and its admin
+//!     operations.
+//!
+//! Both SQL stores add enqueue inside the caller's own sqlx transaction.
 //!
 //! # Features
 //!
