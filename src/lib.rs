@@ -82,7 +82,7 @@ pub use clock::{Clock, SharedClock, SystemClock, TokioClock};
 pub use config::{DrainConfig, SettlementConfig};
 pub use error::{
     AbandonedClaimError, AdminError, ClaimError, ClaimLoss, ConfigError, ConfigViolation, Error,
-    LeaseLostError, MaxActiveDurationError, RegistryError, Result,
+    RegistryError, Result,
 };
 pub use message::{
     ClaimedMessage, DEFAULT_MAX_ATTEMPTS, ErrorRecord, MessageKind, MessageStatus, NewMessage,
