@@ -421,13 +421,16 @@ mod tests {
         Hang,
     }
 
+    /// A settlement write as the store saw it: which, and its `now`.
+    type WriteSeen = (&'static str, DateTime<Utc>);
+
     /// A memory store whose `mark_*` writes meet the scripted faults, one
     /// per write, and which records when each write was made.
     #[derive(Clone, Default)]
     struct FaultStore {
         inner: MemoryOutbox,
         faults: Arc<Mutex<VecDeque<Fault>>>,
-        writes: Arc<Mutex<Vec<(&'static str, DateTime<Utc>)>>>,
+        writes: Arc<Mutex<Vec<WriteSeen>>>,
     }
 
     impl FaultStore {
@@ -435,7 +438,7 @@ mod tests {
             self.faults.lock().unwrap().extend(faults);
         }
 
-        fn writes(&self) -> Vec<(&'static str, DateTime<Utc>)> {
+        fn writes(&self) -> Vec<WriteSeen> {
             self.writes.lock().unwrap().clone()
         }
 
