@@ -12,7 +12,6 @@
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -36,12 +35,6 @@ pub enum Error {
     /// A message used up its attempts without ever reaching a terminal state.
     #[error(transparent)]
     AbandonedClaim(#[from] AbandonedClaimError),
-    /// A worker could not confirm that it still holds its claim.
-    #[error(transparent)]
-    LeaseLost(#[from] LeaseLostError),
-    /// A delivery ran past the configured `max_active` window.
-    #[error(transparent)]
-    MaxActiveDuration(#[from] MaxActiveDurationError),
     /// A message name or payload does not match the registry.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -95,14 +88,6 @@ pub enum Error {
         /// The underlying error (database, I/O, pool).
         source: SharedSource,
     },
-    /// A store call did not answer within its time bound.
-    #[error("outbox store did not answer {operation} within {}", humantime::format_duration(*timeout))]
-    Timeout {
-        /// The store operation that timed out.
-        operation: &'static str,
-        /// How long the caller waited.
-        timeout: Duration,
-    },
     /// A stored row could not be read back into a message.
     #[error("stored outbox message {id:?} is unreadable: {reason}")]
     CorruptRow {
@@ -114,19 +99,6 @@ pub enum Error {
     /// A store broke its contract (for example returned more messages than asked).
     #[error("outbox store broke its contract: {0}")]
     StoreContract(String),
-    /// A drain cannot run: the registry has messages of a kind that no transport delivers.
-    #[error(
-        "cannot drain: the registry has {kind} messages ({names}) but no {transport} \
-         was configured; add one to the builder or remove those registrations"
-    )]
-    MissingTransport {
-        /// The kind of message that has no transport.
-        kind: MessageKind,
-        /// The transport that is missing ("event bus" or "job dispatcher").
-        transport: &'static str,
-        /// The registered names of that kind, comma-separated.
-        names: String,
-    },
 }
 
 impl Error {
@@ -234,29 +206,6 @@ impl AbandonedClaimError {
             max_attempts,
         }
     }
-}
-
-/// A worker could not confirm that its claim is still active.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("outbox claim for message {id:?} is no longer confirmed: {reason}")]
-pub struct LeaseLostError {
-    /// The message id.
-    pub id: String,
-    /// What happened.
-    pub reason: String,
-    /// The store error behind it, if any.
-    #[source]
-    pub source: Option<Box<Error>>,
-}
-
-/// A delivery ran longer than the configured `max_active` window.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("outbox delivery of message {id:?} exceeded its active-claim limit of {}", humantime::format_duration(*max_active))]
-pub struct MaxActiveDurationError {
-    /// The message id.
-    pub id: String,
-    /// The configured limit.
-    pub max_active: Duration,
 }
 
 /// A message name or payload does not match the registry.

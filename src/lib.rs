@@ -109,8 +109,7 @@ pub use clock::{Clock, SharedClock, SystemClock, TokioClock};
 pub use config::{DrainConfig, SettlementConfig};
 pub use error::{
     AbandonedClaimError, AdminError, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
-    DeliveryError, Error, ErrorRecord, LeaseLostError, MaxActiveDurationError, RegistryError,
-    Result,
+    DeliveryError, Error, ErrorRecord, RegistryError, Result,
 };
 pub use kind::{MessageKind, MessageStatus};
 pub use message::{ClaimedMessage, DEFAULT_MAX_ATTEMPTS, NewMessage, OutboxMessage};

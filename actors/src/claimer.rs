@@ -14,7 +14,9 @@
 //! when the budget is spent, a claim returns nothing, or claiming fails, and
 //! every delivery it started has reported. A [`Refill`] (sent when new
 //! messages may be due) makes it claim again after an empty claim, as long
-//! as the pass is still open.
+//! as the pass is still open. It reports to its coordinator through
+//! recipients of [`Abandoned`], [`ClaimerDone`] and (handed to each
+//! delivery) `DeliveryFinished`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,19 +26,11 @@ use actix::prelude::*;
 use outbox::{ClaimBatch, ClaimedBatch, ReleaseClaim};
 
 use crate::context::DrainContext;
-use crate::coordinator::{Abandoned, ClaimerDone, DrainCoordinator};
 use crate::delivery::{Abort, DeliveryActor, Reporter};
-use crate::messages::DeadLetter;
+use crate::error::Error;
+use crate::messages::{Abandoned, ClaimerDone, DeliveryEnded, DeliveryFinished, HandlerReturned};
+use crate::notices::DeadLetter;
 use crate::telemetry;
-
-/// A delivery's handler returned (`finished: false`: its settlement is
-/// still under way), or the delivery ended or died (`finished: true`).
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub(crate) struct SlotFreed {
-    pub(crate) slot: u64,
-    pub(crate) finished: bool,
-}
 
 /// New messages may be due (a wake-up, a tick or a `Drain` arrived during
 /// the pass): claim again for free slots, even after an empty claim.
@@ -64,12 +58,42 @@ pub(crate) struct WindDown {
 /// whole and left waiting on its writes.
 const SETTLING: usize = 512;
 
+/// Whether the pass still claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Claiming for slots as they free.
+    Claiming,
+    /// The last claim found nothing due; a [`Refill`] makes it claim again.
+    Idle,
+    /// Claiming failed; the pass claims no more and ends with the error.
+    Failed,
+    /// Shutting down: no more claims; deliveries run out their grace.
+    WindingDown,
+    /// The shutdown grace is over: every delivery, even one started by a
+    /// claim that was in flight, is aborted.
+    Aborting,
+}
+
+/// Where a claimer's reports go: its coordinator.
+pub(crate) struct Coordinator {
+    /// Handed to each delivery, for its outcome.
+    pub(crate) finished: Recipient<DeliveryFinished>,
+    /// Messages a claim dead-lettered.
+    pub(crate) abandoned: Recipient<Abandoned>,
+    /// The claimer is done.
+    pub(crate) done: Recipient<ClaimerDone>,
+}
+
 pub(crate) struct Claimer {
+    /// The store, config and observers of the drain.
     drain: Arc<DrainContext>,
-    coordinator: Addr<DrainCoordinator>,
+    /// Where reports go.
+    coordinator: Coordinator,
+    /// The pass this claimer serves; every report carries it.
     pass: u64,
     /// Where deliveries run: round-robin over these, or the current arbiter.
     arbiters: Arc<[ArbiterHandle]>,
+    /// The arbiter the next delivery starts on.
     next_arbiter: usize,
     /// Messages this pass may still select (claimed plus abandoned).
     budget: usize,
@@ -77,23 +101,24 @@ pub(crate) struct Claimer {
     active: HashMap<u64, (Addr<DeliveryActor>, bool)>,
     /// Deliveries whose handler still runs.
     handling: usize,
+    /// The slot number the next delivery gets.
     next_slot: u64,
+    /// Deliveries started; the coordinator waits for that many outcomes.
     claimed: u64,
+    /// A claim (or the release of an over-claim) is in flight; one at a time.
     claiming: bool,
     /// A [`FillSlots`] is queued.
     filling: bool,
-    exhausted: bool,
-    winding_down: bool,
-    /// The shutdown grace is over: every delivery, even one started by a
-    /// claim that was in flight, is aborted.
-    aborting: bool,
-    error: Option<outbox::Error>,
+    /// Whether the pass still claims.
+    phase: Phase,
+    /// Why claiming stopped early, reported when the claimer is done.
+    error: Option<Error>,
 }
 
 impl Claimer {
     pub(crate) fn new(
         drain: Arc<DrainContext>,
-        coordinator: Addr<DrainCoordinator>,
+        coordinator: Coordinator,
         pass: u64,
         arbiters: Arc<[ArbiterHandle]>,
     ) -> Self {
@@ -110,19 +135,17 @@ impl Claimer {
             claimed: 0,
             claiming: false,
             filling: false,
-            exhausted: false,
-            winding_down: false,
-            aborting: false,
+            phase: Phase::Claiming,
             error: None,
         }
     }
 
     fn fill(&mut self, ctx: &mut Context<Self>) {
-        if self.claiming || self.exhausted || self.winding_down || self.budget == 0 {
+        if self.claiming || self.phase != Phase::Claiming || self.budget == 0 {
             return;
         }
         // A slot is a running handler. Deliveries whose handler returned
-        // finish their extension and settlement without one, so the next
+        // finish their settlement without one, so the next
         // claim overlaps those writes instead of waiting for them.
         let concurrency = self.drain.config.concurrency;
         let free = concurrency
@@ -144,8 +167,8 @@ impl Claimer {
             // A claim that outlives a lease is useless even if it succeeds:
             // every lease it took would already be over.
             match tokio::time::timeout(lease, call).await {
-                Ok(result) => result,
-                Err(_) => Err(outbox::Error::Timeout {
+                Ok(result) => result.map_err(Error::from),
+                Err(_) => Err(Error::Timeout {
                     operation: "claim_batch",
                     timeout: lease,
                 }),
@@ -159,22 +182,21 @@ impl Claimer {
     fn claimed(
         &mut self,
         limit: usize,
-        result: outbox::Result<ClaimedBatch>,
+        result: Result<ClaimedBatch, Error>,
         ctx: &mut Context<Self>,
     ) {
         self.claiming = false;
         match result {
             Err(error) => {
-                tracing::warn!(target: "outbox", event = "outbox.claim_failed", %error,
-                    "outbox claim failed; this pass stops claiming");
+                telemetry::claim_failed(&error);
                 self.stop_claiming(error);
             }
             Ok(batch) if batch.len() > limit => {
-                let error = outbox::Error::StoreContract(format!(
+                let error = Error::from(outbox::Error::StoreContract(format!(
                     "claim_batch returned {} messages for a limit of {limit}",
                     batch.len()
-                ));
-                tracing::error!(target: "outbox", event = "outbox.claim_failed", %error);
+                )));
+                telemetry::claim_broke_contract(&error);
                 self.stop_claiming(error);
                 // Give back what it took, so those messages need not wait out
                 // a lease; the pass ends once that is done.
@@ -185,7 +207,11 @@ impl Claimer {
                     act.finish_if_done(ctx);
                 }));
             }
-            Ok(batch) if batch.is_empty() => self.exhausted = true,
+            Ok(batch) if batch.is_empty() => {
+                if self.phase == Phase::Claiming {
+                    self.phase = Phase::Idle;
+                }
+            }
             Ok(batch) => {
                 self.budget -= batch.len();
                 let abandoned: Vec<DeadLetter> = batch
@@ -194,7 +220,7 @@ impl Claimer {
                     .map(DeadLetter::abandoned)
                     .collect();
                 if !abandoned.is_empty() {
-                    self.coordinator.do_send(Abandoned {
+                    self.coordinator.abandoned.do_send(Abandoned {
                         pass: self.pass,
                         dead_letters: abandoned.clone(),
                     });
@@ -216,8 +242,11 @@ impl Claimer {
         self.finish_if_done(ctx);
     }
 
-    fn stop_claiming(&mut self, error: outbox::Error) {
-        self.exhausted = true;
+    fn stop_claiming(&mut self, error: Error) {
+        // A shutdown under way stays one: its grace and aborts still apply.
+        if matches!(self.phase, Phase::Claiming | Phase::Idle) {
+            self.phase = Phase::Failed;
+        }
         self.error.get_or_insert(error);
     }
 
@@ -228,7 +257,8 @@ impl Claimer {
         let reporter = Reporter::new(
             self.pass,
             slot,
-            self.coordinator.clone().recipient(),
+            self.coordinator.finished.clone(),
+            ctx.address().recipient(),
             ctx.address().recipient(),
             Arc::new(message),
         );
@@ -240,7 +270,7 @@ impl Claimer {
             self.next_arbiter = self.next_arbiter.wrapping_add(1);
             DeliveryActor::start_in_arbiter(arbiter, move |_| DeliveryActor::new(drain, reporter))
         };
-        if self.aborting {
+        if self.phase == Phase::Aborting {
             address.do_send(Abort);
         }
         self.active.insert(slot, (address, true));
@@ -248,9 +278,9 @@ impl Claimer {
     }
 
     fn finish_if_done(&mut self, ctx: &mut Context<Self>) {
-        let done_claiming = self.exhausted || self.winding_down || self.budget == 0;
+        let done_claiming = self.phase != Phase::Claiming || self.budget == 0;
         if !self.claiming && done_claiming && self.active.is_empty() {
-            self.coordinator.do_send(ClaimerDone {
+            self.coordinator.done.do_send(ClaimerDone {
                 pass: self.pass,
                 claimed: self.claimed,
                 error: self.error.take(),
@@ -284,19 +314,9 @@ impl Actor for Claimer {
     }
 }
 
-impl Handler<SlotFreed> for Claimer {
-    type Result = ();
-
-    fn handle(&mut self, freed: SlotFreed, ctx: &mut Context<Self>) {
-        let handler_was_running = if freed.finished {
-            self.active
-                .remove(&freed.slot)
-                .is_some_and(|(_, handling)| handling)
-        } else {
-            self.active
-                .get_mut(&freed.slot)
-                .is_some_and(|(_, handling)| std::mem::replace(handling, false))
-        };
+impl Claimer {
+    /// A slot freed: its handler returned, or its delivery ended.
+    fn slot_freed(&mut self, handler_was_running: bool, ctx: &mut Context<Self>) {
         if handler_was_running {
             self.handling -= 1;
         }
@@ -307,6 +327,30 @@ impl Handler<SlotFreed> for Claimer {
             ctx.notify(FillSlots);
         }
         self.finish_if_done(ctx);
+    }
+}
+
+impl Handler<HandlerReturned> for Claimer {
+    type Result = ();
+
+    fn handle(&mut self, returned: HandlerReturned, ctx: &mut Context<Self>) {
+        let handler_was_running = self
+            .active
+            .get_mut(&returned.slot)
+            .is_some_and(|(_, handling)| std::mem::replace(handling, false));
+        self.slot_freed(handler_was_running, ctx);
+    }
+}
+
+impl Handler<DeliveryEnded> for Claimer {
+    type Result = ();
+
+    fn handle(&mut self, ended: DeliveryEnded, ctx: &mut Context<Self>) {
+        let handler_was_running = self
+            .active
+            .remove(&ended.slot)
+            .is_some_and(|(_, handling)| handling);
+        self.slot_freed(handler_was_running, ctx);
     }
 }
 
@@ -328,8 +372,8 @@ impl Handler<Refill> for Claimer {
         // deliveries keep the pass open, idle slots would otherwise wait for
         // the slowest of them before anything new is claimed. A pass that
         // stopped on a store error stays stopped: the next pass retries.
-        if self.error.is_none() && !self.winding_down {
-            self.exhausted = false;
+        if matches!(self.phase, Phase::Claiming | Phase::Idle) {
+            self.phase = Phase::Claiming;
             self.fill(ctx);
             self.finish_if_done(ctx);
         }
@@ -340,9 +384,11 @@ impl Handler<WindDown> for Claimer {
     type Result = ();
 
     fn handle(&mut self, wind_down: WindDown, ctx: &mut Context<Self>) {
-        self.winding_down = true;
+        if self.phase != Phase::Aborting {
+            self.phase = Phase::WindingDown;
+        }
         ctx.run_later(wind_down.grace, |act, _| {
-            act.aborting = true;
+            act.phase = Phase::Aborting;
             for (delivery, _) in act.active.values() {
                 delivery.do_send(Abort);
             }

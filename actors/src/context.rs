@@ -10,7 +10,7 @@ use outbox::{
     RetryPolicy, SharedClock, SharedStore,
 };
 
-use crate::messages::{DeadLetter, LeaseLost, SettlementFailed};
+use crate::notices::{DeadLetter, LeaseLost, SettlementFailed};
 
 /// What an observer hook returns; an `Err` is logged and changes nothing.
 pub type ObserverResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -50,13 +50,21 @@ pub trait DrainObserver: Send + Sync + 'static {
 
 /// Everything the actors of one coordinator share. Immutable once built.
 pub(crate) struct DrainContext {
+    /// Where messages are claimed and settled.
     pub(crate) store: SharedStore,
+    /// Decodes payloads and holds per-job retry policies.
     pub(crate) registry: Registry,
+    /// Delivers events, if the drain has any.
     pub(crate) events: Option<Arc<dyn EventBus>>,
+    /// Delivers jobs, if the drain has any.
     pub(crate) jobs: Option<Arc<dyn JobDispatcher>>,
+    /// The validated drain settings.
     pub(crate) config: DrainConfig,
+    /// The renewal interval, derived from `config` once.
     pub(crate) heartbeat: Duration,
+    /// Where `now` comes from for every store call.
     pub(crate) clock: SharedClock,
+    /// Called as deliveries end.
     pub(crate) observers: Vec<Arc<dyn DrainObserver>>,
 }
 

@@ -26,10 +26,11 @@ use outbox::{
 };
 use tokio::sync::oneshot;
 
-use crate::claimer::{Claimer, Refill, WindDown};
+use crate::claimer::{self, Claimer, Refill, WindDown};
 use crate::context::{DrainContext, DrainObserver, after, until};
 use crate::error::{Error, Result};
-use crate::messages::{DeadLetter, DrainReport, LeaseLost, Notice, Outcome, OutcomeNotice};
+use crate::messages::{Abandoned, ClaimerDone, DeliveryFinished};
+use crate::notices::{DrainReport, LeaseLost, Notice, Outcome, OutcomeNotice};
 use crate::telemetry;
 
 /// Run a drain pass and answer with its report.
@@ -84,75 +85,65 @@ pub struct CoordinatorStatus {
     pub shutting_down: bool,
 }
 
-/// A delivery's one outcome and what subscribers should hear of it.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub(crate) struct DeliveryFinished {
-    pub(crate) pass: u64,
-    pub(crate) outcome: Outcome,
-    pub(crate) notices: Vec<Notice>,
-    /// When a retried message is due again.
-    pub(crate) retry_at: Option<DateTime<Utc>>,
-}
-
-/// Messages a claim of the running pass dead-lettered because their
-/// attempts were used up.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub(crate) struct Abandoned {
-    pub(crate) pass: u64,
-    pub(crate) dead_letters: Vec<DeadLetter>,
-}
-
-/// The claimer of a pass stopped: it claimed, and started a delivery for,
-/// `claimed` messages.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub(crate) struct ClaimerDone {
-    pub(crate) pass: u64,
-    pub(crate) claimed: u64,
-    pub(crate) error: Option<outbox::Error>,
-}
-
 /// A store wake-up: something was committed.
 struct Wake;
 
 type Waiter = oneshot::Sender<Result<DrainReport>>;
 
+/// The running pass.
 struct Pass {
+    /// Its number; reports of other passes do not count in it.
     id: u64,
+    /// Its claimer, for refills and the shutdown.
     claimer: Addr<Claimer>,
+    /// Its tally so far.
     report: DrainReport,
+    /// Deliveries that reported their outcome.
     finished: u64,
     /// Known once the claimer is done; the pass ends when every claimed
     /// message has reported (reports and `ClaimerDone` may arrive in any order).
     claimed: Option<u64>,
-    error: Option<outbox::Error>,
+    /// Why claiming stopped early; the pass then ends in an error.
+    error: Option<Error>,
+    /// Who waits for its report.
     waiters: Vec<Waiter>,
 }
 
 /// The coordinator actor. Build one with [`DrainCoordinator::builder`].
 pub struct DrainCoordinator {
+    /// What every actor of this coordinator shares.
     drain: Arc<DrainContext>,
+    /// The delivery arbiters it owns, stopped with it.
     arbiters: Vec<Arbiter>,
+    /// Handles of `arbiters`, handed to each claimer.
     arbiter_handles: Arc<[ArbiterHandle]>,
+    /// Start a pass on store wake-ups.
     wake_on_insert: bool,
+    /// Who hears every lease failure.
     lease_subscribers: Vec<Recipient<LeaseLost>>,
+    /// Who hears settlement failures and dead letters.
     outcome_subscribers: Vec<Recipient<OutcomeNotice>>,
+    /// The running pass; never more than one.
     pass: Option<Pass>,
+    /// The number the next pass gets.
     next_pass: u64,
     /// Waiters of the follow-up pass; `Some` (even empty) means one is due.
     follow_up: Option<Vec<Waiter>>,
     /// `Some` once shutdown began: who waits for it to complete.
     shutdown: Option<Vec<oneshot::Sender<DrainReport>>>,
+    /// The schedule and the wake-up stream, cancelled at shutdown.
     background: Vec<SpawnHandle>,
     /// When work this coordinator left behind becomes claimable again
     /// (retries, lost leases, a failed claim), so it comes back to it
     /// without a schedule or a new insert.
     revisits: BTreeSet<DateTime<Utc>>,
+    /// The timer armed for the first of `revisits`, and when it fires.
     revisit_timer: Option<(DateTime<Utc>, SpawnHandle)>,
+    /// Passes finished, for [`GetStatus`].
     passes: u64,
+    /// The last finished pass's report, for [`GetStatus`].
     last_report: Option<DrainReport>,
+    /// Totals over every finished pass, for [`GetStatus`].
     totals: DrainReport,
     /// When the pending gauge was last sampled.
     pending_sampled: Option<tokio::time::Instant>,
@@ -193,7 +184,7 @@ impl DrainCoordinator {
 
     /// Refuse a pass, before claiming anything, when registered messages have
     /// no transport: claiming them would only burn their attempts.
-    fn check_transports(&self) -> outbox::Result<()> {
+    fn check_transports(&self) -> Result<()> {
         let registry = &self.drain.registry;
         let missing = [
             (MessageKind::Event, self.drain.events.is_none(), "event bus"),
@@ -209,7 +200,7 @@ impl DrainCoordinator {
                 if registry.catches_all(kind) {
                     names.push("any other name");
                 }
-                return Err(outbox::Error::MissingTransport {
+                return Err(Error::MissingTransport {
                     kind,
                     transport,
                     names: names.join(", "),
@@ -221,17 +212,23 @@ impl DrainCoordinator {
 
     fn start_pass(&mut self, waiters: Vec<Waiter>, ctx: &mut Context<Self>) {
         if let Err(error) = self.check_transports() {
-            tracing::error!(target: "outbox", event = "outbox.pass_refused", %error);
+            telemetry::pass_refused(&error);
             for waiter in waiters {
-                let _ = waiter.send(Err(error.clone().into()));
+                let _ = waiter.send(Err(error.clone()));
             }
             return;
         }
         let id = self.next_pass;
         self.next_pass += 1;
+        let address = ctx.address();
+        let coordinator = claimer::Coordinator {
+            finished: address.clone().recipient(),
+            abandoned: address.clone().recipient(),
+            done: address.recipient(),
+        };
         let claimer = Claimer::new(
             self.drain.clone(),
-            ctx.address(),
+            coordinator,
             id,
             self.arbiter_handles.clone(),
         )
@@ -319,7 +316,7 @@ impl DrainCoordinator {
         let result = match pass.error {
             None => Ok(report),
             Some(source) => Err(Error::Pass {
-                source,
+                source: Box::new(source),
                 report: Box::new(report),
             }),
         };

@@ -1,6 +1,16 @@
 //! The runtime's error type.
+//!
+//! The errors only a running drain can meet live here rather than in
+//! [`outbox::Error`]: a lease that could not be confirmed, a delivery past
+//! `max_active`, a store call that did not answer in time, and a registry
+//! with no transport. Everything the core and its stores report arrives
+//! boxed in as [`Error::Outbox`].
 
-use crate::messages::DrainReport;
+use std::time::Duration;
+
+use outbox::MessageKind;
+
+use crate::notices::DrainReport;
 
 /// `Result` with this crate's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -9,17 +19,45 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// An error from the outbox core or its store (invalid config, missing
-    /// transport, store failure).
+    /// An error from the outbox core or its store (invalid config, store
+    /// failure, a claim that no longer owns its message).
     #[error(transparent)]
     Outbox(#[from] outbox::Error),
+    /// A delivery could not confirm that it still holds its claim.
+    #[error(transparent)]
+    LeaseLost(#[from] LeaseLostError),
+    /// A delivery ran past the configured `max_active` window.
+    #[error(transparent)]
+    MaxActiveDuration(#[from] MaxActiveDurationError),
+    /// A store call did not answer within its time bound.
+    #[error("outbox store did not answer {operation} within {}", humantime::format_duration(*timeout))]
+    Timeout {
+        /// The store operation that timed out.
+        operation: &'static str,
+        /// How long the drain waited.
+        timeout: Duration,
+    },
+    /// A pass cannot run: the registry has messages of a kind that no
+    /// transport delivers.
+    #[error(
+        "cannot drain: the registry has {kind} messages ({names}) but no {transport} \
+         was configured; add one to the builder or remove those registrations"
+    )]
+    MissingTransport {
+        /// The kind of message that has no transport.
+        kind: MessageKind,
+        /// The transport that is missing ("event bus" or "job dispatcher").
+        transport: &'static str,
+        /// The registered names of that kind, comma-separated.
+        names: String,
+    },
     /// The pass stopped claiming because the store failed; the deliveries it
     /// had already started finished, and `report` counts them. The next pass
     /// picks up where this one stopped.
     #[error("drain pass stopped claiming: {source} (finished before stopping: {report})")]
     Pass {
         /// Why claiming stopped.
-        source: outbox::Error,
+        source: Box<Error>,
         /// What the pass did before it stopped.
         report: Box<DrainReport>,
     },
@@ -37,6 +75,56 @@ impl Error {
         match self {
             Error::Pass { report, .. } => Some(report),
             _ => None,
+        }
+    }
+
+    /// `true` when the store confirmed that the claim token no longer owns
+    /// the message ([`outbox::Error::is_claim_lost`]).
+    pub fn is_claim_lost(&self) -> bool {
+        matches!(self, Error::Outbox(error) if error.is_claim_lost())
+    }
+}
+
+/// A delivery could not confirm that its claim is still active.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("outbox claim for message {id:?} is no longer confirmed: {reason}")]
+#[non_exhaustive]
+pub struct LeaseLostError {
+    /// The message id.
+    pub id: String,
+    /// What happened.
+    pub reason: String,
+    /// The error behind it, if any.
+    #[source]
+    pub source: Option<Box<Error>>,
+}
+
+impl LeaseLostError {
+    pub(crate) fn new(id: &str, reason: impl Into<String>, source: Option<Error>) -> Self {
+        LeaseLostError {
+            id: id.to_owned(),
+            reason: reason.into(),
+            source: source.map(Box::new),
+        }
+    }
+}
+
+/// A delivery ran longer than the configured `max_active` window.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("outbox delivery of message {id:?} exceeded its active-claim limit of {}", humantime::format_duration(*max_active))]
+#[non_exhaustive]
+pub struct MaxActiveDurationError {
+    /// The message id.
+    pub id: String,
+    /// The configured limit.
+    pub max_active: Duration,
+}
+
+impl MaxActiveDurationError {
+    pub(crate) fn new(id: &str, max_active: Duration) -> Self {
+        MaxActiveDurationError {
+            id: id.to_owned(),
+            max_active,
         }
     }
 }

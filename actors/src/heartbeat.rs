@@ -1,59 +1,63 @@
 //! `HeartbeatActor`: keeps one claim's lease alive while its delivery runs.
 //!
-//! A child of one [`DeliveryActor`](crate::delivery::DeliveryActor). Every
-//! `heartbeat` it renews the lease, each renewal bounded by
-//! `min(locked_until, active_until)`. A claim error is confirmed loss; other
-//! errors are retried after `min(heartbeat, remaining / 3)` until the
-//! deadline; a renewal that does not answer before the deadline is loss
-//! (unconfirmed). Loss is told to the parent as [`LeaseLost`]. When the
-//! delivery is done the parent sends [`StopAndExtend`]: the heartbeat stops
-//! without cutting a renewal in flight, answers [`Extended`] with the last
-//! lease it confirmed, and stops. The extension itself is the first
-//! settlement write: it is fenced on the claim token and a live lease at
-//! the moment it is made, which is all a renewal just before it would
-//! confirm, so a separate renewal would only cost a write (see
-//! `settle_delivery` in the delivery module).
+//! A child of one delivery actor. Every `heartbeat` it renews the lease,
+//! each renewal bounded by `min(locked_until, active_until)`. A claim error
+//! is confirmed loss; other errors are retried after
+//! `min(heartbeat, remaining / 3)` until the deadline; a renewal that does
+//! not answer before the deadline is loss (unconfirmed). Loss is told to the
+//! parent as [`HeartbeatLoss`]. When the delivery is done the parent sends
+//! [`StopAndHandOver`]: the heartbeat stops without cutting a renewal in
+//! flight, answers [`LeaseHandedOver`] with the last lease it confirmed, and
+//! stops. It does not renew once more first: the first settlement write is
+//! fenced on the claim token and a live lease at the moment it is made,
+//! which is all such a renewal would confirm (see the `settlement` module).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::context::{DrainContext, until};
-use crate::delivery::{DeliveryActor, Extended};
-use crate::messages::{LeaseLost, LeaseOperation, LeaseState};
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
-use outbox::{ClaimedMessage, LeaseLostError, MaxActiveDurationError, RenewClaim};
+use outbox::{ClaimedMessage, RenewClaim};
 
-/// Stop renewing, let a renewal in flight finish, then answer [`Extended`]
-/// with the lease for the extension.
+use crate::context::{DrainContext, until};
+use crate::error::{Error, LeaseLostError};
+use crate::messages::{HandOver, HeartbeatLoss, LeaseHandedOver};
+use crate::notices::{LeaseLost, LeaseOperation, LeaseState};
+use crate::settlement::deadline_failure;
+
+/// Stop renewing, let a renewal in flight finish, then answer
+/// [`LeaseHandedOver`] with the last confirmed lease.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub(crate) struct StopAndExtend;
+pub(crate) struct StopAndHandOver;
 
 /// Stop at once; a renewal in flight is abandoned.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub(crate) struct StopHeartbeat;
 
-/// What the heartbeat knows of the lease when the delivery is done.
+/// Where the heartbeat is in its life.
 #[derive(Debug)]
-pub(crate) enum Extension {
-    /// The claim was last confirmed until `locked_until`, still ahead;
-    /// extend and settle before then.
-    Held {
-        locked_until: DateTime<Utc>,
-        /// The first transient renewal error seen along the way: recovered
-        /// from if the extension succeeds.
-        renewal_error: Option<outbox::Error>,
-    },
-    /// The claim is lost or unconfirmed; do not settle.
+enum Phase {
+    /// Between renewals: the next one is scheduled.
+    Waiting,
+    /// A renewal is in flight.
+    Renewing,
+    /// A [`StopAndHandOver`] arrived during a renewal; answer it once that
+    /// renewal has.
+    HandOverDue,
+    /// The claim is lost and the parent was told; every later answer
+    /// repeats this failure.
     Lost(LeaseLost),
+    /// Stopped in order (handed over, told to stop, or the parent is gone):
+    /// nothing more to tell.
+    Stopped,
 }
 
 /// The result of one renewal bounded by a deadline.
 enum Renewal {
     Succeeded(DateTime<Utc>),
-    Failed(outbox::Error),
+    Failed(Error),
     Deadline,
 }
 
@@ -75,7 +79,7 @@ async fn bounded_renewal(
     });
     match tokio::time::timeout(remaining, call).await {
         Err(_) => Renewal::Deadline,
-        Ok(Err(error)) => Renewal::Failed(error),
+        Ok(Err(error)) => Renewal::Failed(error.into()),
         Ok(Ok(locked_until)) => {
             let completed_at = drain.now();
             if completed_at >= deadline {
@@ -84,13 +88,11 @@ async fn bounded_renewal(
                 // Not a claim error: the store answered, just not usefully,
                 // so this is retried like any transient failure.
                 Renewal::Failed(
-                    LeaseLostError {
-                        id: message.id.clone(),
-                        reason: format!(
-                            "renewal returned a lease that already ended ({locked_until})"
-                        ),
-                        source: None,
-                    }
+                    LeaseLostError::new(
+                        &message.id,
+                        format!("renewal returned a lease that already ended ({locked_until})"),
+                        None,
+                    )
                     .into(),
                 )
             } else {
@@ -100,74 +102,48 @@ async fn bounded_renewal(
     }
 }
 
-/// The failure for a deadline that passed: `max_active` when it ends first,
-/// else the lease.
-pub(crate) fn deadline_failure(
-    drain: &DrainContext,
-    message: &ClaimedMessage,
-    active_first: bool,
-    confirmed_lost: bool,
-    reason: &str,
-    cause: Option<outbox::Error>,
-) -> LeaseLost {
-    let (operation, confirmed_lost, error) = if active_first {
-        let error = MaxActiveDurationError {
-            id: message.id.clone(),
-            max_active: drain.config.max_active,
-        };
-        (LeaseOperation::MaxActive, false, error.into())
-    } else {
-        let error = LeaseLostError {
-            id: message.id.clone(),
-            reason: reason.to_owned(),
-            source: cause.map(Box::new),
-        };
-        (LeaseOperation::Renew, confirmed_lost, error.into())
-    };
-    LeaseLost::new(message, operation, LeaseState::Lost, confirmed_lost, error)
-}
-
 pub(crate) struct HeartbeatActor {
+    /// The store, clock and timings.
     drain: Arc<DrainContext>,
+    /// The claimed message whose lease this keeps.
     message: Arc<ClaimedMessage>,
-    parent: Addr<DeliveryActor>,
+    /// Where a loss goes while the delivery still runs; also tells whether
+    /// the parent is still alive.
+    lost: Recipient<HeartbeatLoss>,
+    /// Where the answer to [`StopAndHandOver`] goes.
+    handed_over: Recipient<LeaseHandedOver>,
+    /// The end of the last lease the claim or a renewal confirmed.
     locked_until: DateTime<Utc>,
+    /// The delivery's `max_active` end: no renewal is worth more than that.
     active_until: DateTime<Utc>,
     /// The first transient renewal error, reported as *recovered* if a later
-    /// renewal succeeds.
-    first_error: Option<outbox::Error>,
-    /// Set once the claim is lost; every later answer repeats it.
-    failure: Option<LeaseLost>,
-    renewing: bool,
-    stopped: bool,
-    /// A `StopAndExtend` arrived during a renewal; answer it after that.
-    pending_stop: bool,
+    /// renewal (or the first settlement write) succeeds.
+    first_error: Option<Error>,
+    /// Where the heartbeat is; a drop in any phase but `Lost` or `Stopped`
+    /// means it died, and the parent must hear the lease is unconfirmed.
+    phase: Phase,
+    /// The next scheduled renewal, cancelled on hand-over.
     tick: Option<SpawnHandle>,
-    /// Cleared on every orderly stop; if the actor is dropped while still
-    /// armed it died, and the parent must hear that the lease is unconfirmed.
-    armed: bool,
 }
 
 impl HeartbeatActor {
     pub(crate) fn new(
         drain: Arc<DrainContext>,
         message: Arc<ClaimedMessage>,
-        parent: Addr<DeliveryActor>,
+        lost: Recipient<HeartbeatLoss>,
+        handed_over: Recipient<LeaseHandedOver>,
         active_until: DateTime<Utc>,
     ) -> Self {
         HeartbeatActor {
             locked_until: message.locked_until,
             drain,
             message,
-            parent,
+            lost,
+            handed_over,
             active_until,
             first_error: None,
-            failure: None,
-            renewing: false,
-            stopped: false,
-            pending_stop: false,
+            phase: Phase::Waiting,
             tick: None,
-            armed: true,
         }
     }
 
@@ -177,12 +153,7 @@ impl HeartbeatActor {
         (self.locked_until.min(self.active_until), active_first)
     }
 
-    fn lost(
-        &self,
-        operation: LeaseOperation,
-        confirmed_lost: bool,
-        error: outbox::Error,
-    ) -> LeaseLost {
+    fn lost(&self, operation: LeaseOperation, confirmed_lost: bool, error: Error) -> LeaseLost {
         LeaseLost::new(
             &self.message,
             operation,
@@ -197,7 +168,7 @@ impl HeartbeatActor {
         active_first: bool,
         confirmed_lost: bool,
         reason: &str,
-        cause: Option<outbox::Error>,
+        cause: Option<Error>,
     ) -> LeaseLost {
         deadline_failure(
             &self.drain,
@@ -220,17 +191,18 @@ impl HeartbeatActor {
     }
 
     fn schedule(&mut self, delay: Duration, ctx: &mut Context<Self>) {
+        self.phase = Phase::Waiting;
         self.tick = Some(ctx.run_later(delay, |act, ctx| act.renew(ctx)));
     }
 
     fn renew(&mut self, ctx: &mut Context<Self>) {
         self.tick = None;
-        if self.stopped {
+        if !matches!(self.phase, Phase::Waiting) {
             return;
         }
-        if !self.parent.connected() {
+        if !self.lost.connected() {
             // The delivery is gone without saying so; its claim is not ours to keep.
-            self.armed = false;
+            self.phase = Phase::Stopped;
             ctx.stop();
             return;
         }
@@ -239,7 +211,7 @@ impl HeartbeatActor {
                 Ok(left) => left,
                 Err(failure) => return self.fail(failure),
             };
-        self.renewing = true;
+        self.phase = Phase::Renewing;
         let renewal = bounded_renewal(self.drain.clone(), self.message.clone(), deadline);
         ctx.spawn(renewal.into_actor(self).map(move |renewal, act, ctx| {
             act.renewed(renewal, deadline, active_first, ctx);
@@ -253,83 +225,78 @@ impl HeartbeatActor {
         active_first: bool,
         ctx: &mut Context<Self>,
     ) {
-        self.renewing = false;
-        match renewal {
+        // Only a hand-over can have arrived during the renewal: a
+        // `StopHeartbeat` stops the actor, and the renewal with it.
+        let hand_over_due = matches!(self.phase, Phase::HandOverDue);
+        // `Ok(delay)`: renew again after `delay` (unless handing over).
+        let next = match renewal {
             Renewal::Succeeded(locked_until) => {
                 self.locked_until = locked_until;
-                if !self.stopped {
-                    self.schedule(self.drain.heartbeat, ctx);
-                }
+                Ok(self.drain.heartbeat)
             }
-            Renewal::Deadline => {
-                let failure = self.deadline_failure(
-                    active_first,
-                    false,
-                    "a renewal did not complete before the lease deadline",
-                    None,
-                );
-                self.fail(failure);
-            }
+            Renewal::Deadline => Err(self.deadline_failure(
+                active_first,
+                false,
+                "a renewal did not complete before the lease deadline",
+                None,
+            )),
             Renewal::Failed(error) if error.is_claim_lost() => {
-                let failure = self.lost(LeaseOperation::Renew, true, error);
-                self.fail(failure);
+                Err(self.lost(LeaseOperation::Renew, true, error))
             }
             Renewal::Failed(error) => {
                 if self.first_error.is_none() {
                     self.first_error = Some(error.clone());
                 }
-                if !self.stopped {
+                if hand_over_due {
+                    // The hand-over checks the deadline itself.
+                    Ok(Duration::ZERO)
+                } else {
                     let remaining = until(self.drain.now(), deadline);
                     if remaining.is_zero() {
-                        let failure = self.deadline_failure(
+                        Err(self.deadline_failure(
                             active_first,
                             false,
                             "renewals did not recover before the lease ran out",
                             Some(error),
-                        );
-                        self.fail(failure);
+                        ))
                     } else {
                         let retry = self.drain.heartbeat.min(remaining / 3);
-                        self.schedule(retry.max(Duration::from_millis(1)), ctx);
+                        Ok(retry.max(Duration::from_millis(1)))
                     }
                 }
             }
-        }
-        if std::mem::take(&mut self.pending_stop) {
-            self.extend(ctx);
-        }
-    }
-
-    fn fail(&mut self, failure: LeaseLost) {
-        if self.failure.is_some() {
-            return;
-        }
-        self.stopped = true;
-        // A parent waiting on `StopAndExtend` gets the failure as its answer;
-        // only a parent still delivering needs to be told.
-        if !self.pending_stop {
-            self.parent.do_send(failure.clone());
-        }
-        self.failure = Some(failure);
-    }
-
-    fn extend(&mut self, ctx: &mut Context<Self>) {
-        let extension = match self.failure.clone() {
-            Some(failure) => Extension::Lost(failure),
-            None => match self.time_left("the lease ran out before the delivery finished") {
-                Ok(_) => Extension::Held {
-                    locked_until: self.locked_until,
-                    renewal_error: self.first_error.take(),
-                },
-                Err(failure) => Extension::Lost(failure),
-            },
         };
-        self.answer(extension, ctx);
+        match (next, hand_over_due) {
+            // A parent waiting on the hand-over gets the failure as its
+            // answer; only a parent still delivering needs to be told.
+            (Err(failure), true) => self.hand_over(HandOver::Lost(failure), ctx),
+            (Ok(_), true) => self.hand_over_lease(ctx),
+            (Err(failure), false) => self.fail(failure),
+            (Ok(delay), false) => self.schedule(delay, ctx),
+        }
     }
 
-    fn answer(&mut self, extension: Extension, ctx: &mut Context<Self>) {
-        self.parent.do_send(Extended(extension));
-        self.armed = false;
+    /// The claim is lost while the delivery runs: tell the parent, once.
+    fn fail(&mut self, failure: LeaseLost) {
+        self.lost.do_send(HeartbeatLoss(failure.clone()));
+        self.phase = Phase::Lost(failure);
+    }
+
+    /// Hand over the last confirmed lease, if it is still running.
+    fn hand_over_lease(&mut self, ctx: &mut Context<Self>) {
+        let hand_over = match self.time_left("the lease ran out before the delivery finished") {
+            Ok(_) => HandOver::Held {
+                locked_until: self.locked_until,
+                renewal_error: self.first_error.take(),
+            },
+            Err(failure) => HandOver::Lost(failure),
+        };
+        self.hand_over(hand_over, ctx);
+    }
+
+    fn hand_over(&mut self, hand_over: HandOver, ctx: &mut Context<Self>) {
+        self.handed_over.do_send(LeaseHandedOver(hand_over));
+        self.phase = Phase::Stopped;
         ctx.stop();
     }
 }
@@ -344,30 +311,36 @@ impl Actor for HeartbeatActor {
 
 impl Drop for HeartbeatActor {
     fn drop(&mut self) {
-        if self.armed && self.failure.is_none() {
-            let error = LeaseLostError {
-                id: self.message.id.clone(),
-                reason: "the heartbeat stopped unexpectedly".to_owned(),
-                source: None,
-            };
-            self.parent
-                .do_send(self.lost(LeaseOperation::Renew, false, error.into()));
+        if matches!(
+            self.phase,
+            Phase::Waiting | Phase::Renewing | Phase::HandOverDue
+        ) {
+            let error =
+                LeaseLostError::new(&self.message.id, "the heartbeat stopped unexpectedly", None);
+            self.lost.do_send(HeartbeatLoss(self.lost(
+                LeaseOperation::Renew,
+                false,
+                error.into(),
+            )));
         }
     }
 }
 
-impl Handler<StopAndExtend> for HeartbeatActor {
+impl Handler<StopAndHandOver> for HeartbeatActor {
     type Result = ();
 
-    fn handle(&mut self, _: StopAndExtend, ctx: &mut Context<Self>) {
-        self.stopped = true;
+    fn handle(&mut self, _: StopAndHandOver, ctx: &mut Context<Self>) {
         if let Some(tick) = self.tick.take() {
             ctx.cancel_future(tick);
         }
-        if self.renewing {
-            self.pending_stop = true;
-        } else {
-            self.extend(ctx);
+        match &self.phase {
+            Phase::Renewing | Phase::HandOverDue => self.phase = Phase::HandOverDue,
+            Phase::Waiting => self.hand_over_lease(ctx),
+            Phase::Lost(failure) => {
+                let failure = failure.clone();
+                self.hand_over(HandOver::Lost(failure), ctx);
+            }
+            Phase::Stopped => {}
         }
     }
 }
@@ -376,8 +349,7 @@ impl Handler<StopHeartbeat> for HeartbeatActor {
     type Result = ();
 
     fn handle(&mut self, _: StopHeartbeat, ctx: &mut Context<Self>) {
-        self.stopped = true;
-        self.armed = false;
+        self.phase = Phase::Stopped;
         ctx.stop();
     }
 }

@@ -12,10 +12,18 @@
 //! # Layout
 //!
 //! ```text
-//! DrainCoordinator ──starts──▶ Claimer ──one per message──▶ DeliveryActor ──child──▶ HeartbeatActor
-//!        ▲                                                        │                        │
-//!        └───────── outcome messages (settled, lease lost, max active, released) ──────────┘
+//! DrainCoordinator ──Refill/WindDown──▶ Claimer ──starts, Abort──▶ DeliveryActor ──starts, StopAndHandOver──▶ HeartbeatActor
+//!        ▲   ▲                            ▲  │                         │   ▲                                   │
+//!        │   └──── Abandoned, ClaimerDone ┘  │                         │   └──── lease handed over / lost ─────┘
+//!        └──────────── DeliveryFinished { outcome } ───────────────────┘
+//!                                            ▲                         │
+//!                                            └── HandlerReturned, DeliveryEnded
 //! ```
+//!
+//! Commands travel down the tree and sit at the top of the receiving
+//! actor's file; reports travel up as the types of `messages`, to
+//! `Recipient`s of the parent. So each actor file imports only the files
+//! below it, and the heartbeat reads on its own.
 //!
 //! - `coordinator`: [`DrainCoordinator`], long-lived, one per outbox. Runs
 //!   passes on [`Drain`], on its schedule and on store wake-ups (never two at
@@ -24,19 +32,25 @@
 //! - `claimer`: one per pass; claims only as many messages as there are free
 //!   delivery slots and refills a slot as soon as it frees.
 //! - `delivery`: one `DeliveryActor` per message; runs the handler (a panic
-//!   is a delivery failure), owns the `max_active` timer, settles, and
-//!   reports exactly one outcome, through a drop guard if it dies.
+//!   is a delivery failure), owns the `max_active` timer, has the
+//!   settlement written, and reports exactly one outcome, in one place
+//!   (through a drop guard if it dies).
 //! - `heartbeat`: the delivery's child `HeartbeatActor`; renews the lease
 //!   and hands the last confirmed lease to the settlement.
-//! - `messages`: what several actors exchange and what subscribers receive:
-//!   [`DrainReport`], [`Outcome`], [`LeaseLost`], [`OutcomeNotice`].
+//! - `settlement`: the settlement protocol as plain async functions: the
+//!   fenced writes that end a delivery, returning what happened.
+//! - `messages`: the internal reports that travel up the tree.
+//! - `notices`: the public reports and notifications: [`DrainReport`],
+//!   [`Outcome`], [`LeaseLost`], [`OutcomeNotice`], [`SettlementFailed`],
+//!   [`DeadLetter`].
 //! - `context`: what the actors of one coordinator share, and the
 //!   [`DrainObserver`] hooks.
 //! - `recipient`: [`RecipientBus`] and [`RecipientJobs`], delivery to actors.
 //! - `telemetry`: the delivery span, and one hook per outcome that emits its
 //!   tracing event and records its metrics.
 //! - [`metrics`]: the metric names, with their labels and units.
-//! - `error`: [`Error`].
+//! - `error`: [`Error`], with the errors only a running drain meets
+//!   ([`LeaseLostError`], [`MaxActiveDurationError`]).
 //!
 //! # Tracing
 //!
@@ -62,10 +76,12 @@
 //! | `outbox.dead_lettered` | error | failed for good; field `abandoned` |
 //! | `outbox.lease_lost` | warn | claim lost, delivery aborted (error when its delivery actor died) |
 //! | `outbox.renewal_recovered` | info | renewals failed, then succeeded |
-//! | `outbox.renewal_degraded` | warn | the extension (the first settlement write) failed; settled under the last lease |
+//! | `outbox.renewal_degraded` | warn | the first settlement write failed; settled under the last confirmed lease |
 //! | `outbox.settlement_failed` | error | the outcome could not be stored |
 //! | `outbox.released` | info | claim given back at shutdown |
 //! | `outbox.release_failed` | warn | claim not given back at shutdown; claimable after its lease |
+//! | `outbox.claim_failed` | warn | a claim failed (error when the store broke its contract); the pass stops claiming |
+//! | `outbox.pass_refused` | error | a pass was refused: registered messages have no transport |
 //! | `outbox.pass_finished` | debug | a pass ended, with its tally |
 //! | `outbox.delivery_started` | trace | a handler starts; the only event with the payload |
 //!
@@ -136,7 +152,9 @@ mod error;
 mod heartbeat;
 mod messages;
 pub mod metrics;
+mod notices;
 mod recipient;
+mod settlement;
 mod telemetry;
 
 pub use outbox;
@@ -151,8 +169,8 @@ pub use coordinator::{
     CoordinatorStatus, Drain, DrainCoordinator, DrainCoordinatorBuilder, GetStatus, Shutdown,
     Subscribe,
 };
-pub use error::{Error, Result};
-pub use messages::{
+pub use error::{Error, LeaseLostError, MaxActiveDurationError, Result};
+pub use notices::{
     DeadLetter, DrainReport, LeaseLost, LeaseOperation, LeaseState, Outcome, OutcomeNotice,
     SettleOperation, SettlementFailed,
 };

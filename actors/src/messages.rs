@@ -1,283 +1,107 @@
-//! Messages and outcome types that several actors exchange, and the
-//! notifications subscribers receive.
-
-use std::fmt;
+//! The reports that travel up the actor tree.
+//!
+//! A child tells its parent what happened through these, holding a
+//! `Recipient` of each (never the parent's `Addr`), so an actor's file
+//! depends only on the actors below it. The commands that travel down sit
+//! at the top of the file of the actor that receives them.
+//!
+//! | report | from | to |
+//! |---|---|---|
+//! | [`LeaseHandedOver`] | heartbeat | delivery |
+//! | [`HeartbeatLoss`] | heartbeat | delivery |
+//! | [`HandlerReturned`] | delivery | claimer |
+//! | [`DeliveryEnded`] | delivery | claimer |
+//! | [`DeliveryFinished`] | delivery | coordinator |
+//! | [`Abandoned`] | claimer | coordinator |
+//! | [`ClaimerDone`] | claimer | coordinator |
 
 use actix::Message;
-use outbox::{ClaimedMessage, DeliveryError, ErrorRecord, MessageKind, OutboxMessage};
-use serde::Serialize;
+use chrono::{DateTime, Utc};
 
-/// What one drain pass did. Every claimed message has exactly one outcome.
-///
-/// Counted as the reference outbox counts: `dead_lettered` includes the
-/// `abandoned_dead_lettered` messages (dead-lettered at claim, never
-/// delivered), and a settlement that failed because the claim was lost counts
-/// in both `settlement_failed` and `lease_lost`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct DrainReport {
-    /// Messages claimed for delivery (abandoned ones not included).
-    pub claimed: u64,
-    /// Delivered and acknowledged.
-    pub delivered: u64,
-    /// Failed and scheduled for another attempt.
-    pub retried: u64,
-    /// Dead-lettered: after delivery failed for good, or abandoned at claim.
-    pub dead_lettered: u64,
-    /// Dead-lettered at claim because their attempts were used up.
-    pub abandoned_dead_lettered: u64,
-    /// Delivered or failed, but the outcome could not be stored.
-    pub settlement_failed: u64,
-    /// Claims that were lost or could not be confirmed (nothing settled).
-    pub lease_lost: u64,
-    /// Claims given back unsettled at shutdown.
-    pub released: u64,
-}
+use crate::error::Error;
+use crate::notices::{DeadLetter, LeaseLost, Notice, Outcome};
 
-impl DrainReport {
-    /// Messages the pass touched: claimed plus abandoned.
-    pub fn selected(&self) -> u64 {
-        self.claimed + self.abandoned_dead_lettered
-    }
-
-    pub(crate) fn add(&mut self, outcome: Outcome) {
-        match outcome {
-            Outcome::Delivered => self.delivered += 1,
-            Outcome::Retried => self.retried += 1,
-            Outcome::DeadLettered => self.dead_lettered += 1,
-            Outcome::SettlementFailed { claim_lost } => {
-                self.settlement_failed += 1;
-                if claim_lost {
-                    self.lease_lost += 1;
-                }
-            }
-            Outcome::LeaseLost => self.lease_lost += 1,
-            Outcome::Released => self.released += 1,
-        }
-    }
-}
-
-impl std::ops::AddAssign for DrainReport {
-    fn add_assign(&mut self, pass: DrainReport) {
-        self.claimed += pass.claimed;
-        self.delivered += pass.delivered;
-        self.retried += pass.retried;
-        self.dead_lettered += pass.dead_lettered;
-        self.abandoned_dead_lettered += pass.abandoned_dead_lettered;
-        self.settlement_failed += pass.settlement_failed;
-        self.lease_lost += pass.lease_lost;
-        self.released += pass.released;
-    }
-}
-
-impl fmt::Display for DrainReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "claimed {}, delivered {}, retried {}, dead-lettered {} ({} abandoned), \
-             settlement failed {}, lease lost {}, released {}",
-            self.claimed,
-            self.delivered,
-            self.retried,
-            self.dead_lettered,
-            self.abandoned_dead_lettered,
-            self.settlement_failed,
-            self.lease_lost,
-            self.released
-        )
-    }
-}
-
-/// The one outcome of one claimed message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// Delivered and acknowledged.
-    Delivered,
-    /// Failed; pending again at its retry time.
-    Retried,
-    /// Failed for good; dead-lettered.
-    DeadLettered,
-    /// The outcome could not be stored; `claim_lost` when the claim was lost
-    /// while trying (the message is claimable again after its lease).
-    SettlementFailed {
-        /// The claim was confirmed lost or its deadline passed.
-        claim_lost: bool,
+/// What the heartbeat knows of the lease when the delivery is done: its
+/// answer to `StopAndHandOver`.
+#[derive(Debug)]
+pub(crate) enum HandOver {
+    /// The claim was last confirmed until `locked_until`, still ahead;
+    /// settle before then.
+    Held {
+        /// The end of the last lease a renewal (or the claim) confirmed.
+        locked_until: DateTime<Utc>,
+        /// The first transient renewal error seen along the way: recovered
+        /// from if the first settlement write succeeds.
+        renewal_error: Option<Error>,
     },
-    /// The claim was lost or unconfirmed; the delivery was aborted and
-    /// nothing settled. The message is claimable again after its lease.
-    LeaseLost,
-    /// Given back unsettled at shutdown; claimable again at once.
-    Released,
+    /// The claim is lost or unconfirmed; do not settle.
+    Lost(LeaseLost),
 }
 
-/// Which guard of a claim failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LeaseOperation {
-    /// Renewing the lease: a heartbeat, or the final extension (the first
-    /// settlement write, which is fenced on a live lease like a renewal).
-    Renew,
-    /// The delivery reached the `max_active` limit.
-    MaxActive,
-}
-
-/// How a lease failure ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LeaseState {
-    /// The claim is lost or could not be confirmed; nothing was settled.
-    Lost,
-    /// Renewals failed for a while, then succeeded; the message settled normally.
-    Recovered,
-    /// The final extension failed transiently; the message settled under its
-    /// last confirmed lease.
-    Degraded,
-}
-
-/// A lease failure: sent to lease-lost subscribers and observers.
-#[derive(Debug, Clone, Message)]
+/// The heartbeat stopped and hands over the last confirmed lease.
+#[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct LeaseLost {
-    /// The message id.
-    pub id: String,
-    /// The message kind.
-    pub kind: MessageKind,
-    /// The message name.
-    pub name: String,
-    /// Which attempt this was.
-    pub attempt: u32,
-    /// Which guard failed.
-    pub operation: LeaseOperation,
-    /// Lost, recovered or degraded.
-    pub state: LeaseState,
-    /// `true` only when the store confirmed another token owns the message.
-    pub confirmed_lost: bool,
-    /// What went wrong.
-    pub error: outbox::Error,
-}
+pub(crate) struct LeaseHandedOver(pub(crate) HandOver);
 
-impl LeaseLost {
-    pub(crate) fn new(
-        message: &ClaimedMessage,
-        operation: LeaseOperation,
-        state: LeaseState,
-        confirmed_lost: bool,
-        error: outbox::Error,
-    ) -> Self {
-        LeaseLost {
-            id: message.id.clone(),
-            kind: message.kind,
-            name: message.name.clone(),
-            attempt: message.attempts,
-            operation,
-            state,
-            confirmed_lost,
-            error,
-        }
-    }
-}
-
-/// The settlement write that failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SettleOperation {
-    /// Recording a delivered message.
-    MarkDelivered,
-    /// Recording a failed message (retry or dead-letter).
-    MarkFailed,
-}
-
-/// A delivery whose outcome could not be stored.
-#[derive(Debug, Clone)]
-pub struct SettlementFailed {
-    /// The message id.
-    pub id: String,
-    /// The message kind.
-    pub kind: MessageKind,
-    /// The message name.
-    pub name: String,
-    /// Which attempt this was.
-    pub attempt: u32,
-    /// The write that failed.
-    pub operation: SettleOperation,
-    /// `true` when the handler had succeeded (the effect happened; the
-    /// message will be delivered again after its lease: at-least-once).
-    pub delivery_succeeded: bool,
-    /// The handler's error, when it failed.
-    pub delivery_error: Option<DeliveryError>,
-    /// Why the write failed.
-    pub error: outbox::Error,
-    /// `true` when the claim was lost while settling.
-    pub claim_lost: bool,
-}
-
-/// A message that was dead-lettered.
-#[derive(Debug, Clone)]
-pub struct DeadLetter {
-    /// The message id.
-    pub id: String,
-    /// The message kind.
-    pub kind: MessageKind,
-    /// The message name.
-    pub name: String,
-    /// Claims made.
-    pub attempts: u32,
-    /// The message's attempt budget.
-    pub max_attempts: u32,
-    /// The error recorded with it.
-    pub error: ErrorRecord,
-    /// `true` when it was dead-lettered at claim (attempts used up by
-    /// workers that never settled it) rather than after a failed delivery.
-    pub abandoned: bool,
-}
-
-impl DeadLetter {
-    pub(crate) fn delivered(message: &ClaimedMessage, error: ErrorRecord) -> Self {
-        DeadLetter {
-            id: message.id.clone(),
-            kind: message.kind,
-            name: message.name.clone(),
-            attempts: message.attempts,
-            max_attempts: message.max_attempts,
-            error,
-            abandoned: false,
-        }
-    }
-
-    pub(crate) fn abandoned(message: &OutboxMessage) -> Self {
-        DeadLetter {
-            id: message.id.clone(),
-            kind: message.kind,
-            name: message.name.clone(),
-            attempts: message.attempts,
-            max_attempts: message.max_attempts,
-            error: message.last_error.clone().unwrap_or_else(|| {
-                ErrorRecord::from_error(&outbox::AbandonedClaimError::new(
-                    message.id.clone(),
-                    message.attempts,
-                    message.max_attempts,
-                ))
-            }),
-            abandoned: true,
-        }
-    }
-}
-
-/// Settlement failures and dead letters, for outcome subscribers.
-#[derive(Debug, Clone, Message)]
+/// The heartbeat found the claim lost (or died) while the delivery was still
+/// running; it carries the notice subscribers will get.
+#[derive(Debug, Message)]
 #[rtype(result = "()")]
-#[non_exhaustive]
-pub enum OutcomeNotice {
-    /// A delivery's outcome could not be stored.
-    SettlementFailed(SettlementFailed),
-    /// A message was dead-lettered.
-    DeadLettered(DeadLetter),
+pub(crate) struct HeartbeatLoss(pub(crate) LeaseLost);
+
+/// A delivery's handler returned; its settlement is still under way, but
+/// it no longer needs a slot.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct HandlerReturned {
+    /// The slot the delivery was started in.
+    pub(crate) slot: u64,
 }
 
-/// Something a delivery wants subscribers to hear about.
-#[derive(Debug, Clone)]
-pub(crate) enum Notice {
-    Lease(LeaseLost),
-    Outcome(OutcomeNotice),
+/// A delivery reported its outcome, or died: its slot and its place among
+/// the pass's live deliveries are free.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct DeliveryEnded {
+    /// The slot the delivery was started in.
+    pub(crate) slot: u64,
+}
+
+/// A delivery's one outcome and what subscribers should hear of it.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct DeliveryFinished {
+    /// The pass that claimed the message: a late report of an earlier pass
+    /// must not count in the running one.
+    pub(crate) pass: u64,
+    /// What happened to the message.
+    pub(crate) outcome: Outcome,
+    /// What subscribers should hear, in order.
+    pub(crate) notices: Vec<Notice>,
+    /// When a retried message is due again.
+    pub(crate) retry_at: Option<DateTime<Utc>>,
+}
+
+/// Messages a claim of the running pass dead-lettered because their
+/// attempts were used up.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct Abandoned {
+    /// The pass whose claim found them.
+    pub(crate) pass: u64,
+    /// One per abandoned message.
+    pub(crate) dead_letters: Vec<DeadLetter>,
+}
+
+/// The claimer of a pass stopped: it claimed, and started a delivery for,
+/// `claimed` messages.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct ClaimerDone {
+    /// The pass the claimer served.
+    pub(crate) pass: u64,
+    /// Deliveries it started; the pass ends when that many have finished.
+    pub(crate) claimed: u64,
+    /// Why it stopped claiming early, if it did.
+    pub(crate) error: Option<Error>,
 }

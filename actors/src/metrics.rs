@@ -16,6 +16,10 @@
 //! | `outbox_retried_total` | counter | messages | `kind`, `name` | failed and settled for a retry |
 //! | `outbox_dead_lettered_total` | counter | messages | `kind`, `name`, `abandoned` | dead-lettered; `abandoned="true"` when at claim, attempts used up |
 //! | `outbox_settlement_failed_total` | counter | messages | `kind`, `name`, `claim_lost` | the outcome could not be stored |
+//! | `outbox_released_total` | counter | messages | `kind`, `name` | claims given back unsettled at shutdown |
+//! | `outbox_release_failed_total` | counter | messages | `kind`, `name` | claims not given back at shutdown (the store failed or did not answer); claimable after their lease |
+//! | `outbox_claim_failed_total` | counter | claims | none | claims that failed or broke the store's contract; each stops its pass claiming |
+//! | `outbox_pass_refused_total` | counter | passes | none | passes refused before claiming because registered messages have no transport |
 //! | `outbox_lease_failures_total` | counter | notifications | `kind`, `name`, `state`, `operation` | every [`LeaseLost`] notification: `state` is `lost`, `recovered` or `degraded`, `operation` is `renew` or `max_active` |
 //! | `outbox_delivery_duration_seconds` | histogram | seconds | `kind`, `name`, `outcome` | handler start to settled, for `outcome` `delivered`, `retried` or `dead_lettered` |
 //! | `outbox_enqueue_to_delivered_seconds` | histogram | seconds | `kind`, `name` | `created_at` to settled as delivered: waiting, deliberate delays and retries included |
@@ -36,7 +40,7 @@ use metrics::{
 };
 use outbox::{ClaimedMessage, MessageKind};
 
-use crate::messages::{
+use crate::notices::{
     DeadLetter, LeaseLost, LeaseOperation, LeaseState, Outcome, SettlementFailed,
 };
 
@@ -50,6 +54,14 @@ pub const RETRIED: &str = "outbox_retried_total";
 pub const DEAD_LETTERED: &str = "outbox_dead_lettered_total";
 /// Counter: outcomes that could not be stored, label `claim_lost`.
 pub const SETTLEMENT_FAILED: &str = "outbox_settlement_failed_total";
+/// Counter: claims given back unsettled at shutdown.
+pub const RELEASED: &str = "outbox_released_total";
+/// Counter: claims not given back at shutdown.
+pub const RELEASE_FAILED: &str = "outbox_release_failed_total";
+/// Counter: claims that failed; each stops its pass claiming.
+pub const CLAIM_FAILED: &str = "outbox_claim_failed_total";
+/// Counter: passes refused before claiming (a transport is missing).
+pub const PASS_REFUSED: &str = "outbox_pass_refused_total";
 /// Counter: lease notifications, labels `state` and `operation`.
 pub const LEASE_FAILURES: &str = "outbox_lease_failures_total";
 /// Histogram (seconds): handler start to settled, label `outcome`.
@@ -75,6 +87,19 @@ pub(crate) fn describe() {
         (
             SETTLEMENT_FAILED,
             "Deliveries whose outcome could not be stored.",
+        ),
+        (RELEASED, "Claims given back unsettled at shutdown."),
+        (
+            RELEASE_FAILED,
+            "Claims not given back at shutdown; claimable after their lease.",
+        ),
+        (
+            CLAIM_FAILED,
+            "Claims that failed; each stops its pass claiming.",
+        ),
+        (
+            PASS_REFUSED,
+            "Passes refused before claiming because a transport is missing.",
         ),
         (
             LEASE_FAILURES,
@@ -138,6 +163,23 @@ pub(crate) fn settlement_failed(failure: &SettlementFailed) {
     counter!(SETTLEMENT_FAILED, "kind" => failure.kind.as_str(), "name" => name(&failure.name),
         "claim_lost" => flag(failure.claim_lost))
     .increment(1);
+}
+
+pub(crate) fn released(message: &ClaimedMessage) {
+    counter!(RELEASED, "kind" => message.kind.as_str(), "name" => name(&message.name)).increment(1);
+}
+
+pub(crate) fn release_failed(message: &ClaimedMessage) {
+    counter!(RELEASE_FAILED, "kind" => message.kind.as_str(), "name" => name(&message.name))
+        .increment(1);
+}
+
+pub(crate) fn claim_failed() {
+    counter!(CLAIM_FAILED).increment(1);
+}
+
+pub(crate) fn pass_refused() {
+    counter!(PASS_REFUSED).increment(1);
 }
 
 pub(crate) fn lease(failure: &LeaseLost) {

@@ -6,8 +6,9 @@
 //! Events carry a stable `event` field (`outbox.delivered`,
 //! `outbox.retry_scheduled`, `outbox.dead_lettered`, `outbox.lease_lost`,
 //! `outbox.renewal_recovered`, `outbox.renewal_degraded`,
-//! `outbox.settlement_failed`, `outbox.pass_finished`) so log pipelines can
-//! match on it. Job messages also emit the job-level record (`job.*`).
+//! `outbox.settlement_failed`, `outbox.released`, `outbox.release_failed`,
+//! `outbox.claim_failed`, `outbox.pass_refused`, `outbox.pass_finished`) so
+//! log pipelines can match on it. Job messages also emit the job-level record (`job.*`).
 //! The payload appears only in `outbox.delivery_started`, at `trace` level.
 
 use std::sync::Arc;
@@ -19,10 +20,11 @@ use tokio::time::Instant;
 use tracing::Span;
 
 use crate::context::{DrainContext, until};
-use crate::messages::{
+use crate::error::Error;
+use crate::metrics;
+use crate::notices::{
     DeadLetter, DrainReport, LeaseLost, LeaseOperation, LeaseState, Outcome, SettlementFailed,
 };
-use crate::metrics;
 
 /// The span a delivery runs in: `outbox deliver {name}`.
 ///
@@ -172,6 +174,47 @@ pub(crate) fn settlement_failed(failure: &SettlementFailed) {
         delivery_succeeded = failure.delivery_succeeded, claim_lost = failure.claim_lost,
         error = %failure.error, "outbox settlement failed");
     metrics::settlement_failed(failure);
+}
+
+/// A claim was given back at shutdown. Call inside the delivery's span.
+pub(crate) fn released(message: &ClaimedMessage) {
+    tracing::info!(target: "outbox", event = "outbox.released", id = %message.id,
+        name = %message.name, "outbox claim released at shutdown");
+    metrics::released(message);
+}
+
+/// A claim could not be given back at shutdown: the store failed with
+/// `error`, or (`None`) did not answer within a lease. Call inside the
+/// delivery's span.
+pub(crate) fn release_failed(message: &ClaimedMessage, error: Option<&outbox::Error>) {
+    match error {
+        Some(error) => tracing::warn!(target: "outbox", event = "outbox.release_failed",
+            id = %message.id, %error,
+            "could not release outbox claim at shutdown; it is claimable after its lease"),
+        None => tracing::warn!(target: "outbox", event = "outbox.release_failed",
+            id = %message.id,
+            "outbox claim release timed out at shutdown; it is claimable after its lease"),
+    }
+    metrics::release_failed(message);
+}
+
+/// A claim failed (the store failed or did not answer); the pass stops claiming.
+pub(crate) fn claim_failed(error: &Error) {
+    tracing::warn!(target: "outbox", event = "outbox.claim_failed", %error,
+        "outbox claim failed; this pass stops claiming");
+    metrics::claim_failed();
+}
+
+/// A claim returned more messages than asked; the pass stops claiming.
+pub(crate) fn claim_broke_contract(error: &Error) {
+    tracing::error!(target: "outbox", event = "outbox.claim_failed", %error);
+    metrics::claim_failed();
+}
+
+/// A pass was refused before claiming: messages have no transport.
+pub(crate) fn pass_refused(error: &Error) {
+    tracing::error!(target: "outbox", event = "outbox.pass_refused", %error);
+    metrics::pass_refused();
 }
 
 /// A coordinator starts: describe the metrics to the installed recorder.

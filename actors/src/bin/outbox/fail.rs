@@ -79,7 +79,7 @@ impl From<Error> for Failure {
             Error::Admin(_) => Failure::operational(reason),
             Error::NotFound { .. } => Failure::operational(reason)
                 .hint("check the id; `outbox list` shows the stored messages"),
-            Error::Store { .. } | Error::Timeout { .. } => Failure::operational(reason).hint(
+            Error::Store { .. } => Failure::operational(reason).hint(
                 "check that the database is reachable and the table is migrated \
                  (`outbox migrate`), then try again",
             ),

@@ -1,0 +1,807 @@
+//! The settlement protocol: the fenced writes that end a delivery.
+//!
+//! Plain async functions over the [`DrainContext`]: they only write, and
+//! return what happened as a [`Settlement`] (or a [`Release`]) for the
+//! delivery actor to report in one place. Nothing here logs an outcome,
+//! records a metric or calls an observer, so a settlement reads as the
+//! sequence of store calls it makes.
+//!
+//! The heartbeat hands over the last lease it confirmed; the first
+//! settlement write is then fenced on the claim token and on a live lease at
+//! the moment it is made. A renewal just before it would confirm only what
+//! that fence confirms, so the write stands in for it, with the renewal's
+//! outcomes: a claim error is confirmed loss and settles nothing; a
+//! transient failure with lease left settles under the last confirmed
+//! lease, reported as degraded; earlier renewal errors are reported as
+//! recovered once it succeeds.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox::{
+    ClaimedMessage, DeliveryError, DeliveryResult, ErrorRecord, MarkDelivered, MarkFailed,
+    ReleaseClaim,
+};
+
+use crate::context::{DrainContext, after, until};
+use crate::error::{Error, LeaseLostError, MaxActiveDurationError};
+use crate::messages::HandOver;
+use crate::notices::{
+    DeadLetter, LeaseLost, LeaseOperation, LeaseState, Outcome, SettleOperation, SettlementFailed,
+};
+
+/// What a settlement did.
+#[derive(Debug)]
+pub(crate) enum Settlement {
+    /// The claim was lost before or at the first write: nothing is settled.
+    Lost(LeaseLost),
+    /// The outcome was written, or writing it failed for good.
+    Written {
+        /// Renewals recovered, or the first write failed and the rest ran
+        /// under the last confirmed lease (degraded).
+        renewal: Option<LeaseLost>,
+        /// The handler's error, when it failed.
+        delivery_error: Option<DeliveryError>,
+        /// What the writes ended in.
+        end: End,
+    },
+}
+
+/// How the writes of a settlement ended.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// Stored as delivered.
+    Delivered,
+    /// Stored as failed, pending again at `retry_at`.
+    Retried {
+        /// The error stored with it.
+        error: ErrorRecord,
+        /// The retry policy's delay.
+        delay: Duration,
+        /// When it is due again.
+        retry_at: Option<DateTime<Utc>>,
+    },
+    /// Stored as dead-lettered.
+    DeadLettered(DeadLetter),
+    /// The outcome could not be stored.
+    Unsettled(SettlementFailed),
+}
+
+impl Settlement {
+    /// The one outcome this settlement counts as.
+    pub(crate) fn outcome(&self) -> Outcome {
+        match self {
+            Settlement::Lost(_) => Outcome::LeaseLost,
+            Settlement::Written { end, .. } => match end {
+                End::Delivered => Outcome::Delivered,
+                End::Retried { .. } => Outcome::Retried,
+                End::DeadLettered(_) => Outcome::DeadLettered,
+                End::Unsettled(failure) => Outcome::SettlementFailed {
+                    claim_lost: failure.claim_lost,
+                },
+            },
+        }
+    }
+}
+
+/// The settlement write to make.
+enum Write {
+    Delivered,
+    Failed {
+        error: ErrorRecord,
+        dead_letter: bool,
+        retry_at: Option<DateTime<Utc>>,
+        retry_delay: Duration,
+    },
+}
+
+impl Write {
+    fn operation(&self) -> SettleOperation {
+        match self {
+            Write::Delivered => SettleOperation::MarkDelivered,
+            Write::Failed { .. } => SettleOperation::MarkFailed,
+        }
+    }
+}
+
+/// Why a settlement did not happen.
+struct Unsettled {
+    error: Error,
+    claim_lost: bool,
+}
+
+/// Why one settlement write did not apply.
+enum Unwritten {
+    /// The deadline passed before it was made or answered.
+    Deadline,
+    Failed(outbox::Error),
+}
+
+/// The failure for a deadline that passed: `max_active` when it ends first,
+/// else the lease.
+pub(crate) fn deadline_failure(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    active_first: bool,
+    confirmed_lost: bool,
+    reason: &str,
+    cause: Option<Error>,
+) -> LeaseLost {
+    let (operation, confirmed_lost, error) = if active_first {
+        let error = MaxActiveDurationError::new(&message.id, drain.config.max_active);
+        (LeaseOperation::MaxActive, false, error.into())
+    } else {
+        let error = LeaseLostError::new(&message.id, reason, cause);
+        (LeaseOperation::Renew, confirmed_lost, error.into())
+    };
+    LeaseLost::new(message, operation, LeaseState::Lost, confirmed_lost, error)
+}
+
+/// One settlement write under the claim token, bounded by `deadline`.
+async fn write_once(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    write: &Write,
+    deadline: DateTime<Utc>,
+) -> Result<(), Unwritten> {
+    let now = drain.now();
+    let remaining = until(now, deadline);
+    if remaining.is_zero() {
+        return Err(Unwritten::Deadline);
+    }
+    let call = match write {
+        Write::Delivered => drain.store.mark_delivered(MarkDelivered {
+            id: message.id.clone(),
+            claim_token: message.claim_token.clone(),
+            now,
+        }),
+        Write::Failed {
+            error,
+            dead_letter,
+            retry_at,
+            ..
+        } => drain.store.mark_failed(MarkFailed {
+            id: message.id.clone(),
+            claim_token: message.claim_token.clone(),
+            error: error.clone(),
+            dead_letter: *dead_letter,
+            now,
+            retry_at: *retry_at,
+        }),
+    };
+    match tokio::time::timeout(remaining, call).await {
+        Err(_) => Err(Unwritten::Deadline),
+        Ok(Err(error)) => Err(Unwritten::Failed(error)),
+        Ok(Ok(())) => Ok(()),
+    }
+}
+
+/// The settlement attempts after the first write failed with
+/// `first_error`: up to the configured attempts in all, with doubling
+/// delay, each bounded by `deadline`.
+async fn retry_settlement(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    deadline: DateTime<Utc>,
+    write: &Write,
+    first_error: outbox::Error,
+) -> Result<(), Unsettled> {
+    let missed_deadline = || Unsettled {
+        error: LeaseLostError::new(
+            &message.id,
+            format!(
+                "{} did not complete before its settlement deadline",
+                match write.operation() {
+                    SettleOperation::MarkDelivered => "mark_delivered",
+                    SettleOperation::MarkFailed => "mark_failed",
+                }
+            ),
+            None,
+        )
+        .into(),
+        claim_lost: true,
+    };
+    // Attempt by attempt, so a settlement that ends badly can be read back;
+    // the outcome itself is reported by the delivery.
+    tracing::debug!(target: "outbox", id = %message.id, attempt = 1, error = %first_error,
+        "outbox settlement attempt failed");
+    let mut last_error = first_error;
+    for attempt in 2..=drain.config.settlement.attempts {
+        let remaining = until(drain.now(), deadline);
+        if remaining.is_zero() {
+            break;
+        }
+        let backoff = drain
+            .config
+            .settlement
+            .delay
+            .saturating_mul(1 << (attempt - 2).min(20));
+        tokio::time::sleep(backoff.min(remaining).max(Duration::from_millis(1))).await;
+        match write_once(drain, message, write, deadline).await {
+            Ok(()) => return Ok(()),
+            Err(Unwritten::Deadline) => return Err(missed_deadline()),
+            Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
+                return Err(Unsettled {
+                    error: error.into(),
+                    claim_lost: true,
+                });
+            }
+            Err(Unwritten::Failed(error)) => {
+                tracing::debug!(target: "outbox", id = %message.id, attempt, %error,
+                    "outbox settlement attempt failed");
+                last_error = error;
+            }
+        }
+    }
+    Err(Unsettled {
+        error: last_error.into(),
+        claim_lost: false,
+    })
+}
+
+/// The write a handler's `result` calls for, and the handler's error.
+fn write_for(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    result: DeliveryResult,
+) -> (Write, Option<DeliveryError>) {
+    match result {
+        Ok(()) => (Write::Delivered, None),
+        Err(error) => {
+            let failed_at = drain.now();
+            let policy = drain.retry_policy(message);
+            let retry = !error.is_undecodable()
+                && policy.allows_retry(message.attempts, message.max_attempts, &error);
+            let retry_delay = if retry {
+                policy.delay(message.attempts, &message.id)
+            } else {
+                Duration::ZERO
+            };
+            let write = Write::Failed {
+                error: error.to_record(),
+                dead_letter: !retry,
+                retry_at: retry.then(|| after(failed_at, retry_delay)),
+                retry_delay,
+            };
+            (write, Some(error))
+        }
+    }
+}
+
+/// Everything after the handler returned: store its `result` under the
+/// claim token, within the lease the heartbeat handed over and before
+/// `active_until`.
+pub(crate) async fn settle_delivery(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    active_until: DateTime<Utc>,
+    hand_over: HandOver,
+    result: DeliveryResult,
+) -> Settlement {
+    let (locked_until, renewal_error) = match hand_over {
+        HandOver::Lost(failure) => return Settlement::Lost(failure),
+        HandOver::Held {
+            locked_until,
+            renewal_error,
+        } => (locked_until, renewal_error),
+    };
+    let (write, delivery_error) = write_for(drain, message, result);
+    let deadline = locked_until.min(active_until);
+    let lease = |state, confirmed_lost, error: Error| {
+        LeaseLost::new(message, LeaseOperation::Renew, state, confirmed_lost, error)
+    };
+    let (renewal, settled) = match write_once(drain, message, &write, deadline).await {
+        Ok(()) => (
+            renewal_error.map(|error| lease(LeaseState::Recovered, false, error)),
+            Ok(()),
+        ),
+        Err(Unwritten::Deadline) => {
+            return Settlement::Lost(deadline_failure(
+                drain,
+                message,
+                active_until <= locked_until,
+                false,
+                "the extension write did not complete before the lease deadline",
+                None,
+            ));
+        }
+        Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
+            return Settlement::Lost(lease(LeaseState::Lost, true, error.into()));
+        }
+        Err(Unwritten::Failed(error)) if drain.now() < deadline => {
+            // The last confirmed lease is still running: settle under it, the
+            // failed write counting as the first attempt.
+            let settled = retry_settlement(drain, message, deadline, &write, error.clone()).await;
+            (
+                Some(lease(LeaseState::Degraded, false, error.into())),
+                settled,
+            )
+        }
+        Err(Unwritten::Failed(error)) => {
+            let failure = if active_until <= locked_until {
+                deadline_failure(drain, message, true, false, "", None)
+            } else {
+                lease(LeaseState::Lost, false, error.into())
+            };
+            return Settlement::Lost(failure);
+        }
+    };
+
+    let end = match (settled, write) {
+        (Err(unsettled), write) => End::Unsettled(SettlementFailed {
+            id: message.id.clone(),
+            kind: message.kind,
+            name: message.name.clone(),
+            attempt: message.attempts,
+            operation: write.operation(),
+            delivery_succeeded: delivery_error.is_none(),
+            delivery_error: delivery_error.clone(),
+            error: unsettled.error,
+            claim_lost: unsettled.claim_lost,
+        }),
+        (Ok(()), Write::Delivered) => End::Delivered,
+        (
+            Ok(()),
+            Write::Failed {
+                error,
+                dead_letter: true,
+                ..
+            },
+        ) => End::DeadLettered(DeadLetter::delivered(message, error)),
+        (
+            Ok(()),
+            Write::Failed {
+                error,
+                retry_at,
+                retry_delay,
+                ..
+            },
+        ) => End::Retried {
+            error,
+            delay: retry_delay,
+            retry_at,
+        },
+    };
+    Settlement::Written {
+        renewal,
+        delivery_error,
+        end,
+    }
+}
+
+/// How giving a claim back ended.
+#[derive(Debug)]
+pub(crate) enum Release {
+    /// The claim was given back; the message is claimable at once.
+    Released,
+    /// The store refused or failed; the message is claimable after its lease.
+    Failed(outbox::Error),
+    /// The store did not answer within a lease.
+    TimedOut,
+}
+
+/// Give the claim on `message` back unsettled, bounded by a lease.
+pub(crate) async fn release_claim(drain: &DrainContext, message: &ClaimedMessage) -> Release {
+    let call = drain.store.release_claim(ReleaseClaim {
+        id: message.id.clone(),
+        claim_token: message.claim_token.clone(),
+        now: drain.now(),
+    });
+    match tokio::time::timeout(drain.config.lease, call).await {
+        Ok(Ok(())) => Release::Released,
+        Ok(Err(error)) => Release::Failed(error),
+        Err(_) => Release::TimedOut,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The protocol alone: a paused tokio runtime, a memory store whose
+    //! settlement writes fail as scripted, and no actix system.
+
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    use outbox::{
+        ClaimBatch, ClaimError, ClaimLoss, ClaimedBatch, Clock, DrainConfig, MemoryOutbox,
+        MessageKind, MessageStatus, NewMessage, OutboxAdmin, OutboxStore, Payload, Registry,
+        RenewClaim, TokioClock,
+    };
+
+    use super::*;
+
+    /// What a settlement write meets instead of the store.
+    #[derive(Debug, Clone, Copy)]
+    enum Fault {
+        /// The store fails; the write may be retried.
+        Transient,
+        /// Another claim token owns the message.
+        ClaimLost,
+        /// The store never answers.
+        Hang,
+    }
+
+    /// A settlement write as the store saw it: which, and its `now`.
+    type WriteSeen = (&'static str, DateTime<Utc>);
+
+    /// A memory store whose `mark_*` writes meet the scripted faults, one
+    /// per write, and which records when each write was made.
+    #[derive(Clone, Default)]
+    struct FaultStore {
+        inner: MemoryOutbox,
+        faults: Arc<Mutex<VecDeque<Fault>>>,
+        writes: Arc<Mutex<Vec<WriteSeen>>>,
+    }
+
+    impl FaultStore {
+        fn fail_next(&self, faults: &[Fault]) {
+            self.faults.lock().unwrap().extend(faults);
+        }
+
+        fn writes(&self) -> Vec<WriteSeen> {
+            self.writes.lock().unwrap().clone()
+        }
+
+        async fn status(&self, id: &str) -> MessageStatus {
+            self.inner.get_message(id).await.unwrap().status
+        }
+
+        async fn write(
+            &self,
+            operation: &'static str,
+            id: &str,
+            now: DateTime<Utc>,
+        ) -> outbox::Result<()> {
+            self.writes.lock().unwrap().push((operation, now));
+            let fault = self.faults.lock().unwrap().pop_front();
+            match fault {
+                None => Ok(()),
+                Some(Fault::Transient) => Err(outbox::Error::store(
+                    operation,
+                    std::io::Error::other("connection reset"),
+                )),
+                Some(Fault::ClaimLost) => Err(ClaimError::new(id, ClaimLoss::TokenMismatch).into()),
+                Some(Fault::Hang) => std::future::pending().await,
+            }
+        }
+    }
+
+    impl OutboxStore for FaultStore {
+        async fn enqueue(&self, message: NewMessage) -> outbox::Result<String> {
+            self.inner.enqueue(message).await
+        }
+
+        async fn claim_batch(&self, params: ClaimBatch) -> outbox::Result<ClaimedBatch> {
+            self.inner.claim_batch(params).await
+        }
+
+        async fn renew_claim(&self, params: RenewClaim) -> outbox::Result<DateTime<Utc>> {
+            self.inner.renew_claim(params).await
+        }
+
+        async fn mark_delivered(&self, params: MarkDelivered) -> outbox::Result<()> {
+            self.write("mark_delivered", &params.id, params.now).await?;
+            self.inner.mark_delivered(params).await
+        }
+
+        async fn mark_failed(&self, params: MarkFailed) -> outbox::Result<()> {
+            self.write("mark_failed", &params.id, params.now).await?;
+            self.inner.mark_failed(params).await
+        }
+
+        async fn release_claim(&self, params: ReleaseClaim) -> outbox::Result<()> {
+            self.inner.release_claim(params).await
+        }
+    }
+
+    /// A drain over a fresh store, and one message it claimed now.
+    async fn claimed(max_attempts: u32) -> (DrainContext, FaultStore, ClaimedMessage) {
+        let store = FaultStore::default();
+        let clock = TokioClock::new();
+        let config = DrainConfig::default();
+        let payload = Payload::from_json("{}").unwrap();
+        let message = NewMessage::new(MessageKind::Event, "ping", payload)
+            .with_max_attempts(max_attempts)
+            .at(clock.now());
+        store.inner.enqueue(message).await.unwrap();
+        let mut batch = store
+            .inner
+            .claim_batch(ClaimBatch {
+                limit: 1,
+                now: clock.now(),
+                lease: config.lease,
+            })
+            .await
+            .unwrap();
+        let message = batch.claimed.pop().expect("the message is due");
+        let drain = DrainContext {
+            store: Arc::new(store.clone()),
+            registry: Registry::default(),
+            events: None,
+            jobs: None,
+            heartbeat: config.heartbeat(),
+            config,
+            clock: Arc::new(clock),
+            observers: Vec::new(),
+        };
+        (drain, store, message)
+    }
+
+    /// The lease as claimed, with no renewal error along the way.
+    fn held(message: &ClaimedMessage) -> HandOver {
+        HandOver::Held {
+            locked_until: message.locked_until,
+            renewal_error: None,
+        }
+    }
+
+    /// `max_active` from now: later than the lease, unless a test says so.
+    fn active_until(drain: &DrainContext) -> DateTime<Utc> {
+        after(drain.now(), drain.config.max_active)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delivered_message_is_settled_in_one_write() {
+        let (drain, store, message) = claimed(3).await;
+        let start = drain.now();
+        let settlement = settle_delivery(
+            &drain,
+            &message,
+            active_until(&drain),
+            held(&message),
+            Ok(()),
+        )
+        .await;
+        assert!(
+            matches!(
+                settlement,
+                Settlement::Written {
+                    renewal: None,
+                    delivery_error: None,
+                    end: End::Delivered,
+                }
+            ),
+            "{settlement:?}"
+        );
+        assert_eq!(store.writes(), [("mark_delivered", start)]);
+        assert_eq!(store.status(&message.id).await, MessageStatus::Delivered);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_delivery_with_attempts_left_is_retried() {
+        let (drain, store, message) = claimed(3).await;
+        let start = drain.now();
+        let result = Err(DeliveryError::msg("downstream said no"));
+        let settlement = settle_delivery(
+            &drain,
+            &message,
+            active_until(&drain),
+            held(&message),
+            result,
+        )
+        .await;
+        assert_eq!(settlement.outcome(), Outcome::Retried);
+        let Settlement::Written {
+            renewal: None,
+            delivery_error: Some(error),
+            end:
+                End::Retried {
+                    error: record,
+                    delay,
+                    retry_at: Some(retry_at),
+                },
+        } = settlement
+        else {
+            panic!("{settlement:?}")
+        };
+        assert_eq!(error.to_string(), "downstream said no");
+        assert_eq!(record.message, "downstream said no");
+        assert_eq!(retry_at, after(start, delay));
+        assert_eq!(store.writes(), [("mark_failed", start)]);
+        assert_eq!(store.status(&message.id).await, MessageStatus::Pending);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_delivery_without_attempts_left_is_dead_lettered() {
+        let (drain, store, message) = claimed(1).await;
+        let result = Err(DeliveryError::msg("downstream said no"));
+        let settlement = settle_delivery(
+            &drain,
+            &message,
+            active_until(&drain),
+            held(&message),
+            result,
+        )
+        .await;
+        let Settlement::Written {
+            end: End::DeadLettered(dead_letter),
+            delivery_error: Some(_),
+            ..
+        } = settlement
+        else {
+            panic!("{settlement:?}")
+        };
+        assert!(!dead_letter.abandoned);
+        assert_eq!((dead_letter.attempts, dead_letter.max_attempts), (1, 1));
+        assert_eq!(store.status(&message.id).await, MessageStatus::DeadLettered);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_error_on_the_first_write_loses_the_lease() {
+        let (drain, store, message) = claimed(3).await;
+        store.fail_next(&[Fault::ClaimLost]);
+        let settlement = settle_delivery(
+            &drain,
+            &message,
+            active_until(&drain),
+            held(&message),
+            Ok(()),
+        )
+        .await;
+        assert_eq!(settlement.outcome(), Outcome::LeaseLost);
+        let Settlement::Lost(failure) = settlement else {
+            panic!("{settlement:?}")
+        };
+        assert_eq!(
+            (failure.operation, failure.state),
+            (LeaseOperation::Renew, LeaseState::Lost)
+        );
+        assert!(failure.confirmed_lost && failure.error.is_claim_lost());
+        assert_eq!(store.writes().len(), 1, "a lost claim is not retried");
+        assert_eq!(store.status(&message.id).await, MessageStatus::Claimed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_error_then_success_settles_under_the_last_lease() {
+        let (drain, store, message) = claimed(3).await;
+        store.fail_next(&[Fault::Transient]);
+        let start = drain.now();
+        let settlement = settle_delivery(
+            &drain,
+            &message,
+            active_until(&drain),
+            held(&message),
+            Ok(()),
+        )
+        .await;
+        let Settlement::Written {
+            renewal: Some(renewal),
+            end: End::Delivered,
+            ..
+        } = settlement
+        else {
+            panic!("{settlement:?}")
+        };
+        assert_eq!(renewal.state, LeaseState::Degraded);
+        assert!(!renewal.confirmed_lost);
+        let second = after(start, drain.config.settlement.delay);
+        assert_eq!(
+            store.writes(),
+            [("mark_delivered", start), ("mark_delivered", second)]
+        );
+        assert_eq!(store.status(&message.id).await, MessageStatus::Delivered);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transient_errors_to_the_last_attempt_leave_the_outcome_unsettled() {
+        let (drain, store, message) = claimed(3).await;
+        store.fail_next(&[Fault::Transient; 3]);
+        let settlement = settle_delivery(
+            &drain,
+            &message,
+            active_until(&drain),
+            held(&message),
+            Ok(()),
+        )
+        .await;
+        assert_eq!(
+            settlement.outcome(),
+            Outcome::SettlementFailed { claim_lost: false }
+        );
+        let Settlement::Written {
+            end: End::Unsettled(failure),
+            ..
+        } = settlement
+        else {
+            panic!("{settlement:?}")
+        };
+        assert!(failure.delivery_succeeded && !failure.claim_lost);
+        assert_eq!(failure.operation, SettleOperation::MarkDelivered);
+        assert_eq!(store.writes().len(), 3, "the configured attempts");
+        assert_eq!(store.status(&message.id).await, MessageStatus::Claimed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_write_past_the_lease_deadline_loses_the_lease() {
+        let (drain, store, message) = claimed(3).await;
+        store.fail_next(&[Fault::Hang]);
+        let settlement = settle_delivery(
+            &drain,
+            &message,
+            active_until(&drain),
+            held(&message),
+            Ok(()),
+        )
+        .await;
+        let Settlement::Lost(failure) = settlement else {
+            panic!("{settlement:?}")
+        };
+        assert_eq!(failure.operation, LeaseOperation::Renew);
+        assert!(!failure.confirmed_lost);
+        assert!(matches!(failure.error, Error::LeaseLost(_)), "{failure:?}");
+        assert_eq!(drain.now(), message.locked_until, "bounded by the lease");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_set_by_max_active_is_a_max_active_failure() {
+        let (drain, store, message) = claimed(3).await;
+        store.fail_next(&[Fault::Hang]);
+        let active_until = after(drain.now(), Duration::from_secs(5));
+        let settlement =
+            settle_delivery(&drain, &message, active_until, held(&message), Ok(())).await;
+        let Settlement::Lost(failure) = settlement else {
+            panic!("{settlement:?}")
+        };
+        assert_eq!(failure.operation, LeaseOperation::MaxActive);
+        assert!(
+            matches!(failure.error, Error::MaxActiveDuration(_)),
+            "{failure:?}"
+        );
+        assert_eq!(drain.now(), active_until);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewal_errors_are_recovered_by_a_first_write_that_succeeds() {
+        let (drain, _store, message) = claimed(3).await;
+        let hand_over = HandOver::Held {
+            locked_until: message.locked_until,
+            renewal_error: Some(
+                outbox::Error::store("renew_claim", std::io::Error::other("busy")).into(),
+            ),
+        };
+        let settlement =
+            settle_delivery(&drain, &message, active_until(&drain), hand_over, Ok(())).await;
+        let Settlement::Written {
+            renewal: Some(renewal),
+            end: End::Delivered,
+            ..
+        } = settlement
+        else {
+            panic!("{settlement:?}")
+        };
+        assert_eq!(renewal.state, LeaseState::Recovered);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_handed_over_lost_writes_nothing() {
+        let (drain, store, message) = claimed(3).await;
+        let error = LeaseLostError::new(&message.id, "renewals ran out", None);
+        let failure = LeaseLost::new(
+            &message,
+            LeaseOperation::Renew,
+            LeaseState::Lost,
+            false,
+            error.into(),
+        );
+        let settlement = settle_delivery(
+            &drain,
+            &message,
+            active_until(&drain),
+            HandOver::Lost(failure),
+            Ok(()),
+        )
+        .await;
+        assert_eq!(settlement.outcome(), Outcome::LeaseLost);
+        assert!(store.writes().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_claim_is_claimable_at_once() {
+        let (drain, store, message) = claimed(3).await;
+        assert!(matches!(
+            release_claim(&drain, &message).await,
+            Release::Released
+        ));
+        assert_eq!(store.status(&message.id).await, MessageStatus::Pending);
+    }
+}
