@@ -4,6 +4,22 @@
 
 mod support;
 
+mod telemetry;
+#[cfg(feature = "opentelemetry")]
+mod telemetry_otel;
+
+// The tests against real databases and the actix-web example, each behind
+// the feature of its store: one test binary cannot use `required-features`
+// per module.
+#[cfg(feature = "sqlite")]
+mod actix_web;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql_support;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

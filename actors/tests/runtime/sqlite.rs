@@ -1,8 +1,8 @@
 //! The actor runtime end to end on SQLite database files: transactional
 //! enqueue, wake-ups from commits, and a database locked by another
-//! connection. Real time and the system clock; see `sql_runtime_support`.
+//! connection. Real time and the system clock; see `sql_support`.
 
-mod sql_runtime_support;
+use crate::sql_support;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use outbox::{
     SystemClock,
 };
 use outbox_actors::{Drain, Error, LeaseState};
-use sql_runtime_support::{
+use sql_support::{
     BOUND, Notices, OrderPlaced, assert_accounts_for_every_claim, coordinator, held_ping, idle,
     ping, probe, status, within,
 };

@@ -3,7 +3,7 @@
 //! metric, read from a `metrics-util` debugging recorder that is local to
 //! the test's thread (the actix system runs on that one thread).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,7 @@
 //! that span, through the W3C carrier stored with the message. Spans go to
 //! the SDK's in-memory exporter through `tracing-opentelemetry`.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
