@@ -8,8 +8,6 @@
 //! parallel against one database. Real time and the system clock; see
 //! `sql_support`.
 
-use crate::sql_support;
-
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::{Arc, Barrier};
@@ -19,12 +17,13 @@ use outbox::{
     Clock, DrainConfig, MessageStatus, OutboxAdmin, OutboxStore, PostgresOutbox, SystemClock,
 };
 use outbox_actors::{CoordinatorStatus, Drain, DrainReport, Error, OutcomeNotice};
-use sql_support::{
-    BOUND, Delivery, Notices, OrderPlaced, assert_accounts_for_every_claim, coordinator,
-    eventually, held_ping, idle, ping, probe, status, within,
-};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Row};
+
+use crate::sql_support::{
+    self, BOUND, Delivery, Notices, OrderPlaced, assert_accounts_for_every_claim, coordinator,
+    eventually, held_ping, idle, ping, probe, status, within,
+};
 
 fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| {
