@@ -334,7 +334,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         stats.count(MessageStatus::DeadLettered),
         stats.pending
     );
-    println!("  inspect it: cargo run -p outbox-actors --features cli -- --database {url} status");
+    println!("  inspect it: cargo run -p outbox-cli -- --database {url} status");
     Ok(())
 }
 

@@ -1,12 +1,11 @@
 //! `outbox`: see and repair an outbox without writing SQL, and drain it
 //! without an application.
 //!
-//! Built with the `cli` feature of `outbox-actors` (which brings both SQL
-//! stores):
+//! The package `outbox-cli`, built with both SQL stores:
 //!
 //! ```text
-//! cargo run -p outbox-actors --features cli -- --help
-//! cargo install --path actors --features cli      # puts `outbox` on the PATH
+//! cargo run -p outbox-cli -- --help
+//! cargo install --path cli      # puts `outbox` on the PATH
 //! ```
 //!
 //! The database comes from `--database URL` or `OUTBOX_DATABASE_URL`:

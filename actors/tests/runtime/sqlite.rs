@@ -1,8 +1,6 @@
 //! The actor runtime end to end on SQLite database files: transactional
 //! enqueue, wake-ups from commits, and a database locked by another
-//! connection. Real time and the system clock; see `sql_runtime_support`.
-
-mod sql_runtime_support;
+//! connection. Real time and the system clock; see `sql_support`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,13 +12,14 @@ use outbox::{
     SystemClock,
 };
 use outbox_actors::{Drain, Error, LeaseState};
-use sql_runtime_support::{
-    BOUND, Notices, OrderPlaced, assert_accounts_for_every_claim, coordinator, held_ping, idle,
-    ping, probe, status, within,
-};
 use sqlx::Connection;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use tokio::sync::mpsc;
+
+use crate::sql_support::{
+    BOUND, Notices, OrderPlaced, assert_accounts_for_every_claim, coordinator, held_ping, idle,
+    ping, probe, status, within,
+};
 
 /// A directory of database files, removed when the test ends.
 struct TempDir(PathBuf);

@@ -2,13 +2,11 @@
 //! wake-ups by `LISTEN`/`NOTIFY` (and their reconnection), four workers on
 //! one table, and connections killed in the middle of a pass.
 //!
-//! Run with `scripts/with-postgres cargo test --features postgres --test
-//! postgres_runtime`; without `DATABASE_URL` every test fails and says so.
+//! Run with `scripts/with-postgres cargo test -p outbox-actors --features
+//! postgres --test runtime postgres::`; without `DATABASE_URL` every test fails and says so.
 //! Each test uses tables and connection names of its own, so they run in
 //! parallel against one database. Real time and the system clock; see
-//! `sql_runtime_support`.
-
-mod sql_runtime_support;
+//! `sql_support`.
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
@@ -19,18 +17,19 @@ use outbox::{
     Clock, DrainConfig, MessageStatus, OutboxAdmin, OutboxStore, PostgresOutbox, SystemClock,
 };
 use outbox_actors::{CoordinatorStatus, Drain, DrainReport, Error, OutcomeNotice};
-use sql_runtime_support::{
-    BOUND, Delivery, Notices, OrderPlaced, assert_accounts_for_every_claim, coordinator,
-    eventually, held_ping, idle, ping, probe, status, within,
-};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Row};
+
+use crate::sql_support::{
+    self, BOUND, Delivery, Notices, OrderPlaced, assert_accounts_for_every_claim, coordinator,
+    eventually, held_ping, idle, ping, probe, status, within,
+};
 
 fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| {
         panic!(
             "DATABASE_URL is not set. The PostgreSQL tests need a server: run them with \
-             `scripts/with-postgres cargo test --features postgres --test postgres_runtime`"
+             `scripts/with-postgres cargo test -p outbox-actors --features postgres --test runtime postgres::`"
         )
     })
 }
@@ -380,7 +379,7 @@ fn four_workers_deliver_every_message_exactly_once() {
 async fn drain_as_worker(
     worker: usize,
     table: String,
-    probe: sql_runtime_support::Probe,
+    probe: sql_support::Probe,
     ready: Arc<Barrier>,
 ) -> CoordinatorStatus {
     let pool = pool_named(&format!("{table}-w{worker}"), 8).await;

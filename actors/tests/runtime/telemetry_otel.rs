@@ -3,8 +3,6 @@
 //! that span, through the W3C carrier stored with the message. Spans go to
 //! the SDK's in-memory exporter through `tracing-opentelemetry`.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,9 +14,10 @@ use outbox::{
 };
 use outbox_actors::{Drain, DrainCoordinator, DrainReport};
 use serde::{Deserialize, Serialize};
-use support::{clock, run};
 use tracing::Instrument;
 use tracing_subscriber::layer::SubscriberExt;
+
+use crate::support::{clock, run};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Shipped {

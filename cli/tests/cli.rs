@@ -1,9 +1,9 @@
 //! The `outbox` binary against real databases: a temporary SQLite file, and
 //! PostgreSQL at `DATABASE_URL`.
 //!
-//! Run with `scripts/with-postgres cargo test -p outbox-actors --all-features
-//! --test cli`; without `DATABASE_URL` the PostgreSQL tests fail and say so.
-//! Every test uses a table of its own (`--table`), so they run in parallel.
+//! Run with `scripts/with-postgres cargo test -p outbox-cli --test cli`;
+//! without `DATABASE_URL` the PostgreSQL tests fail and say so. Every test
+//! uses a table of its own (`--table`), so they run in parallel.
 //! The tests put messages into each state through the library, with `now`
 //! in the past where age matters, then run the binary and read its output,
 //! its exit code and the store.
@@ -136,8 +136,7 @@ async fn postgres() -> Fixture<PostgresOutbox> {
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
         panic!(
             "DATABASE_URL is not set. The PostgreSQL tests of the command line need a server: \
-             run them with `scripts/with-postgres cargo test -p outbox-actors --all-features \
-             --test cli`"
+             run them with `scripts/with-postgres cargo test -p outbox-cli --test cli`"
         )
     });
     let pool = sqlx::postgres::PgPoolOptions::new()

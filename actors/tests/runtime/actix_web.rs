@@ -6,7 +6,7 @@
 //! observe: the test waits on the shipping handler's channel, with a
 //! deadline that only turns a hang into a failure.
 
-#[path = "../examples/actix_web/app.rs"]
+#[path = "../../../examples/actix_web/app.rs"]
 #[allow(dead_code, unreachable_pub, missing_docs)]
 mod app;
 

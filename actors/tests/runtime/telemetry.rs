@@ -3,8 +3,6 @@
 //! metric, read from a `metrics-util` debugging recorder that is local to
 //! the test's thread (the actix system runs on that one thread).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,11 +17,12 @@ use outbox::{
 use outbox_actors::metrics as names;
 use outbox_actors::{Drain, DrainCoordinator, DrainReport};
 use serde::{Deserialize, Serialize};
-use support::{Fault, FaultStore, Op, clock, run};
 use tracing::Level;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
+
+use crate::support::{self, Fault, FaultStore, Op, clock, run};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Order {
