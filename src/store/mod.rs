@@ -21,7 +21,7 @@ pub mod memory;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod settle;
+mod fenced;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub mod sql;
@@ -80,7 +80,7 @@ pub struct RenewClaim {
     pub lease: Duration,
 }
 
-/// Settle a claimed message as delivered.
+/// FencedWrite a claimed message as delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MarkDelivered {
     /// The message id.
@@ -91,7 +91,7 @@ pub struct MarkDelivered {
     pub now: DateTime<Utc>,
 }
 
-/// Settle a claimed message as failed: retry later, or dead-letter.
+/// FencedWrite a claimed message as failed: retry later, or dead-letter.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MarkFailed {
     /// The message id.
@@ -181,10 +181,10 @@ pub trait OutboxStore: Send + Sync + 'static {
     fn renew_claim(&self, params: RenewClaim)
     -> impl Future<Output = Result<DateTime<Utc>>> + Send;
 
-    /// Settle as delivered: `delivered_at = now`, claim cleared.
+    /// FencedWrite as delivered: `delivered_at = now`, claim cleared.
     fn mark_delivered(&self, params: MarkDelivered) -> impl Future<Output = Result<()>> + Send;
 
-    /// Settle as failed: dead-lettered, or pending at `retry_at`; claim cleared.
+    /// FencedWrite as failed: dead-lettered, or pending at `retry_at`; claim cleared.
     fn mark_failed(&self, params: MarkFailed) -> impl Future<Output = Result<()>> + Send;
 
     /// Give a claim back unsettled; see [`ReleaseClaim`].

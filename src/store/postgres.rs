@@ -59,7 +59,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
-use super::settle::{Settle, SettleBackend, Settler};
+use super::fenced::{FencedWrite, FencedBackend, FencedWriter};
 use super::sql::{self, Dialect, MessageRow, SettlementMode, TableName, db};
 use super::{
     ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, OutboxAdmin,
@@ -127,7 +127,7 @@ fn columns(prefix: &str) -> String {
 #[derive(Clone)]
 pub struct PostgresOutbox {
     core: Arc<Core>,
-    settler: Arc<Settler<Core>>,
+    settler: Arc<FencedWriter<Core>>,
     listener: Arc<ListenerShared>,
 }
 
@@ -176,7 +176,7 @@ impl PostgresOutboxBuilder {
     pub fn build(self) -> PostgresOutbox {
         let core = Arc::new(Core::new(self.pool, self.table, self.notify));
         PostgresOutbox {
-            settler: Arc::new(Settler::new(core.clone(), self.settlement)),
+            settler: Arc::new(FencedWriter::new(core.clone(), self.settlement)),
             listener: Arc::new(ListenerShared {
                 wake: WakeupSender::new(),
                 running: Mutex::new(false),
@@ -299,7 +299,7 @@ impl PostgresOutbox {
         self.enqueue_in(conn, NewMessage::job(payload)?).await
     }
 
-    async fn settle(&self, row: Settle) -> Result<()> {
+    async fn settle(&self, row: FencedWrite) -> Result<()> {
         check::fence(&row.id, &row.claim_token)?;
         self.settler.run(row).await
     }
@@ -653,8 +653,8 @@ fn enqueue_error(id: &str, e: sqlx::Error) -> Error {
     }
 }
 
-impl SettleBackend for Core {
-    async fn settle(&self, rows: &[Settle]) -> Result<Vec<Result<()>>> {
+impl FencedBackend for Core {
+    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
         let n = rows.len();
         let mut ops = Vec::with_capacity(n);
         let mut ids = Vec::with_capacity(n);
@@ -828,7 +828,7 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn renew_claim(&self, params: RenewClaim) -> Result<DateTime<Utc>> {
-        let (row, locked_until) = Settle::renew(params)?;
+        let (row, locked_until) = FencedWrite::renew(params)?;
         self.settle(row).await?;
         Ok(locked_until)
     }

@@ -61,7 +61,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Connection, Row};
 
-use super::settle::{Settle, SettleBackend, SettleOp, Settler};
+use super::fenced::{FencedWrite, FencedBackend, FencedOp, FencedWriter};
 use super::sql::{self, Dialect, MessageRow, SettlementMode, TableName, db};
 use super::{
     ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, OutboxAdmin,
@@ -120,7 +120,7 @@ const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, attempts, ma
 #[derive(Clone)]
 pub struct SqliteOutbox {
     core: Arc<Core>,
-    settler: Arc<Settler<Core>>,
+    settler: Arc<FencedWriter<Core>>,
     wake: WakeupSender,
 }
 
@@ -167,7 +167,7 @@ impl SqliteOutboxBuilder {
     pub fn build(self) -> SqliteOutbox {
         let core = Arc::new(Core::new(self.pool, self.table));
         SqliteOutbox {
-            settler: Arc::new(Settler::new(core.clone(), self.settlement)),
+            settler: Arc::new(FencedWriter::new(core.clone(), self.settlement)),
             core,
             wake: WakeupSender::new(),
         }
@@ -323,7 +323,7 @@ impl SqliteOutbox {
         Ok(())
     }
 
-    async fn settle(&self, row: Settle) -> Result<()> {
+    async fn settle(&self, row: FencedWrite) -> Result<()> {
         check::fence(&row.id, &row.claim_token)?;
         self.settler.run(row).await
     }
@@ -540,11 +540,11 @@ impl Core {
     }
 }
 
-impl SettleBackend for Core {
+impl FencedBackend for Core {
     /// One statement per kind of write in the batch (a batch of renewals is
     /// one statement, renewals and deliveries are two), each row fenced on
     /// its own. A statement that fails fails its rows only.
-    async fn settle(&self, rows: &[Settle]) -> Result<Vec<Result<()>>> {
+    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
         let mut results: Vec<Option<Result<()>>> = vec![None; rows.len()];
         let mut lost = Vec::new();
         {
@@ -610,20 +610,20 @@ impl SettleBackend for Core {
 
 /// The JSON row a fenced write reads: `[id, token, now]`, then what the
 /// write sets (the new lease end, or the retry time and the error record).
-fn fenced_row(row: &Settle) -> serde_json::Value {
+fn fenced_row(row: &FencedWrite) -> serde_json::Value {
     let mut fields = vec![
         serde_json::Value::from(row.id.as_str()),
         serde_json::Value::from(row.claim_token.as_str()),
         serde_json::Value::from(micros(row.now)),
     ];
     match row.op {
-        SettleOp::Renew { locked_until } => fields.push(micros(locked_until).into()),
-        SettleOp::Retry { available_at } => {
+        FencedOp::Renew { locked_until } => fields.push(micros(locked_until).into()),
+        FencedOp::Retry { available_at } => {
             fields.push(micros(available_at).into());
             fields.push(row.error.as_deref().into());
         }
-        SettleOp::DeadLetter => fields.push(row.error.as_deref().into()),
-        SettleOp::Deliver | SettleOp::Release => {}
+        FencedOp::DeadLetter => fields.push(row.error.as_deref().into()),
+        FencedOp::Deliver | FencedOp::Release => {}
     }
     serde_json::Value::Array(fields)
 }
@@ -648,7 +648,7 @@ struct FencedWrites {
 }
 
 impl FencedWrites {
-    /// Every kind, by [`SettleOp::code`], in the order a batch applies them.
+    /// Every kind, by [`FencedOp::code`], in the order a batch applies them.
     const KINDS: [&'static str; 5] = ["renew", "deliver", "retry", "dead", "release"];
 
     fn new(t: &str) -> Self {
@@ -703,13 +703,13 @@ impl FencedWrites {
     }
 
     /// The statement for `op`.
-    fn get(&self, op: SettleOp) -> &Arc<str> {
+    fn get(&self, op: FencedOp) -> &Arc<str> {
         match op {
-            SettleOp::Renew { .. } => &self.renew,
-            SettleOp::Deliver => &self.deliver,
-            SettleOp::Retry { .. } => &self.retry,
-            SettleOp::DeadLetter => &self.dead,
-            SettleOp::Release => &self.release,
+            FencedOp::Renew { .. } => &self.renew,
+            FencedOp::Deliver => &self.deliver,
+            FencedOp::Retry { .. } => &self.retry,
+            FencedOp::DeadLetter => &self.dead,
+            FencedOp::Release => &self.release,
         }
     }
 }
@@ -761,7 +761,7 @@ impl OutboxStore for SqliteOutbox {
     }
 
     async fn renew_claim(&self, params: RenewClaim) -> Result<DateTime<Utc>> {
-        let (row, locked_until) = Settle::renew(params)?;
+        let (row, locked_until) = FencedWrite::renew(params)?;
         self.settle(row).await?;
         Ok(locked_until)
     }
@@ -1053,8 +1053,8 @@ mod tests {
         (store, batch.claimed)
     }
 
-    fn row(op: SettleOp, message: &crate::ClaimedMessage) -> Settle {
-        Settle {
+    fn row(op: FencedOp, message: &crate::ClaimedMessage) -> FencedWrite {
+        FencedWrite {
             op,
             id: message.id.clone(),
             claim_token: message.claim_token.clone(),
@@ -1116,16 +1116,16 @@ mod tests {
         .unwrap();
         let until = t0() + chrono::Duration::seconds(31);
         let rows = [
-            row(SettleOp::Deliver, &claims[0]),
-            row(SettleOp::DeadLetter, &claims[1]),
+            row(FencedOp::Deliver, &claims[0]),
+            row(FencedOp::DeadLetter, &claims[1]),
             row(
-                SettleOp::Renew {
+                FencedOp::Renew {
                     locked_until: until,
                 },
                 &claims[2],
             ),
         ];
-        let results = store.core.settle(&rows).await.unwrap();
+        let results = store.core.apply(&rows).await.unwrap();
         assert!(results[0].is_ok(), "{:?}", results[0]);
         match &results[1] {
             Err(Error::Store { operation, .. }) => assert_eq!(*operation, "mark_failed"),
