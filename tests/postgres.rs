@@ -174,6 +174,7 @@ async fn hostile_table_names_are_refused_before_any_sql() {
 
 /// Both arms of the claim are read from their partial indexes, with a
 /// hundred thousand settled rows in the table and fresh statistics.
+#[cfg(feature = "inspect-statements")]
 #[tokio::test]
 async fn claim_is_answered_from_the_partial_indexes() {
     let pool = pool().await;
@@ -207,8 +208,8 @@ async fn claim_is_answered_from_the_partial_indexes() {
         "PREPARE claim_plan (timestamptz, timestamptz) AS {}; \
          PREPARE settle_plan (text[], text[], text[], timestamptz[], timestamptz[], \
            timestamptz[], text[]) AS {}",
-        outbox.claim_sql(10),
-        outbox.settle_sql()
+        outbox.claim_statement(10),
+        outbox.fenced_statement()
     )))
     .execute(&mut *conn)
     .await
@@ -282,6 +283,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
 /// A claim statement is planned once and its plan reused: with the limit
 /// bound as a parameter PostgreSQL re-planned every claim, since a plan for
 /// reuse could not see the limit and was costed for a tenth of the table.
+#[cfg(feature = "inspect-statements")]
 #[tokio::test]
 async fn a_claim_statement_reuses_its_plan() {
     let pool = pool().await;
@@ -305,7 +307,7 @@ async fn a_claim_statement_reuses_its_plan() {
     let mut tx = pool.begin().await.unwrap();
     sqlx::raw_sql(AssertSqlSafe(format!(
         "PREPARE reused (timestamptz, timestamptz) AS {}",
-        outbox.claim_sql(10)
+        outbox.claim_statement(10)
     )))
     .execute(&mut *tx)
     .await

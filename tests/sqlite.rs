@@ -18,7 +18,7 @@ use outbox::{
 };
 use sql_support::{LEASE, event, secs, t0, unique};
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
-use sqlx::{Connection, Row};
+use sqlx::Connection;
 
 /// A directory of database files, removed when the test ends.
 struct TempDir(PathBuf);
@@ -200,8 +200,11 @@ async fn hostile_table_names_are_refused_before_any_sql() {
 
 /// The claim must read both arms of eligibility from their partial indexes,
 /// never scanning the table, so settled rows behind it cost nothing.
+#[cfg(feature = "inspect-statements")]
 #[tokio::test]
 async fn claim_is_answered_from_the_partial_indexes() {
+    use sqlx::Row;
+
     let dir = TempDir::new();
     let pool = pool(&dir).await;
     let table = unique("plan");
@@ -236,7 +239,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
 
     let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
         "EXPLAIN QUERY PLAN {}",
-        outbox.claim_sql()
+        outbox.claim_statement()
     )))
     .bind(0_i64)
     .bind(0_i64)
@@ -270,7 +273,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
     // The fenced write looks each row up by id.
     let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
         "EXPLAIN QUERY PLAN {}",
-        outbox.settle_sql()
+        outbox.fenced_statement()
     )))
     .bind("[]")
     .fetch_all(&mut *conn)

@@ -178,7 +178,9 @@ pub(crate) struct FencedWriter<B> {
 
 impl<B> std::fmt::Debug for FencedWriter<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FencedWriter").field("mode", &self.mode).finish()
+        f.debug_struct("FencedWriter")
+            .field("mode", &self.mode)
+            .finish()
     }
 }
 

@@ -16,12 +16,12 @@ use futures_util::future::BoxFuture;
 use crate::error::{AdminError, Error, Result};
 use crate::message::{ClaimedMessage, ErrorRecord, MessageStatus, NewMessage, OutboxMessage};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod fenced;
 pub mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod fenced;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub mod sql;
