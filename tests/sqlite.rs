@@ -17,8 +17,8 @@ use outbox::{
     MessageStatus, NewMessage, OutboxAdmin, OutboxStore, RenewClaim, SettlementMode, SqliteOutbox,
 };
 use sql_support::{LEASE, event, secs, t0, unique};
-use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 use sqlx::Connection;
+use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 
 /// A directory of database files, removed when the test ends.
 struct TempDir(PathBuf);

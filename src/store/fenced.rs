@@ -21,8 +21,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
 
+use super::kit::{check, lease_end};
 use super::sql::SettlementMode;
-use super::{MarkDelivered, MarkFailed, ReleaseClaim, RenewClaim, check, lease_end};
+use super::{MarkDelivered, MarkFailed, ReleaseClaim, RenewClaim};
 use crate::error::{Error, Result};
 
 /// What a fenced write does to a message its token still owns.

@@ -38,9 +38,10 @@ use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row};
 
 use super::fenced::{FencedBackend, FencedWrite, FencedWriter};
+use super::kit::check;
 use super::{
     MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeMessages, ReleaseClaim, RenewClaim,
-    RequeueDeadLetters, check,
+    RequeueDeadLetters,
 };
 use crate::error::{AdminError, ClaimError, ClaimLoss, Error, Result};
 use crate::message::{

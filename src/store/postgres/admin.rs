@@ -6,8 +6,9 @@ use sqlx::AssertSqlSafe;
 use super::statements::columns;
 use super::{Core, Shared};
 use crate::error::Result;
+use crate::store::kit::check;
 use crate::store::sql::db;
-use crate::store::{ListMessages, MessagePage, check};
+use crate::store::{ListMessages, MessagePage};
 
 impl Core {
     /// One page of messages. Only the filters that apply are bound,

@@ -7,7 +7,8 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 
 use super::PostgresOutbox;
-use crate::store::{WakeupSender, Wakeups};
+use crate::store::Wakeups;
+use crate::store::kit::WakeupSender;
 
 /// The longest wait between attempts to re-establish the wake-up listener.
 const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(5);
@@ -62,7 +63,7 @@ async fn listen(options: PgConnectOptions, channel: String, shared: Arc<Listener
     let mut backoff = Duration::from_millis(50);
     loop {
         let connected = tokio::select! {
-            () = wake.0.closed() => None,
+            () = wake.closed() => None,
             connected = connect_listener(&options, &channel) => Some(connected),
         };
         let mut listener = match connected {
@@ -73,7 +74,7 @@ async fn listen(options: PgConnectOptions, channel: String, shared: Arc<Listener
                 tracing::warn!(%channel, error = %e, retry_in = ?backoff,
                     "outbox wake-up listener cannot connect");
                 tokio::select! {
-                    () = wake.0.closed() => if stop(&shared) { return },
+                    () = wake.closed() => if stop(&shared) { return },
                     () = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(MAX_LISTEN_BACKOFF);
@@ -85,7 +86,7 @@ async fn listen(options: PgConnectOptions, channel: String, shared: Arc<Listener
         wake.wake();
         loop {
             let received = tokio::select! {
-                () = wake.0.closed() => None,
+                () = wake.closed() => None,
                 received = listener.try_recv() => Some(received),
             };
             match received {

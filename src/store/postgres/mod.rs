@@ -65,8 +65,9 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRo
 use sqlx::{AssertSqlSafe, Row};
 
 use super::fenced::{FencedBackend, FencedWrite};
+use super::kit::{check, lease_end};
 use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
-use super::{ClaimBatch, ClaimedBatch, check, lease_end};
+use super::{ClaimBatch, ClaimedBatch};
 use crate::error::{AbandonedClaimError, Error, Result};
 use crate::message::{ErrorRecord, NewMessage, OutboxMessage};
 use listener::ListenerShared;

@@ -7,8 +7,9 @@ use super::statements::COLUMNS;
 use super::{Core, Shared, micros};
 use crate::error::Result;
 use crate::message::MessageStatus;
+use crate::store::kit::check;
 use crate::store::sql::db;
-use crate::store::{ListMessages, MessagePage, check};
+use crate::store::{ListMessages, MessagePage};
 
 impl Core {
     /// One page of messages. Every filter is bound, as NULL when unset, so

@@ -66,10 +66,11 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Connection, Row};
 
 use super::fenced::{FencedBackend, FencedOp, FencedWrite};
+use super::kit::{WakeupSender, check, lease_end};
 use super::sql::{
     self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, StoredTime, TableName, db,
 };
-use super::{ClaimBatch, ClaimedBatch, WakeupSender, Wakeups, check, lease_end};
+use super::{ClaimBatch, ClaimedBatch, Wakeups};
 use crate::error::{AbandonedClaimError, Error, Result};
 use crate::message::{ErrorRecord, MessageStatus, NewMessage};
 use statements::{FencedWrites, Statements};
