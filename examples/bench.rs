@@ -14,12 +14,10 @@
 //! - **memory**: a plain tokio loop that makes the same store calls with the
 //!   same concurrency, without actors, heartbeats, timers or outcome
 //!   messages.
-//! - **sqlite**, **postgres**: raw SQL, the best a drain could do with the
-//!   store's own statements: a loop that claims 100 rows with the store's
-//!   claim statement ([`claim_sql`](outbox::PostgresOutbox::claim_sql)) and
-//!   marks them delivered in one fenced write
-//!   ([`settle_sql`](outbox::PostgresOutbox::settle_sql)). No renewal, no
-//!   handler, one statement in flight at a time.
+//! - **sqlite**, **postgres**: raw SQL, the best a drain could do with
+//!   statements like the store's own, written out here: a loop that claims
+//!   100 rows with one statement and marks them delivered in one fenced
+//!   write. No renewal, no handler, one statement in flight at a time.
 //!
 //! Each side gets a store of its own, filled before timing starts: a fresh
 //! database file (SQLite) or a fresh table in `DATABASE_URL` (PostgreSQL,
@@ -373,13 +371,58 @@ mod sqlite {
         store
     }
 
-    /// Raw SQL: claim 100 with the store's claim statement, mark them all
+    /// The store's claim, as it runs it. Binds: `?1` now and `?2` lease end
+    /// (µs since the epoch), `?3` limit.
+    fn claim_sql(t: &str) -> String {
+        format!(
+            "UPDATE {t} SET \
+               status = CASE WHEN attempts >= max_attempts THEN 'dead_lettered' ELSE 'claimed' END, \
+               attempts = CASE WHEN attempts >= max_attempts THEN attempts ELSE attempts + 1 END, \
+               claim_token = CASE WHEN attempts >= max_attempts THEN NULL ELSE lower(hex(randomblob(16))) END, \
+               claimed_at = CASE WHEN attempts >= max_attempts THEN NULL ELSE ?1 END, \
+               locked_until = CASE WHEN attempts >= max_attempts THEN NULL ELSE ?2 END, \
+               updated_at = ?1 \
+             WHERE seq IN ( \
+               SELECT seq FROM ( \
+                 SELECT * FROM ( \
+                   SELECT seq, available_at, created_at FROM {t} \
+                   WHERE status = 'pending' AND available_at <= ?1 \
+                   ORDER BY available_at, created_at, seq LIMIT ?3) \
+                 UNION ALL \
+                 SELECT * FROM ( \
+                   SELECT seq, available_at, created_at FROM {t} \
+                   WHERE status = 'claimed' AND locked_until <= ?1 \
+                   ORDER BY available_at, created_at, seq LIMIT ?3)) \
+               ORDER BY available_at, created_at, seq LIMIT ?3) \
+             RETURNING seq, id, kind, name, payload, trace, status, attempts, max_attempts, \
+               available_at, claim_token, claimed_at, locked_until, last_error, created_at, \
+               updated_at, delivered_at"
+        )
+    }
+
+    /// The store's fenced write that marks a batch delivered. Binds: `?1` a
+    /// JSON array of `[id, token, now]` rows (`now` in µs); returns the ids
+    /// it changed.
+    fn deliver_sql(t: &str) -> String {
+        format!(
+            "UPDATE {t} AS m SET status = 'delivered', claim_token = NULL, claimed_at = NULL, \
+               locked_until = NULL, delivered_at = v.now, updated_at = v.now \
+             FROM (SELECT value ->> 0 AS id, value ->> 1 AS token, value ->> 2 AS now \
+               FROM json_each(?1)) AS v \
+             WHERE m.id = v.id AND +m.status = 'claimed' AND m.claim_token = v.token \
+               AND +m.locked_until > v.now \
+             RETURNING id"
+        )
+    }
+
+    /// Raw SQL: claim 100 with the claim statement, mark them all
     /// delivered in one fenced write, until every message is delivered.
     pub(super) async fn raw_sql(store: &SqliteOutbox, messages: u64) -> Duration {
         let lease = DrainConfig::default().lease;
         let pool = store.pool();
-        let claim: Arc<str> = store.claim_sql().into();
-        let settle: Arc<str> = store.settle_sql().into();
+        let table = store.table().quoted();
+        let claim: Arc<str> = claim_sql(&table).into();
+        let settle: Arc<str> = deliver_sql(&table).into();
         let started = Instant::now();
         let mut delivered = 0;
         while delivered < messages {
@@ -583,13 +626,95 @@ mod postgres {
         }
     }
 
-    /// Raw SQL: claim 100 with the store's claim statement, mark them all
+    /// The store's claim of up to `limit` messages, as it runs it. Binds:
+    /// `$1` now, `$2` lease end. Rows out of attempts come back with
+    /// `abandoned = true`, untouched.
+    fn claim_sql(t: &str, limit: usize) -> String {
+        let columns = |prefix: &str| {
+            [
+                "seq",
+                "id",
+                "kind",
+                "name",
+                "payload::text AS payload",
+                "trace",
+                "status",
+                "attempts",
+                "max_attempts",
+                "available_at",
+                "claim_token",
+                "claimed_at",
+                "locked_until",
+                "last_error",
+                "created_at",
+                "updated_at",
+                "delivered_at",
+            ]
+            .map(|c| format!("{prefix}{c}"))
+            .join(", ")
+        };
+        let m_all = columns("m.");
+        format!(
+            "WITH pending AS ( \
+               SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
+               FROM {t} WHERE status = 'pending' AND available_at <= $1 \
+               ORDER BY available_at, created_at, seq LIMIT {limit} FOR UPDATE SKIP LOCKED), \
+             expired AS ( \
+               SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
+               FROM {t} WHERE status = 'claimed' AND locked_until <= $1 \
+               ORDER BY available_at, created_at, seq LIMIT {limit} FOR UPDATE SKIP LOCKED), \
+             picked AS ( \
+               SELECT * FROM pending UNION ALL SELECT * FROM expired \
+               ORDER BY available_at, created_at, seq LIMIT {limit}), \
+             claimed AS ( \
+               UPDATE {t} AS m SET status = 'claimed', attempts = m.attempts + 1, \
+                 claim_token = gen_random_uuid()::text, claimed_at = $1, locked_until = $2, \
+                 updated_at = $1 \
+               FROM picked WHERE m.id = picked.id AND NOT picked.abandoned \
+               RETURNING {m_all}) \
+             SELECT false AS abandoned, * FROM claimed \
+             UNION ALL \
+             SELECT true, {m_all} FROM {t} AS m JOIN picked ON m.id = picked.id \
+             WHERE picked.abandoned"
+        )
+    }
+
+    /// The store's fenced write. Binds seven arrays of equal length: `$1`
+    /// op, `$2` id, `$3` token, `$4` now, `$5` new `locked_until`, `$6` new
+    /// `available_at`, `$7` `last_error`; returns the ids it changed.
+    fn deliver_sql(t: &str) -> String {
+        format!(
+            "UPDATE {t} AS m SET \
+               status = CASE v.op WHEN 'renew' THEN 'claimed' WHEN 'deliver' THEN 'delivered' \
+                 WHEN 'dead' THEN 'dead_lettered' ELSE 'pending' END, \
+               attempts = CASE v.op WHEN 'release' THEN greatest(m.attempts - 1, 0) \
+                 ELSE m.attempts END, \
+               available_at = CASE v.op WHEN 'retry' THEN v.available WHEN 'release' THEN v.now \
+                 ELSE m.available_at END, \
+               claim_token = CASE v.op WHEN 'renew' THEN m.claim_token END, \
+               claimed_at = CASE v.op WHEN 'renew' THEN m.claimed_at END, \
+               locked_until = CASE v.op WHEN 'renew' THEN v.until END, \
+               last_error = CASE WHEN v.op IN ('retry', 'dead') THEN v.error \
+                 ELSE m.last_error END, \
+               delivered_at = CASE v.op WHEN 'deliver' THEN v.now ELSE m.delivered_at END, \
+               updated_at = v.now \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], \
+               $5::timestamptz[], $6::timestamptz[], $7::text[]) \
+               AS v(op, id, token, now, until, available, error) \
+             WHERE m.id = v.id AND coalesce(m.status, '') = 'claimed' \
+               AND m.claim_token = v.token AND m.locked_until > v.now \
+             RETURNING m.id"
+        )
+    }
+
+    /// Raw SQL: claim 100 with the claim statement, mark them all
     /// delivered in one fenced write, until every message is delivered.
     pub(super) async fn raw_sql(store: &PostgresOutbox, messages: u64) -> Duration {
         let lease = DrainConfig::default().lease;
         let pool = store.pool();
-        let claim: Arc<str> = store.claim_sql(BASELINE_CLAIM).into();
-        let settle: Arc<str> = store.settle_sql().into();
+        let table = store.table().quoted();
+        let claim: Arc<str> = claim_sql(&table, BASELINE_CLAIM).into();
+        let settle: Arc<str> = deliver_sql(&table).into();
         let started = Instant::now();
         let mut delivered = 0;
         while delivered < messages {

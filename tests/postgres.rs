@@ -1,8 +1,9 @@
 //! The PostgreSQL store against a real server.
 //!
-//! Run with `scripts/with-postgres cargo test --features postgres --test
-//! postgres`; without `DATABASE_URL` every test fails and says so. Each test
-//! uses tables of its own, so they run in parallel against one database.
+//! Run with `scripts/with-postgres cargo test --all-features --test
+//! postgres` (the query-plan tests need `inspect-statements`); without
+//! `DATABASE_URL` every test fails and says so. Each test uses tables of its
+//! own, so they run in parallel against one database.
 //! Every test passes `now` explicitly and runs on a real-time runtime: a
 //! paused clock would fire pool timeouts and batch windows while the runtime
 //! waits for the database.
@@ -14,8 +15,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use outbox::{
-    ClaimBatch, ClaimLoss, Clock, Error, Event, MarkDelivered, MemoryOutbox, MessageStatus,
-    NewMessage, OutboxAdmin, OutboxStore, PostgresOutbox, SettlementMode,
+    ClaimBatch, ClaimLoss, Error, MarkDelivered, MessageStatus, NewMessage, OutboxAdmin,
+    OutboxStore, PostgresOutbox, SettlementMode,
 };
 use sql_support::{LEASE, event, secs, t0, unique};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
@@ -25,7 +26,7 @@ fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| {
         panic!(
             "DATABASE_URL is not set. The PostgreSQL tests need a server: run them with \
-             `scripts/with-postgres cargo test --features postgres --test postgres`"
+             `scripts/with-postgres cargo test --all-features --test postgres`"
         )
     })
 }
@@ -91,13 +92,37 @@ async fn setup() -> PostgresOutbox {
 
 conformance::conformance_suite!(setup);
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct OrderPlaced {
-    order_id: i64,
+/// The shared test database; tables of their own keep the cases apart.
+async fn database() -> ((), PgPool) {
+    ((), pool().await)
 }
 
-impl Event for OrderPlaced {
-    const NAME: &'static str = "order.placed";
+/// A business table of its own next to the outbox: its name, how to create
+/// it, and an insert of one `id`.
+fn orders() -> (String, String, String) {
+    let orders = unique("orders");
+    (
+        orders.clone(),
+        format!("CREATE TABLE {orders} (id bigint PRIMARY KEY)"),
+        format!("INSERT INTO {orders} (id) VALUES ($1)"),
+    )
+}
+
+sql_support::sql_conformance_suite! {
+    store: PostgresOutbox,
+    database: database,
+    open: store,
+    tx_table: unique("tx"),
+    orders: orders,
+    hostile_names: [
+        "x; drop table y",
+        "a.b.c",
+        "",
+        "\"quoted\"",
+        "o'neil",
+        "public.",
+        "tab\tle",
+    ],
 }
 
 #[tokio::test]
@@ -153,27 +178,9 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
     assert!(results.iter().all(Result::is_ok), "{results:?}");
 }
 
-#[tokio::test]
-async fn hostile_table_names_are_refused_before_any_sql() {
-    let pool = pool().await;
-    for name in [
-        "x; drop table y",
-        "a.b.c",
-        "",
-        "\"quoted\"",
-        "o'neil",
-        "public.",
-        "tab\tle",
-    ] {
-        match PostgresOutbox::builder(pool.clone()).table(name) {
-            Err(Error::InvalidTableName { name: refused, .. }) => assert_eq!(refused, name),
-            other => panic!("{name:?} was not refused: {other:?}"),
-        }
-    }
-}
-
 /// Both arms of the claim are read from their partial indexes, with a
 /// hundred thousand settled rows in the table and fresh statistics.
+#[cfg(feature = "inspect-statements")]
 #[tokio::test]
 async fn claim_is_answered_from_the_partial_indexes() {
     let pool = pool().await;
@@ -207,8 +214,8 @@ async fn claim_is_answered_from_the_partial_indexes() {
         "PREPARE claim_plan (timestamptz, timestamptz) AS {}; \
          PREPARE settle_plan (text[], text[], text[], timestamptz[], timestamptz[], \
            timestamptz[], text[]) AS {}",
-        outbox.claim_sql(10),
-        outbox.settle_sql()
+        outbox.claim_statement(10),
+        outbox.fenced_statement()
     )))
     .execute(&mut *conn)
     .await
@@ -282,6 +289,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
 /// A claim statement is planned once and its plan reused: with the limit
 /// bound as a parameter PostgreSQL re-planned every claim, since a plan for
 /// reuse could not see the limit and was costed for a tenth of the table.
+#[cfg(feature = "inspect-statements")]
 #[tokio::test]
 async fn a_claim_statement_reuses_its_plan() {
     let pool = pool().await;
@@ -305,7 +313,7 @@ async fn a_claim_statement_reuses_its_plan() {
     let mut tx = pool.begin().await.unwrap();
     sqlx::raw_sql(AssertSqlSafe(format!(
         "PREPARE reused (timestamptz, timestamptz) AS {}",
-        outbox.claim_sql(10)
+        outbox.claim_statement(10)
     )))
     .execute(&mut *tx)
     .await
@@ -334,109 +342,6 @@ async fn a_claim_statement_reuses_its_plan() {
         "planned afresh:\n{plan}"
     );
     tx.rollback().await.unwrap();
-}
-
-#[tokio::test]
-async fn transactional_enqueue_commits_or_vanishes_with_the_business_rows() {
-    let pool = pool().await;
-    let outbox = store(&pool, &unique("tx"), SettlementMode::default()).await;
-    let orders = unique("orders");
-    sqlx::query(AssertSqlSafe(format!(
-        "CREATE TABLE {orders} (id bigint PRIMARY KEY)"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let insert_order = format!("INSERT INTO {orders} (id) VALUES ($1)");
-
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query(AssertSqlSafe(insert_order.clone()))
-        .bind(1_i64)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let rolled_back = outbox
-        .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 1 })
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
-    assert!(matches!(
-        outbox.get_message(&rolled_back).await,
-        Err(Error::NotFound { .. })
-    ));
-
-    {
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query(AssertSqlSafe(insert_order.clone()))
-            .bind(2_i64)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        outbox
-            .enqueue_in(
-                &mut tx,
-                NewMessage::event(&OrderPlaced { order_id: 2 })
-                    .unwrap()
-                    .with_id("o2"),
-            )
-            .await
-            .unwrap();
-        let failed = sqlx::query(AssertSqlSafe(insert_order.clone()))
-            .bind(2_i64)
-            .execute(&mut *tx)
-            .await;
-        assert!(failed.is_err());
-    }
-    assert!(matches!(
-        outbox.get_message("o2").await,
-        Err(Error::NotFound { .. })
-    ));
-
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query(AssertSqlSafe(insert_order.clone()))
-        .bind(3_i64)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let committed = outbox
-        .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 3 })
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let ids: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!("SELECT id FROM {orders}")))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(ids, [3]);
-    let batch = outbox
-        .claim_batch(ClaimBatch {
-            limit: 10,
-            now: outbox::SystemClock.now(),
-            lease: LEASE,
-        })
-        .await
-        .unwrap();
-    assert_eq!(batch.claimed.len(), 1);
-    assert_eq!(batch.claimed[0].id, committed);
-    assert_eq!(
-        batch.claimed[0]
-            .payload
-            .decode::<OrderPlaced>()
-            .unwrap()
-            .order_id,
-        3
-    );
-
-    let mut conn = pool.acquire().await.unwrap();
-    outbox
-        .enqueue_in(&mut conn, event("plain", 1, t0()))
-        .await
-        .unwrap();
-    drop(conn);
-    assert_eq!(
-        outbox.get_message("plain").await.unwrap().status,
-        MessageStatus::Pending
-    );
 }
 
 /// NOTIFY goes out when the enqueueing transaction commits, never on
@@ -561,42 +466,6 @@ async fn wakeups_listen_reconnect_and_stop_with_the_last_receiver() {
     // Subscribing again starts a new one.
     let mut again = outbox.wakeups().unwrap();
     assert!(tokio::time::timeout(bound, again.changed()).await.unwrap());
-}
-
-/// Batched and per-message settlement decide every row the same way, and the
-/// same way as the reference store.
-#[tokio::test]
-async fn batched_and_per_message_settlement_give_identical_outcomes() {
-    let pool = pool().await;
-    let per_message = store(&pool, &unique("single"), SettlementMode::PerMessage).await;
-    let batched = store(
-        &pool,
-        &unique("batched"),
-        SettlementMode::Batched {
-            window: Duration::from_millis(50),
-            max_rows: 128,
-        },
-    )
-    .await;
-    let small_batches = store(
-        &pool,
-        &unique("small"),
-        SettlementMode::Batched {
-            window: Duration::from_millis(50),
-            max_rows: 2,
-        },
-    )
-    .await;
-    let reference = sql_support::settlement_script(&MemoryOutbox::new()).await;
-    assert_eq!(
-        sql_support::settlement_script(&per_message).await,
-        reference
-    );
-    assert_eq!(sql_support::settlement_script(&batched).await, reference);
-    assert_eq!(
-        sql_support::settlement_script(&small_batches).await,
-        reference
-    );
 }
 
 /// Concurrent claimers skip each other's rows: every message is claimed

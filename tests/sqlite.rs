@@ -13,12 +13,12 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use outbox::store::sqlite::DEFAULT_BUSY_TIMEOUT;
 use outbox::{
-    ClaimBatch, ClaimLoss, Clock, Error, Event, ListMessages, MarkDelivered, MemoryOutbox,
-    MessageStatus, NewMessage, OutboxAdmin, OutboxStore, RenewClaim, SettlementMode, SqliteOutbox,
+    ClaimBatch, ClaimLoss, Error, ListMessages, MarkDelivered, NewMessage, OutboxAdmin,
+    OutboxStore, RenewClaim, SettlementMode, SqliteOutbox,
 };
 use sql_support::{LEASE, event, secs, t0, unique};
+use sqlx::Connection;
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
-use sqlx::{Connection, Row};
 
 /// A directory of database files, removed when the test ends.
 struct TempDir(PathBuf);
@@ -76,13 +76,50 @@ async fn setup() -> SqliteOutbox {
 
 conformance::conformance_suite!(setup);
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct OrderPlaced {
-    order_id: i64,
+/// A database file of its own for a contract case.
+async fn database() -> (TempDir, SqlitePool) {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    (dir, pool)
 }
 
-impl Event for OrderPlaced {
-    const NAME: &'static str = "order.placed";
+/// A business table next to the outbox: its name, how to create it, and an
+/// insert of one `id`.
+fn orders() -> (String, String, String) {
+    (
+        "orders".to_owned(),
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY)".to_owned(),
+        "INSERT INTO orders (id) VALUES (?1)".to_owned(),
+    )
+}
+
+/// The refused names created nothing at all.
+async fn nothing_created(pool: &SqlitePool) {
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(tables, 0);
+}
+
+sql_support::sql_conformance_suite! {
+    store: SqliteOutbox,
+    database: database,
+    open: store,
+    tx_table: "outbox",
+    orders: orders,
+    hostile_names: [
+        "x; drop table y",
+        "a.b.c",
+        "",
+        "\"quoted\"",
+        "'single'",
+        "outbox--",
+        "sqlite_master",
+        "main.sqlite_stat1",
+        "name with space",
+    ],
+    nothing_created: nothing_created,
 }
 
 #[tokio::test]
@@ -165,43 +202,13 @@ async fn custom_tables_coexist_and_each_is_set_up_once() {
     }
 }
 
-#[tokio::test]
-async fn hostile_table_names_are_refused_before_any_sql() {
-    let dir = TempDir::new();
-    let pool = pool(&dir).await;
-    for name in [
-        "x; drop table y",
-        "a.b.c",
-        "",
-        "\"quoted\"",
-        "'single'",
-        "outbox--",
-        "sqlite_master",
-        "main.sqlite_stat1",
-        "name with space",
-    ] {
-        match SqliteOutbox::builder(pool.clone()).table(name) {
-            Err(Error::InvalidTableName {
-                name: refused,
-                reason,
-            }) => {
-                assert_eq!(refused, name);
-                assert!(!reason.is_empty());
-            }
-            other => panic!("{name:?} was not refused: {other:?}"),
-        }
-    }
-    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(tables, 0);
-}
-
 /// The claim must read both arms of eligibility from their partial indexes,
 /// never scanning the table, so settled rows behind it cost nothing.
+#[cfg(feature = "inspect-statements")]
 #[tokio::test]
 async fn claim_is_answered_from_the_partial_indexes() {
+    use sqlx::Row;
+
     let dir = TempDir::new();
     let pool = pool(&dir).await;
     let table = unique("plan");
@@ -236,7 +243,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
 
     let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
         "EXPLAIN QUERY PLAN {}",
-        outbox.claim_sql()
+        outbox.claim_statement()
     )))
     .bind(0_i64)
     .bind(0_i64)
@@ -270,7 +277,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
     // The fenced write looks each row up by id.
     let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
         "EXPLAIN QUERY PLAN {}",
-        outbox.settle_sql()
+        outbox.fenced_statement()
     )))
     .bind("[]")
     .fetch_all(&mut *conn)
@@ -298,106 +305,6 @@ async fn claim_is_answered_from_the_partial_indexes() {
         .unwrap();
     let ids: Vec<_> = batch.claimed.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids, ["p0", "p1", "p2"]);
-}
-
-#[tokio::test]
-async fn transactional_enqueue_commits_or_vanishes_with_the_business_rows() {
-    let dir = TempDir::new();
-    let pool = pool(&dir).await;
-    let outbox = store(&pool, "outbox", SettlementMode::default()).await;
-    sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
-        .execute(&pool)
-        .await
-        .unwrap();
-
-    // Rolled back: neither the order nor its event.
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders (id) VALUES (1)")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let rolled_back = outbox
-        .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 1 })
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
-    assert!(matches!(
-        outbox.get_message(&rolled_back).await,
-        Err(Error::NotFound { .. })
-    ));
-
-    // A failure after the enqueue drops the transaction: still neither.
-    {
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query("INSERT INTO orders (id) VALUES (2)")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        outbox
-            .enqueue_in(
-                &mut tx,
-                NewMessage::event(&OrderPlaced { order_id: 2 })
-                    .unwrap()
-                    .with_id("o2"),
-            )
-            .await
-            .unwrap();
-        let failed = sqlx::query("INSERT INTO orders (id) VALUES (2)")
-            .execute(&mut *tx)
-            .await;
-        assert!(failed.is_err());
-    }
-    assert!(matches!(
-        outbox.get_message("o2").await,
-        Err(Error::NotFound { .. })
-    ));
-
-    // Committed: both, and the event is claimable at once.
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders (id) VALUES (3)")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let committed = outbox
-        .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 3 })
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let orders: Vec<i64> = sqlx::query_scalar("SELECT id FROM orders")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(orders, [3]);
-    let batch = outbox
-        .claim_batch(ClaimBatch {
-            limit: 10,
-            now: outbox::SystemClock.now(),
-            lease: LEASE,
-        })
-        .await
-        .unwrap();
-    assert_eq!(batch.claimed.len(), 1);
-    assert_eq!(batch.claimed[0].id, committed);
-    assert_eq!(
-        batch.claimed[0]
-            .payload
-            .decode::<OrderPlaced>()
-            .unwrap()
-            .order_id,
-        3
-    );
-
-    // On a plain pool connection, outside any transaction.
-    let mut conn = pool.acquire().await.unwrap();
-    outbox
-        .enqueue_in(&mut conn, event("plain", 1, t0()))
-        .await
-        .unwrap();
-    drop(conn);
-    assert_eq!(
-        outbox.get_message("plain").await.unwrap().status,
-        MessageStatus::Pending
-    );
 }
 
 #[tokio::test]
@@ -465,42 +372,6 @@ async fn wakeups_fire_on_commit_and_never_before_or_on_rollback() {
     }
     assert_eq!(wakeups.changed().now_or_never(), Some(true));
     assert!(wakeups.changed().now_or_never().is_none());
-}
-
-/// Batched and per-message settlement decide every row the same way, and the
-/// same way as the reference store.
-#[tokio::test]
-async fn batched_and_per_message_settlement_give_identical_outcomes() {
-    let dir = TempDir::new();
-    let pool = pool(&dir).await;
-    let per_message = store(&pool, &unique("single"), SettlementMode::PerMessage).await;
-    let batched = store(
-        &pool,
-        &unique("batched"),
-        // A window long enough that every concurrent call lands in one batch.
-        SettlementMode::Batched {
-            window: Duration::from_millis(50),
-            max_rows: 128,
-        },
-    )
-    .await;
-    let small_batches = store(
-        &pool,
-        &unique("small"),
-        SettlementMode::Batched {
-            window: Duration::from_millis(50),
-            max_rows: 2,
-        },
-    )
-    .await;
-    let reference = sql_support::settlement_script(&MemoryOutbox::new()).await;
-    let single = sql_support::settlement_script(&per_message).await;
-    let together = sql_support::settlement_script(&batched).await;
-    let split = sql_support::settlement_script(&small_batches).await;
-    println!("{}", reference.join("\n"));
-    assert_eq!(single, reference);
-    assert_eq!(together, reference);
-    assert_eq!(split, reference);
 }
 
 #[tokio::test]

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use chrono::{DateTime, Utc};
 
+use super::kit::{WakeupSender, check, lease_end};
 use super::{
     ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, OutboxAdmin,
-    OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters,
-    WakeupSender, Wakeups, check, lease_end,
+    OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, Wakeups,
 };
 use crate::error::{AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, Result};
 use crate::message::{

@@ -5,6 +5,25 @@
 //! requeue, purge). Every operation takes `now` from the caller, so one
 //! conformance suite drives every store on a virtual clock, and every write
 //! to a claimed message is fenced by its claim token *and* a live lease.
+//!
+//! # Layout
+//!
+//! - `mod.rs` (this module): the port, [`OutboxStore`] and [`OutboxAdmin`],
+//!   their parameter and result types, [`Wakeups`], [`DynOutboxStore`].
+//! - [`kit`]: the toolkit for implementing a store (input checks, lease
+//!   arithmetic, the wake-up sender, id and token generators).
+//! - [`memory`]: [`MemoryOutbox`](memory::MemoryOutbox), the reference store.
+//! - `sql.rs`: what the SQL stores share, written once: table names and
+//!   migrations rendered per table, [`SettlementMode`](sql::SettlementMode),
+//!   and, behind a private trait, every operation that differs between them
+//!   only in SQL text and time encoding.
+//! - `fenced.rs`: fenced writes (renewals and settlements), sent alone or
+//!   batched into one statement.
+//! - `sqlite/`: `mod.rs` (the store and its claim), `statements.rs` (its SQL
+//!   text), `admin.rs` (its listing).
+//! - `postgres/`: `mod.rs` (the store, its claim and fenced writes),
+//!   `statements.rs` (its SQL text), `listener.rs` (`LISTEN`/`NOTIFY`
+//!   wake-ups), `admin.rs` (its listing).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,15 +32,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 
-use crate::error::{AdminError, Error, Result};
+use crate::error::Result;
 use crate::message::{ClaimedMessage, ErrorRecord, MessageStatus, NewMessage, OutboxMessage};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod fenced;
+pub mod kit;
 pub mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod settle;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub mod sql;
@@ -81,7 +101,7 @@ pub struct RenewClaim {
     pub lease: Duration,
 }
 
-/// Settle a claimed message as delivered.
+/// FencedWrite a claimed message as delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MarkDelivered {
     /// The message id.
@@ -92,7 +112,7 @@ pub struct MarkDelivered {
     pub now: DateTime<Utc>,
 }
 
-/// Settle a claimed message as failed: retry later, or dead-letter.
+/// FencedWrite a claimed message as failed: retry later, or dead-letter.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MarkFailed {
     /// The message id.
@@ -133,46 +153,16 @@ impl Wakeups {
     }
 }
 
-/// The sending half of [`Wakeups`], kept by a store.
-#[derive(Debug, Clone)]
-pub struct WakeupSender(Arc<tokio::sync::watch::Sender<u64>>);
-
-impl WakeupSender {
-    /// A sender with no receivers yet.
-    pub fn new() -> Self {
-        WakeupSender(Arc::new(tokio::sync::watch::Sender::new(0)))
-    }
-
-    /// Wake every subscriber (cheap when nobody listens).
-    pub fn wake(&self) {
-        self.0.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    /// A new receiver; it sees only wake-ups sent after this call.
-    pub fn subscribe(&self) -> Wakeups {
-        Wakeups(self.0.subscribe())
-    }
-
-    /// `true` when some receiver is alive.
-    pub fn has_subscribers(&self) -> bool {
-        self.0.receiver_count() > 0
-    }
-}
-
-impl Default for WakeupSender {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// The drain path of a store.
 ///
 /// Every write to a claimed message applies only while `claim_token` owns it
 /// and its lease is live (`locked_until > now`); otherwise it fails with
-/// [`Error::Claim`], the one error the runtime treats as confirmed loss.
+/// [`Error::Claim`](crate::Error::Claim), the one error the runtime treats
+/// as confirmed loss.
 pub trait OutboxStore: Send + Sync + 'static {
     /// Store a new message; returns its id. An existing id is reported as
-    /// [`Error::DuplicateId`] and the stored message is left untouched.
+    /// [`Error::DuplicateId`](crate::Error::DuplicateId) and the stored
+    /// message is left untouched.
     fn enqueue(&self, message: NewMessage) -> impl Future<Output = Result<String>> + Send;
 
     /// Claim eligible messages; see [`ClaimBatch`].
@@ -182,10 +172,10 @@ pub trait OutboxStore: Send + Sync + 'static {
     fn renew_claim(&self, params: RenewClaim)
     -> impl Future<Output = Result<DateTime<Utc>>> + Send;
 
-    /// Settle as delivered: `delivered_at = now`, claim cleared.
+    /// FencedWrite as delivered: `delivered_at = now`, claim cleared.
     fn mark_delivered(&self, params: MarkDelivered) -> impl Future<Output = Result<()>> + Send;
 
-    /// Settle as failed: dead-lettered, or pending at `retry_at`; claim cleared.
+    /// FencedWrite as failed: dead-lettered, or pending at `retry_at`; claim cleared.
     fn mark_failed(&self, params: MarkFailed) -> impl Future<Output = Result<()>> + Send;
 
     /// Give a claim back unsettled; see [`ReleaseClaim`].
@@ -340,12 +330,15 @@ pub trait OutboxAdmin: Send + Sync + 'static {
         params: ListMessages,
     ) -> impl Future<Output = Result<MessagePage>> + Send;
 
-    /// One message by id; [`Error::NotFound`] when there is none.
+    /// One message by id; [`Error::NotFound`](crate::Error::NotFound) when
+    /// there is none.
     fn get_message(&self, id: &str) -> impl Future<Output = Result<OutboxMessage>> + Send;
 
     /// Requeue one dead letter, or all of them (of one name); returns how many.
-    /// A message under a live claim is refused with [`AdminError::ClaimLive`],
-    /// any other non-dead-lettered message with [`AdminError::NotDeadLettered`].
+    /// A message under a live claim is refused with
+    /// [`AdminError::ClaimLive`](crate::AdminError::ClaimLive), any other
+    /// non-dead-lettered message with
+    /// [`AdminError::NotDeadLettered`](crate::AdminError::NotDeadLettered).
     fn requeue_dead_letters(
         &self,
         params: RequeueDeadLetters,
@@ -353,7 +346,7 @@ pub trait OutboxAdmin: Send + Sync + 'static {
 
     /// Delete terminal messages settled before the horizon; returns how many.
     /// Pending and claimed messages are never touched; asking for them is
-    /// refused with [`AdminError::UnsafePurge`].
+    /// refused with [`AdminError::UnsafePurge`](crate::AdminError::UnsafePurge).
     fn purge(&self, params: PurgeMessages) -> impl Future<Output = Result<u64>> + Send;
 }
 
@@ -409,77 +402,3 @@ impl<S: OutboxStore> DynOutboxStore for S {
 
 /// A store shared by the runtime's actors.
 pub type SharedStore = Arc<dyn DynOutboxStore>;
-
-/// `now + lease`, or an input error when that leaves the calendar.
-pub fn lease_end(now: DateTime<Utc>, lease: Duration) -> Result<DateTime<Utc>> {
-    chrono::Duration::from_std(lease)
-        .ok()
-        .and_then(|lease| now.checked_add_signed(lease))
-        .ok_or_else(|| Error::invalid("lease", "is too long to add to now"))
-}
-
-/// Input checks every store runs before touching anything, so invalid
-/// parameters are refused the same way everywhere and change nothing.
-pub mod check {
-    use super::*;
-
-    /// `limit >= 1`, `lease > 0`.
-    pub fn claim_batch(params: &ClaimBatch) -> Result<()> {
-        if params.limit == 0 {
-            return Err(Error::invalid("limit", "must be at least 1"));
-        }
-        positive_lease(params.lease)
-    }
-
-    /// A lease longer than zero.
-    pub fn positive_lease(lease: Duration) -> Result<()> {
-        if lease.is_zero() {
-            return Err(Error::invalid("lease", "must be longer than zero"));
-        }
-        if lease > crate::config::MAX_DURATION {
-            return Err(Error::invalid("lease", "must be at most one year"));
-        }
-        Ok(())
-    }
-
-    /// Non-empty id and claim token.
-    pub fn fence(id: &str, claim_token: &str) -> Result<()> {
-        if id.is_empty() {
-            return Err(Error::invalid("id", "must not be empty"));
-        }
-        if claim_token.is_empty() {
-            return Err(Error::invalid("claim_token", "must not be empty"));
-        }
-        Ok(())
-    }
-
-    /// `1 <= limit <= 10 000`.
-    pub fn list(params: &ListMessages) -> Result<()> {
-        if params.limit == 0 || params.limit > 10_000 {
-            return Err(Error::invalid("limit", "must be between 1 and 10000"));
-        }
-        Ok(())
-    }
-
-    /// Only terminal statuses may be purged.
-    pub fn purge(params: &PurgeMessages) -> Result<()> {
-        match params.status {
-            Some(status) if !status.is_terminal() => Err(AdminError::UnsafePurge { status }.into()),
-            _ => Ok(()),
-        }
-    }
-
-    /// A requeue names one id, or a set by name, not both.
-    pub fn requeue(params: &RequeueDeadLetters) -> Result<()> {
-        if params.id.as_deref().is_some_and(str::is_empty) {
-            return Err(Error::invalid("id", "must not be empty"));
-        }
-        if params.id.is_some() && params.name.is_some() {
-            return Err(Error::invalid(
-                "name",
-                "cannot be combined with an id; requeue one message or a set by name",
-            ));
-        }
-        Ok(())
-    }
-}

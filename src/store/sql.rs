@@ -1,5 +1,20 @@
-//! What the SQL stores share: the validated table name, migrations rendered
-//! for it, settlement modes, and turning rows back into messages.
+//! What the SQL stores share, written once: the validated table name,
+//! migrations rendered for it, settlement modes, turning rows back into
+//! messages, and every operation that differs between SQLite and PostgreSQL
+//! only in its SQL text and in how a time is stored.
+//!
+//! # The shared half
+//!
+//! A SQL store's core implements the private `SqlBackend` trait: its sqlx
+//! database, how it stores a time, its pool, its statements, the lock its own
+//! writes take (if any) and what follows a requeue. `SqlOutbox` builds on
+//! that: the fenced writes (renewals and settlements, through the
+//! `FencedWriter`), `get_message`, `stats`, `pending_count`, requeues with
+//! their refusal, `purge`, and reading rows back. The `sql_store!` macro
+//! then writes the public trait impls, the builder's `settlement` setter and
+//! the typed `enqueue_*_in` methods for each store, forwarding to the shared
+//! half or to the few operations each store does its own way (enqueue, claim,
+//! listing, wake-ups).
 //!
 //! # Custom table names and migrations
 //!
@@ -14,13 +29,24 @@
 //! several outboxes can live in one database and each is migrated once.
 //! No other text is ever spliced into SQL.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row};
 
+use super::fenced::{FencedBackend, FencedWrite, FencedWriter};
+use super::kit::check;
+use super::{
+    MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeMessages, ReleaseClaim, RenewClaim,
+    RequeueDeadLetters,
+};
 use crate::error::{AdminError, ClaimError, ClaimLoss, Error, Result};
 use crate::message::{
-    ClaimedMessage, ErrorRecord, MessageKind, MessageStatus, OutboxMessage, Payload, TraceCarrier,
+    ClaimedMessage, ErrorRecord, MessageKind, MessageStatus, NewMessage, OutboxMessage, Payload,
+    TraceCarrier,
 };
 
 /// The longest table or schema name accepted, in bytes. PostgreSQL truncates
@@ -457,6 +483,551 @@ pub(crate) fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
 pub(crate) fn trace_json(trace: Option<&TraceCarrier>) -> Option<String> {
     trace.map(|t| serde_json::to_string(t).expect("a trace carrier serializes"))
 }
+
+/// The statements every SQL store runs the same way, rendered for its table
+/// in its dialect.
+#[derive(Debug)]
+pub(crate) struct SharedStatements {
+    /// The table, quoted.
+    pub(crate) table: Arc<str>,
+    /// One message by id. Binds: id.
+    pub(crate) get: Arc<str>,
+    /// Counts per status, live claims, oldest due. Binds: now.
+    pub(crate) stats: Arc<str>,
+    /// Requeue one dead letter. Binds: id, now.
+    pub(crate) requeue_one: Arc<str>,
+    /// Requeue every dead letter (of a name). Binds: now, name or NULL.
+    pub(crate) requeue_all: Arc<str>,
+    /// Status and lease of one message, to name a refused requeue. Binds: id.
+    pub(crate) requeue_state: Arc<str>,
+    /// Delete terminal messages. Binds: status or NULL, horizon.
+    pub(crate) purge: Arc<str>,
+}
+
+/// What a SQL store's core gives the shared half.
+pub(crate) trait SqlBackend: FencedBackend {
+    /// The sqlx database.
+    type Db: Database<QueryResult: RowsAffected>;
+    /// A time as the database stores it.
+    type Time: StoredTime
+        + for<'q> Encode<'q, Self::Db>
+        + for<'r> Decode<'r, Self::Db>
+        + sqlx::Type<Self::Db>;
+
+    /// The pool, table and statements of the store.
+    fn parts(&self) -> &SqlParts<Self::Db>;
+
+    /// Taken around the store's own requeues and purges where the database
+    /// wants its writers queued in process; `None` where it does not.
+    fn write_lock(&self) -> impl Future<Output = Option<tokio::sync::MutexGuard<'_, ()>>> + Send;
+
+    /// Runs after a requeue changed rows, to wake drains.
+    fn after_requeue(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// What every SQL store's core holds.
+pub(crate) struct SqlParts<DB: Database> {
+    /// The store's pool.
+    pub(crate) pool: sqlx::Pool<DB>,
+    /// The store's table.
+    pub(crate) table: TableName,
+    /// The statements the shared half runs.
+    pub(crate) shared: SharedStatements,
+}
+
+/// How a database stores a time.
+pub(crate) trait StoredTime: Send + Sync + Sized + 'static {
+    /// `at` as stored.
+    fn store(at: DateTime<Utc>) -> Self;
+    /// Back on the calendar; an error when it is off it.
+    fn load(self) -> Result<DateTime<Utc>>;
+}
+
+/// Microseconds since the epoch (SQLite's INTEGER times).
+#[cfg(feature = "sqlite")]
+impl StoredTime for i64 {
+    fn store(at: DateTime<Utc>) -> Self {
+        at.timestamp_micros()
+    }
+
+    fn load(self) -> Result<DateTime<Utc>> {
+        DateTime::from_timestamp_micros(self).ok_or_else(|| Error::CorruptRow {
+            id: String::new(),
+            reason: format!("{self} µs since the epoch is out of range"),
+        })
+    }
+}
+
+/// A time the database decodes itself (PostgreSQL's `timestamptz`).
+#[cfg(feature = "postgres")]
+impl StoredTime for DateTime<Utc> {
+    fn store(at: DateTime<Utc>) -> Self {
+        at
+    }
+
+    fn load(self) -> Result<DateTime<Utc>> {
+        Ok(self)
+    }
+}
+
+/// How many rows a statement changed, whatever the database.
+pub(crate) trait RowsAffected {
+    /// The count the database reported.
+    fn count(&self) -> u64;
+}
+
+#[cfg(feature = "sqlite")]
+impl RowsAffected for sqlx::sqlite::SqliteQueryResult {
+    fn count(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl RowsAffected for sqlx::postgres::PgQueryResult {
+    fn count(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+/// The columns that fence a write, as read back to name why it missed:
+/// status, claim token, `locked_until`.
+pub(crate) type Fence = (String, Option<String>, Option<DateTime<Utc>>);
+
+/// The half both SQL stores share: their core and its fenced writer.
+pub(crate) struct SqlOutbox<B> {
+    pub(crate) core: Arc<B>,
+    writer: Arc<FencedWriter<B>>,
+}
+
+impl<B> Clone for SqlOutbox<B> {
+    fn clone(&self) -> Self {
+        SqlOutbox {
+            core: self.core.clone(),
+            writer: self.writer.clone(),
+        }
+    }
+}
+
+impl<B> SqlOutbox<B>
+where
+    B: SqlBackend,
+    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    for<'q> &'q str: Encode<'q, B::Db> + sqlx::Type<B::Db>,
+    for<'q> Option<&'q str>: Encode<'q, B::Db>,
+    for<'q> Option<String>: Encode<'q, B::Db>,
+    for<'q> i64: Encode<'q, B::Db>,
+    for<'r> String: Decode<'r, B::Db> + sqlx::Type<B::Db>,
+    for<'r> i64: Decode<'r, B::Db> + sqlx::Type<B::Db>,
+    for<'a> &'a str: ColumnIndex<<B::Db as Database>::Row>,
+    usize: ColumnIndex<<B::Db as Database>::Row>,
+{
+    /// The shared half over `core`, sending fenced writes as `mode` says.
+    pub(crate) fn new(core: B, mode: SettlementMode) -> Self {
+        let core = Arc::new(core);
+        SqlOutbox {
+            writer: Arc::new(FencedWriter::new(core.clone(), mode)),
+            core,
+        }
+    }
+
+    /// How fenced writes are sent.
+    pub(crate) fn mode(&self) -> SettlementMode {
+        self.writer.mode()
+    }
+
+    async fn fenced(&self, row: FencedWrite) -> Result<()> {
+        check::fence(&row.id, &row.claim_token)?;
+        self.writer.run(row).await
+    }
+
+    pub(crate) async fn renew_claim(&self, params: RenewClaim) -> Result<DateTime<Utc>> {
+        let (row, locked_until) = FencedWrite::renew(params)?;
+        self.fenced(row).await?;
+        Ok(locked_until)
+    }
+
+    pub(crate) async fn mark_delivered(&self, params: MarkDelivered) -> Result<()> {
+        self.fenced(params.into()).await
+    }
+
+    pub(crate) async fn mark_failed(&self, params: MarkFailed) -> Result<()> {
+        self.fenced(params.into()).await
+    }
+
+    pub(crate) async fn release_claim(&self, params: ReleaseClaim) -> Result<()> {
+        self.fenced(params.into()).await
+    }
+
+    /// Counts from the partial index of pending rows, never touching
+    /// settled ones.
+    pub(crate) async fn pending_count(&self) -> Result<Option<u64>> {
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE status = 'pending'",
+            self.core.parts().shared.table
+        );
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(&self.core.parts().pool)
+            .await
+            .map_err(db("pending_count"))?;
+        Ok(Some(u64::try_from(count).unwrap_or(0)))
+    }
+
+    pub(crate) async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats> {
+        let row = sqlx::query(AssertSqlSafe(self.core.parts().shared.stats.clone()))
+            .bind(B::Time::store(now))
+            .fetch_one(&self.core.parts().pool)
+            .await
+            .map_err(db("stats"))?;
+        let count = |i: usize| -> Result<u64> {
+            let n: i64 = row.try_get(i).map_err(db("stats"))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        let claimed = count(1)?;
+        let live_claims = count(4)?;
+        let oldest: Option<B::Time> = row.try_get(5).map_err(db("stats"))?;
+        Ok(OutboxStats {
+            pending: count(0)?,
+            claimed,
+            delivered: count(2)?,
+            dead_lettered: count(3)?,
+            live_claims,
+            expired_claims: claimed.saturating_sub(live_claims),
+            oldest_due_at: oldest.map(StoredTime::load).transpose()?,
+        })
+    }
+
+    pub(crate) async fn get_message(&self, id: &str) -> Result<OutboxMessage> {
+        let row = sqlx::query(AssertSqlSafe(self.core.parts().shared.get.clone()))
+            .bind(id)
+            .fetch_optional(&self.core.parts().pool)
+            .await
+            .map_err(db("get_message"))?
+            .ok_or_else(|| Error::NotFound { id: id.to_owned() })?;
+        Self::decode(&row)?.into_message()
+    }
+
+    pub(crate) async fn requeue_dead_letters(&self, params: RequeueDeadLetters) -> Result<u64> {
+        check::requeue(&params)?;
+        let sql = &self.core.parts().shared;
+        let now = B::Time::store(params.now);
+        let requeued = {
+            let _write = self.core.write_lock().await;
+            match &params.id {
+                Some(id) => {
+                    let done = sqlx::query(AssertSqlSafe(sql.requeue_one.clone()))
+                        .bind(id.as_str())
+                        .bind(now)
+                        .execute(&self.core.parts().pool)
+                        .await
+                        .map_err(db("requeue_dead_letters"))?;
+                    if done.count() == 0 {
+                        return Err(self.requeue_refusal(id, params.now).await);
+                    }
+                    done.count()
+                }
+                None => {
+                    let done = sqlx::query(AssertSqlSafe(sql.requeue_all.clone()))
+                        .bind(now)
+                        .bind(params.name.as_deref())
+                        .execute(&self.core.parts().pool)
+                        .await
+                        .map_err(db("requeue_dead_letters"))?;
+                    done.count()
+                }
+            }
+        };
+        if requeued > 0 {
+            self.core.after_requeue().await;
+        }
+        Ok(requeued)
+    }
+
+    /// Why a message could not be requeued.
+    async fn requeue_refusal(&self, id: &str, now: DateTime<Utc>) -> Error {
+        let row = sqlx::query(AssertSqlSafe(
+            self.core.parts().shared.requeue_state.clone(),
+        ))
+        .bind(id)
+        .fetch_optional(&self.core.parts().pool)
+        .await;
+        let row = match row {
+            Ok(Some(row)) => row,
+            Ok(None) => return Error::NotFound { id: id.to_owned() },
+            Err(e) => return Error::store("requeue_dead_letters", e),
+        };
+        let status: Result<MessageStatus> = row
+            .try_get::<String, _>(0)
+            .map_err(db("requeue_dead_letters"))
+            .and_then(|s| s.parse());
+        let status = match status {
+            Ok(status) => status,
+            Err(e) => return e,
+        };
+        let until: Option<DateTime<Utc>> = row
+            .try_get::<Option<B::Time>, _>(1)
+            .ok()
+            .flatten()
+            .and_then(|stored| stored.load().ok());
+        requeue_refusal(id, status, until, now)
+    }
+
+    pub(crate) async fn purge(&self, params: PurgeMessages) -> Result<u64> {
+        check::purge(&params)?;
+        let _write = self.core.write_lock().await;
+        let done = sqlx::query(AssertSqlSafe(self.core.parts().shared.purge.clone()))
+            .bind(params.status.map(MessageStatus::as_str))
+            .bind(B::Time::store(params.older_than))
+            .execute(&self.core.parts().pool)
+            .await
+            .map_err(db("purge"))?;
+        Ok(done.count())
+    }
+
+    /// The insert of `message` with its eight common binds, and the id it
+    /// gets: id, kind, name, payload, trace, max attempts, available at, now.
+    pub(crate) fn insert(
+        sql: &Arc<str>,
+        message: &NewMessage,
+    ) -> (
+        String,
+        sqlx::query::Query<'static, B::Db, <B::Db as Database>::Arguments>,
+    ) {
+        let id = message.resolve_id();
+        let now = message.now;
+        let query = sqlx::query(AssertSqlSafe(sql.clone()))
+            .bind(id.as_str())
+            .bind(message.kind.as_str())
+            .bind(message.name.as_str())
+            .bind(message.payload.as_str())
+            .bind(trace_json(message.trace.as_ref()))
+            .bind(i64::from(message.max_attempts))
+            .bind(B::Time::store(message.available_at.unwrap_or(now)))
+            .bind(B::Time::store(now));
+        (id, query)
+    }
+
+    /// A page of messages out of up to `limit + 1` rows.
+    pub(crate) fn page(rows: &[<B::Db as Database>::Row], limit: usize) -> Result<MessagePage> {
+        let messages = rows
+            .iter()
+            .map(|row| Self::decode(row)?.into_message())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MessagePage::of(messages, limit))
+    }
+
+    /// The fence columns (status, claim token, `locked_until`) of the
+    /// messages `ids` names, as they are now, by id, to name why a fenced
+    /// write missed. Only on that failure path; a read error, or a row that
+    /// cannot be read, leaves the reason unknown (the write already proved
+    /// the claim lost).
+    pub(crate) async fn fences<T>(
+        parts: &SqlParts<B::Db>,
+        statement: &Arc<str>,
+        ids: T,
+    ) -> HashMap<String, Fence>
+    where
+        T: for<'q> Encode<'q, B::Db> + sqlx::Type<B::Db> + Send + 'static,
+    {
+        let rows = sqlx::query(AssertSqlSafe(statement.clone()))
+            .bind(ids)
+            .fetch_all(&parts.pool)
+            .await
+            .unwrap_or_default();
+        rows.iter()
+            .filter_map(|row| {
+                let id: String = row.try_get(0).ok()?;
+                let status: String = row.try_get(1).ok()?;
+                let token: Option<String> = row.try_get(2).ok()?;
+                let until: Option<B::Time> = row.try_get(3).ok()?;
+                let until = match until {
+                    Some(stored) => Some(stored.load().ok()?),
+                    None => None,
+                };
+                Some((id, (status, token, until)))
+            })
+            .collect()
+    }
+
+    /// A stored row with its columns decoded, or why it cannot be.
+    pub(crate) fn decode(row: &<B::Db as Database>::Row) -> Result<MessageRow> {
+        let id: String = row.try_get("id").map_err(|e| Error::CorruptRow {
+            id: String::from("<unreadable>"),
+            reason: e.to_string(),
+        })?;
+        let corrupt = |e: sqlx::Error| Error::CorruptRow {
+            id: id.clone(),
+            reason: e.to_string(),
+        };
+        let off_calendar = |column: &str, e: Error| Error::CorruptRow {
+            id: id.clone(),
+            reason: format!("{column}: {e}"),
+        };
+        let time = |column: &str| -> Result<DateTime<Utc>> {
+            let stored: B::Time = row.try_get(column).map_err(corrupt)?;
+            stored.load().map_err(|e| off_calendar(column, e))
+        };
+        let optional_time = |column: &str| -> Result<Option<DateTime<Utc>>> {
+            let stored: Option<B::Time> = row.try_get(column).map_err(corrupt)?;
+            stored
+                .map(|stored| stored.load().map_err(|e| off_calendar(column, e)))
+                .transpose()
+        };
+        Ok(MessageRow {
+            seq: row.try_get("seq").map_err(corrupt)?,
+            kind: row.try_get("kind").map_err(corrupt)?,
+            name: row.try_get("name").map_err(corrupt)?,
+            payload: row.try_get("payload").map_err(corrupt)?,
+            trace: row.try_get("trace").map_err(corrupt)?,
+            status: row.try_get("status").map_err(corrupt)?,
+            attempts: row.try_get("attempts").map_err(corrupt)?,
+            max_attempts: row.try_get("max_attempts").map_err(corrupt)?,
+            available_at: time("available_at")?,
+            claim_token: row.try_get("claim_token").map_err(corrupt)?,
+            claimed_at: optional_time("claimed_at")?,
+            locked_until: optional_time("locked_until")?,
+            last_error: row.try_get("last_error").map_err(corrupt)?,
+            created_at: time("created_at")?,
+            updated_at: time("updated_at")?,
+            delivered_at: optional_time("delivered_at")?,
+            id: id.clone(),
+        })
+    }
+}
+
+/// The answer for each fenced write a statement did not change: why its
+/// claim was lost, from the fences read back.
+pub(crate) fn lost_claim(row: &FencedWrite, fences: &HashMap<String, Fence>) -> Result<()> {
+    let fence = fences.get(&row.id).cloned();
+    Err(claim_loss(&row.id, fence, &row.claim_token, row.now).into())
+}
+
+/// The public face of a SQL store, written once for both: the
+/// [`OutboxStore`](crate::OutboxStore) and [`OutboxAdmin`](crate::OutboxAdmin)
+/// impls, the builder's `settlement` setter, `pool`, `table`, and the typed
+/// `enqueue_event_in`/`enqueue_job_in`.
+///
+/// The store is a struct with a field `inner: SqlOutbox<Core>`, and has the
+/// inherent methods `enqueue_now` (enqueue through the store's own pool),
+/// `subscribe` (its wake-ups) and `enqueue_in`; its `Core` has `claim` and
+/// `list`. The builder has a field `settlement`.
+macro_rules! sql_store {
+    ($store:ident, $builder:ident, $pool:ty, $conn:ty) => {
+        impl $builder {
+            /// How renewals and settlements are sent; batched by default
+            /// ([`SettlementMode::DEFAULT_BATCHED`]).
+            pub fn settlement(mut self, mode: $crate::store::sql::SettlementMode) -> $crate::Result<Self> {
+                self.settlement = mode.validate()?;
+                Ok(self)
+            }
+        }
+
+        impl $store {
+            /// The pool the store uses.
+            pub fn pool(&self) -> &$pool {
+                &$crate::store::sql::SqlBackend::parts(&*self.inner.core).pool
+            }
+
+            /// The table the store uses.
+            pub fn table(&self) -> &$crate::store::sql::TableName {
+                &$crate::store::sql::SqlBackend::parts(&*self.inner.core).table
+            }
+
+            #[doc = concat!("[`", stringify!($store), "::enqueue_in`] for an event of registered type `E`.")]
+            pub async fn enqueue_event_in<E: $crate::Event>(
+                &self,
+                conn: &mut $conn,
+                payload: &E,
+            ) -> $crate::Result<String> {
+                self.enqueue_in(conn, $crate::NewMessage::event(payload)?).await
+            }
+
+            #[doc = concat!("[`", stringify!($store), "::enqueue_in`] for a job of registered type `J`.")]
+            pub async fn enqueue_job_in<J: $crate::Job>(
+                &self,
+                conn: &mut $conn,
+                payload: &J,
+            ) -> $crate::Result<String> {
+                self.enqueue_in(conn, $crate::NewMessage::job(payload)?).await
+            }
+        }
+
+        impl $crate::OutboxStore for $store {
+            async fn enqueue(&self, message: $crate::NewMessage) -> $crate::Result<String> {
+                self.enqueue_now(message).await
+            }
+
+            async fn claim_batch(
+                &self,
+                params: $crate::ClaimBatch,
+            ) -> $crate::Result<$crate::ClaimedBatch> {
+                self.inner.core.claim(params).await
+            }
+
+            async fn renew_claim(
+                &self,
+                params: $crate::RenewClaim,
+            ) -> $crate::Result<chrono::DateTime<chrono::Utc>> {
+                self.inner.renew_claim(params).await
+            }
+
+            async fn mark_delivered(&self, params: $crate::MarkDelivered) -> $crate::Result<()> {
+                self.inner.mark_delivered(params).await
+            }
+
+            async fn mark_failed(&self, params: $crate::MarkFailed) -> $crate::Result<()> {
+                self.inner.mark_failed(params).await
+            }
+
+            async fn release_claim(&self, params: $crate::ReleaseClaim) -> $crate::Result<()> {
+                self.inner.release_claim(params).await
+            }
+
+            fn wakeups(&self) -> Option<$crate::Wakeups> {
+                self.subscribe()
+            }
+
+            /// Counts from the partial index of pending rows, never touching
+            /// settled ones.
+            async fn pending_count(&self) -> $crate::Result<Option<u64>> {
+                self.inner.pending_count().await
+            }
+        }
+
+        impl $crate::OutboxAdmin for $store {
+            async fn stats(
+                &self,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> $crate::Result<$crate::OutboxStats> {
+                self.inner.stats(now).await
+            }
+
+            async fn list_messages(
+                &self,
+                params: $crate::ListMessages,
+            ) -> $crate::Result<$crate::MessagePage> {
+                self.inner.core.list(params).await
+            }
+
+            async fn get_message(&self, id: &str) -> $crate::Result<$crate::OutboxMessage> {
+                self.inner.get_message(id).await
+            }
+
+            async fn requeue_dead_letters(
+                &self,
+                params: $crate::RequeueDeadLetters,
+            ) -> $crate::Result<u64> {
+                self.inner.requeue_dead_letters(params).await
+            }
+
+            async fn purge(&self, params: $crate::PurgeMessages) -> $crate::Result<u64> {
+                self.inner.purge(params).await
+            }
+        }
+    };
+}
+pub(crate) use sql_store;
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,7 @@
-//! Checks shared by the SQLite and PostgreSQL tests: a scripted sequence of
-//! settlements whose outcomes must not depend on how they reach the database.
+//! What the SQLite and PostgreSQL tests share: the contract every SQL store
+//! keeps beyond the store port ([`sql_conformance_suite!`]), and a scripted
+//! sequence of settlements whose outcomes must not depend on how they reach
+//! the database.
 #![allow(dead_code, unreachable_pub)]
 
 use std::time::Duration;
@@ -7,8 +9,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use futures_util::future::join_all;
 use outbox::{
-    ClaimBatch, ErrorRecord, MarkDelivered, MarkFailed, MessageKind, NewMessage, OutboxAdmin,
-    OutboxStore, Payload, ReleaseClaim, RenewClaim,
+    ClaimBatch, ErrorRecord, Event, MarkDelivered, MarkFailed, MessageKind, NewMessage,
+    OutboxAdmin, OutboxStore, Payload, ReleaseClaim, RenewClaim,
 };
 
 /// A fixed point on the caller's clock; tests pass `now` explicitly.
@@ -31,6 +33,16 @@ pub fn event(id: &str, n: u64, now: DateTime<Utc>) -> NewMessage {
     )
     .with_id(id)
     .at(now)
+}
+
+/// The business event of the transactional enqueue tests.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct OrderPlaced {
+    pub order_id: i64,
+}
+
+impl Event for OrderPlaced {
+    const NAME: &'static str = "order.placed";
 }
 
 /// A short random suffix, so parallel tests use tables of their own.
@@ -217,3 +229,204 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
     }
     log
 }
+
+/// Expands to the contract every SQL store keeps beyond the store port, one
+/// `#[tokio::test]` per case:
+///
+/// - `store`: the store type;
+/// - `database`: an `async fn() -> (G, Pool)`, a database of the test's own
+///   and a guard that keeps it while the test runs;
+/// - `open`: an `async fn(&Pool, table, SettlementMode) -> store`, set up;
+/// - `tx_table`: the outbox table of the transactional enqueue test;
+/// - `orders`: an `fn() -> (name, create, insert)`: a business table of
+///   `id`s, the statement that creates it, and an insert binding one `i64`;
+/// - `hostile_names`: table names the builder must refuse;
+/// - `nothing_created` (optional): an `async fn(&Pool)` asserting the
+///   refused names left no trace in the database.
+macro_rules! sql_conformance_suite {
+    (
+        store: $store:ty,
+        database: $database:path,
+        open: $open:path,
+        tx_table: $tx_table:expr,
+        orders: $orders:path,
+        hostile_names: [$($hostile:expr),* $(,)?],
+        $(nothing_created: $nothing_created:path,)?
+    ) => {
+        #[tokio::test]
+        async fn transactional_enqueue_commits_or_vanishes_with_the_business_rows() {
+            use $crate::sql_support::OrderPlaced;
+            use outbox::{
+                ClaimBatch, Clock, Error, MessageStatus, NewMessage, OutboxAdmin, OutboxStore,
+                SettlementMode,
+            };
+            use sqlx::AssertSqlSafe;
+
+            let (_database, pool) = $database().await;
+            let outbox = $open(&pool, &$tx_table, SettlementMode::default()).await;
+            let (orders, create_orders, insert_order) = $orders();
+            sqlx::query(AssertSqlSafe(create_orders))
+                .execute(&pool)
+                .await
+                .unwrap();
+
+            // Rolled back: neither the order nor its event.
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query(AssertSqlSafe(insert_order.clone()))
+                .bind(1_i64)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let rolled_back = outbox
+                .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 1 })
+                .await
+                .unwrap();
+            tx.rollback().await.unwrap();
+            assert!(matches!(
+                outbox.get_message(&rolled_back).await,
+                Err(Error::NotFound { .. })
+            ));
+
+            // A failure after the enqueue drops the transaction: still neither.
+            {
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query(AssertSqlSafe(insert_order.clone()))
+                    .bind(2_i64)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                outbox
+                    .enqueue_in(
+                        &mut tx,
+                        NewMessage::event(&OrderPlaced { order_id: 2 })
+                            .unwrap()
+                            .with_id("o2"),
+                    )
+                    .await
+                    .unwrap();
+                let failed = sqlx::query(AssertSqlSafe(insert_order.clone()))
+                    .bind(2_i64)
+                    .execute(&mut *tx)
+                    .await;
+                assert!(failed.is_err());
+            }
+            assert!(matches!(
+                outbox.get_message("o2").await,
+                Err(Error::NotFound { .. })
+            ));
+
+            // Committed: both, and the event is claimable at once.
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query(AssertSqlSafe(insert_order.clone()))
+                .bind(3_i64)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let committed = outbox
+                .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 3 })
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            let ids: Vec<i64> =
+                sqlx::query_scalar(AssertSqlSafe(format!("SELECT id FROM {orders}")))
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!(ids, [3]);
+            let batch = outbox
+                .claim_batch(ClaimBatch {
+                    limit: 10,
+                    now: outbox::SystemClock.now(),
+                    lease: $crate::sql_support::LEASE,
+                })
+                .await
+                .unwrap();
+            assert_eq!(batch.claimed.len(), 1);
+            assert_eq!(batch.claimed[0].id, committed);
+            assert_eq!(
+                batch.claimed[0]
+                    .payload
+                    .decode::<OrderPlaced>()
+                    .unwrap()
+                    .order_id,
+                3
+            );
+
+            // On a plain pool connection, outside any transaction.
+            let mut conn = pool.acquire().await.unwrap();
+            outbox
+                .enqueue_in(
+                    &mut conn,
+                    $crate::sql_support::event("plain", 1, $crate::sql_support::t0()),
+                )
+                .await
+                .unwrap();
+            drop(conn);
+            assert_eq!(
+                outbox.get_message("plain").await.unwrap().status,
+                MessageStatus::Pending
+            );
+        }
+
+        /// Batched and per-message settlement decide every row the same way,
+        /// and the same way as the reference store.
+        #[tokio::test]
+        async fn batched_and_per_message_settlement_give_identical_outcomes() {
+            use std::time::Duration;
+
+            use $crate::sql_support::{settlement_script, unique};
+            use outbox::{MemoryOutbox, SettlementMode};
+
+            let (_database, pool) = $database().await;
+            let per_message = $open(&pool, &unique("single"), SettlementMode::PerMessage).await;
+            let batched = $open(
+                &pool,
+                &unique("batched"),
+                // A window long enough that every concurrent call lands in one batch.
+                SettlementMode::Batched {
+                    window: Duration::from_millis(50),
+                    max_rows: 128,
+                },
+            )
+            .await;
+            let small_batches = $open(
+                &pool,
+                &unique("small"),
+                SettlementMode::Batched {
+                    window: Duration::from_millis(50),
+                    max_rows: 2,
+                },
+            )
+            .await;
+            let reference = settlement_script(&MemoryOutbox::new()).await;
+            let single = settlement_script(&per_message).await;
+            let together = settlement_script(&batched).await;
+            let split = settlement_script(&small_batches).await;
+            println!("{}", reference.join("\n"));
+            assert_eq!(single, reference);
+            assert_eq!(together, reference);
+            assert_eq!(split, reference);
+        }
+
+        #[tokio::test]
+        async fn hostile_table_names_are_refused_before_any_sql() {
+            use outbox::Error;
+
+            let (_database, pool) = $database().await;
+            for name in [$($hostile),*] {
+                match <$store>::builder(pool.clone()).table(name) {
+                    Err(Error::InvalidTableName {
+                        name: refused,
+                        reason,
+                    }) => {
+                        assert_eq!(refused, name);
+                        assert!(!reason.is_empty());
+                    }
+                    other => panic!("{name:?} was not refused: {other:?}"),
+                }
+            }
+            $($nothing_created(&pool).await;)?
+        }
+    };
+}
+pub(crate) use sql_conformance_suite;

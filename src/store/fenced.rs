@@ -3,11 +3,15 @@
 //! Every renewal and settlement is a row of the same shape: which message,
 //! which claim token must still own it, the caller's `now`, and what to do.
 //! A backend applies any number of such rows in one statement, each fenced by
-//! its own token and lease, and answers per row. [`Settler`] either sends each
+//! its own token and lease, and answers per row. [`FencedWriter`] either sends each
 //! call alone ([`SettlementMode::PerMessage`]) or gathers the calls that
 //! arrive within a short window into one statement
 //! ([`SettlementMode::Batched`]); both go through the same statement, so they
 //! decide every row the same way.
+//!
+//! The public switch keeps the name [`SettlementMode`] (and the builders their
+//! `settlement` setter): settlements are most of these writes, and the names
+//! also appear in configuration errors (`settlement.max_rows`).
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -17,13 +21,14 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
 
+use super::kit::{check, lease_end};
 use super::sql::SettlementMode;
-use super::{MarkDelivered, MarkFailed, ReleaseClaim, RenewClaim, check, lease_end};
+use super::{MarkDelivered, MarkFailed, ReleaseClaim, RenewClaim};
 use crate::error::{Error, Result};
 
 /// What a fenced write does to a message its token still owns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SettleOp {
+pub(crate) enum FencedOp {
     /// `locked_until = ...`; still claimed.
     Renew { locked_until: DateTime<Utc> },
     /// Delivered at `now`.
@@ -36,25 +41,25 @@ pub(crate) enum SettleOp {
     Release,
 }
 
-impl SettleOp {
+impl FencedOp {
     /// The code the settlement statements switch on.
     pub(crate) fn code(self) -> &'static str {
         match self {
-            SettleOp::Renew { .. } => "renew",
-            SettleOp::Deliver => "deliver",
-            SettleOp::Retry { .. } => "retry",
-            SettleOp::DeadLetter => "dead",
-            SettleOp::Release => "release",
+            FencedOp::Renew { .. } => "renew",
+            FencedOp::Deliver => "deliver",
+            FencedOp::Retry { .. } => "retry",
+            FencedOp::DeadLetter => "dead",
+            FencedOp::Release => "release",
         }
     }
 
     /// The store operation, as named in errors.
     pub(crate) fn operation(self) -> &'static str {
         match self {
-            SettleOp::Renew { .. } => "renew_claim",
-            SettleOp::Deliver => "mark_delivered",
-            SettleOp::Retry { .. } | SettleOp::DeadLetter => "mark_failed",
-            SettleOp::Release => "release_claim",
+            FencedOp::Renew { .. } => "renew_claim",
+            FencedOp::Deliver => "mark_delivered",
+            FencedOp::Retry { .. } | FencedOp::DeadLetter => "mark_failed",
+            FencedOp::Release => "release_claim",
         }
     }
 
@@ -62,7 +67,7 @@ impl SettleOp {
     #[cfg(feature = "postgres")]
     pub(crate) fn locked_until(self) -> Option<DateTime<Utc>> {
         match self {
-            SettleOp::Renew { locked_until } => Some(locked_until),
+            FencedOp::Renew { locked_until } => Some(locked_until),
             _ => None,
         }
     }
@@ -71,7 +76,7 @@ impl SettleOp {
     #[cfg(feature = "postgres")]
     pub(crate) fn available_at(self) -> Option<DateTime<Utc>> {
         match self {
-            SettleOp::Retry { available_at } => Some(available_at),
+            FencedOp::Retry { available_at } => Some(available_at),
             _ => None,
         }
     }
@@ -79,8 +84,8 @@ impl SettleOp {
 
 /// One fenced write.
 #[derive(Debug, Clone)]
-pub(crate) struct Settle {
-    pub(crate) op: SettleOp,
+pub(crate) struct FencedWrite {
+    pub(crate) op: FencedOp,
     pub(crate) id: String,
     pub(crate) claim_token: String,
     pub(crate) now: DateTime<Utc>,
@@ -88,15 +93,15 @@ pub(crate) struct Settle {
     pub(crate) error: Option<String>,
 }
 
-impl Settle {
+impl FencedWrite {
     /// The renewal `params` asks for, checked, with the `locked_until` it
     /// sets.
-    pub(crate) fn renew(params: RenewClaim) -> Result<(Settle, DateTime<Utc>)> {
+    pub(crate) fn renew(params: RenewClaim) -> Result<(FencedWrite, DateTime<Utc>)> {
         check::fence(&params.id, &params.claim_token)?;
         check::positive_lease(params.lease)?;
         let locked_until = lease_end(params.now, params.lease)?;
-        let row = Settle {
-            op: SettleOp::Renew { locked_until },
+        let row = FencedWrite {
+            op: FencedOp::Renew { locked_until },
             id: params.id,
             claim_token: params.claim_token,
             now: params.now,
@@ -106,10 +111,10 @@ impl Settle {
     }
 }
 
-impl From<MarkDelivered> for Settle {
+impl From<MarkDelivered> for FencedWrite {
     fn from(params: MarkDelivered) -> Self {
-        Settle {
-            op: SettleOp::Deliver,
+        FencedWrite {
+            op: FencedOp::Deliver,
             id: params.id,
             claim_token: params.claim_token,
             now: params.now,
@@ -118,16 +123,16 @@ impl From<MarkDelivered> for Settle {
     }
 }
 
-impl From<MarkFailed> for Settle {
+impl From<MarkFailed> for FencedWrite {
     fn from(params: MarkFailed) -> Self {
         let op = if params.dead_letter {
-            SettleOp::DeadLetter
+            FencedOp::DeadLetter
         } else {
-            SettleOp::Retry {
+            FencedOp::Retry {
                 available_at: params.retry_at.unwrap_or(params.now),
             }
         };
-        Settle {
+        FencedWrite {
             op,
             id: params.id,
             claim_token: params.claim_token,
@@ -137,10 +142,10 @@ impl From<MarkFailed> for Settle {
     }
 }
 
-impl From<ReleaseClaim> for Settle {
+impl From<ReleaseClaim> for FencedWrite {
     fn from(params: ReleaseClaim) -> Self {
-        Settle {
-            op: SettleOp::Release,
+        FencedWrite {
+            op: FencedOp::Release,
             id: params.id,
             claim_token: params.claim_token,
             now: params.now,
@@ -150,37 +155,39 @@ impl From<ReleaseClaim> for Settle {
 }
 
 /// A store that can apply fenced writes in bulk.
-pub(crate) trait SettleBackend: Send + Sync + 'static {
+pub(crate) trait FencedBackend: Send + Sync + 'static {
     /// Apply `rows` (distinct ids), in one statement or one per kind of
     /// write. Per row: `Ok` when its token owned the message with a live
     /// lease, [`Error::Claim`] when it did not, or the error of a statement
     /// that failed. `Err` when nothing is known to be applied.
-    fn settle(&self, rows: &[Settle]) -> impl Future<Output = Result<Vec<Result<()>>>> + Send;
+    fn apply(&self, rows: &[FencedWrite]) -> impl Future<Output = Result<Vec<Result<()>>>> + Send;
 }
 
 struct Pending {
-    row: Settle,
+    row: FencedWrite,
     reply: oneshot::Sender<Result<()>>,
     /// When the call was made: its wait for a batch counts from here.
     arrived: tokio::time::Instant,
 }
 
 /// Sends fenced writes to a backend, alone or in batches.
-pub(crate) struct Settler<B> {
+pub(crate) struct FencedWriter<B> {
     backend: Arc<B>,
     mode: SettlementMode,
     queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
 }
 
-impl<B> std::fmt::Debug for Settler<B> {
+impl<B> std::fmt::Debug for FencedWriter<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Settler").field("mode", &self.mode).finish()
+        f.debug_struct("FencedWriter")
+            .field("mode", &self.mode)
+            .finish()
     }
 }
 
-impl<B: SettleBackend> Settler<B> {
+impl<B: FencedBackend> FencedWriter<B> {
     pub(crate) fn new(backend: Arc<B>, mode: SettlementMode) -> Self {
-        Settler {
+        FencedWriter {
             backend,
             mode,
             queue: Mutex::new(None),
@@ -192,12 +199,12 @@ impl<B: SettleBackend> Settler<B> {
     }
 
     /// Apply one fenced write.
-    pub(crate) async fn run(&self, row: Settle) -> Result<()> {
+    pub(crate) async fn run(&self, row: FencedWrite) -> Result<()> {
         let operation = row.op.operation();
         let SettlementMode::Batched { window, max_rows } = self.mode else {
             let mut results = self
                 .backend
-                .settle(std::slice::from_ref(&row))
+                .apply(std::slice::from_ref(&row))
                 .await
                 .map_err(|e| for_operation(e, operation))?;
             return results.pop().unwrap_or_else(|| {
@@ -255,7 +262,7 @@ impl<B: SettleBackend> Settler<B> {
 /// callers that arrive together, or while a statement runs, share the next
 /// one. Statements run one after another, so writes to one message apply in
 /// call order.
-async fn batch_loop<B: SettleBackend>(
+async fn batch_loop<B: FencedBackend>(
     backend: Arc<B>,
     mut queue: mpsc::UnboundedReceiver<Pending>,
     window: Duration,
@@ -324,10 +331,10 @@ async fn batch_loop<B: SettleBackend>(
     }
 }
 
-async fn flush<B: SettleBackend>(backend: &B, batch: Vec<Pending>) {
-    let (rows, replies): (Vec<Settle>, Vec<_>) =
+async fn flush<B: FencedBackend>(backend: &B, batch: Vec<Pending>) {
+    let (rows, replies): (Vec<FencedWrite>, Vec<_>) =
         batch.into_iter().map(|p| (p.row, p.reply)).unzip();
-    match backend.settle(&rows).await {
+    match backend.apply(&rows).await {
         Ok(results) if results.len() == rows.len() => {
             for (reply, result) in replies.into_iter().zip(results) {
                 // A caller that stopped waiting no longer needs its answer.
@@ -386,8 +393,8 @@ mod tests {
         delay: Duration,
     }
 
-    impl SettleBackend for Recorder {
-        async fn settle(&self, rows: &[Settle]) -> Result<Vec<Result<()>>> {
+    impl FencedBackend for Recorder {
+        async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
             self.batches
                 .lock()
                 .unwrap()
@@ -409,9 +416,9 @@ mod tests {
         }
     }
 
-    fn row(id: &str, token: &str) -> Settle {
-        Settle {
-            op: SettleOp::Deliver,
+    fn row(id: &str, token: &str) -> FencedWrite {
+        FencedWrite {
+            op: FencedOp::Deliver,
             id: id.into(),
             claim_token: token.into(),
             now: DateTime::UNIX_EPOCH,
@@ -419,13 +426,13 @@ mod tests {
         }
     }
 
-    fn batched(window_ms: u64, max_rows: usize) -> (Arc<Recorder>, Settler<Recorder>) {
+    fn batched(window_ms: u64, max_rows: usize) -> (Arc<Recorder>, FencedWriter<Recorder>) {
         let recorder = Arc::new(Recorder::default());
         let mode = SettlementMode::Batched {
             window: Duration::from_millis(window_ms),
             max_rows,
         };
-        (recorder.clone(), Settler::new(recorder, mode))
+        (recorder.clone(), FencedWriter::new(recorder, mode))
     }
 
     fn outcome(result: &Result<()>) -> &'static str {
@@ -442,9 +449,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn concurrent_calls_share_one_statement_with_a_result_each() {
-        let (recorder, settler) = batched(1, 128);
+        let (recorder, writer) = batched(1, 128);
         let rows = [row("a", "t"), row("b", "lost"), row("c", "t")];
-        let results = join_all(rows.map(|r| settler.run(r))).await;
+        let results = join_all(rows.map(|r| writer.run(r))).await;
         assert_eq!(
             results.iter().map(outcome).collect::<Vec<_>>(),
             ["ok", "lost", "ok"]
@@ -454,17 +461,17 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn batches_close_at_max_rows_and_at_a_repeated_id() {
-        let (recorder, settler) = batched(1, 2);
+        let (recorder, writer) = batched(1, 2);
         let rows = [row("a", "t"), row("b", "t"), row("c", "t")];
-        join_all(rows.map(|r| settler.run(r))).await;
+        join_all(rows.map(|r| writer.run(r))).await;
         assert_eq!(
             *recorder.batches.lock().unwrap(),
             [vec!["a", "b"], vec!["c"]]
         );
 
-        let (recorder, settler) = batched(1, 128);
+        let (recorder, writer) = batched(1, 128);
         let rows = [row("a", "t"), row("a", "lost"), row("b", "t")];
-        let results = join_all(rows.map(|r| settler.run(r))).await;
+        let results = join_all(rows.map(|r| writer.run(r))).await;
         assert_eq!(
             results.iter().map(outcome).collect::<Vec<_>>(),
             ["ok", "lost", "ok"]
@@ -478,9 +485,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_lone_call_does_not_wait_for_the_window() {
-        let (recorder, settler) = batched(50, 128);
+        let (recorder, writer) = batched(50, 128);
         let start = tokio::time::Instant::now();
-        settler.run(row("a", "t")).await.unwrap();
+        writer.run(row("a", "t")).await.unwrap();
         assert_eq!(start.elapsed(), Duration::ZERO);
         assert_eq!(*recorder.batches.lock().unwrap(), [["a"]]);
     }
@@ -495,13 +502,13 @@ mod tests {
             window: Duration::from_millis(1),
             max_rows: 128,
         };
-        let settler = Arc::new(Settler::new(recorder.clone(), mode));
+        let writer = Arc::new(FencedWriter::new(recorder.clone(), mode));
         let start = tokio::time::Instant::now();
         let calls = ["a", "b", "c"].into_iter().enumerate().map(|(i, id)| {
-            let settler = settler.clone();
+            let writer = writer.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(2 * i as u64)).await;
-                settler.run(row(id, "t")).await.unwrap();
+                writer.run(row(id, "t")).await.unwrap();
                 tokio::time::Instant::now()
             })
         });
@@ -525,9 +532,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_statement_fails_every_row_as_its_own_operation() {
-        let (_, settler) = batched(1, 128);
+        let (_, writer) = batched(1, 128);
         let rows = [row("a", "t"), row("broken", "t")];
-        let results = join_all(rows.map(|r| settler.run(r))).await;
+        let results = join_all(rows.map(|r| writer.run(r))).await;
         assert_eq!(
             results.iter().map(outcome).collect::<Vec<_>>(),
             ["store", "store"]
@@ -537,9 +544,9 @@ mod tests {
     #[tokio::test]
     async fn per_message_mode_sends_each_call_alone() {
         let recorder = Arc::new(Recorder::default());
-        let settler = Settler::new(recorder.clone(), SettlementMode::PerMessage);
+        let writer = FencedWriter::new(recorder.clone(), SettlementMode::PerMessage);
         let rows = [row("a", "t"), row("b", "lost")];
-        let results = join_all(rows.map(|r| settler.run(r))).await;
+        let results = join_all(rows.map(|r| writer.run(r))).await;
         assert_eq!(
             results.iter().map(outcome).collect::<Vec<_>>(),
             ["ok", "lost"]
@@ -550,7 +557,7 @@ mod tests {
     #[test]
     fn a_batch_outlives_the_runtime_that_started_it() {
         let recorder = Arc::new(Recorder::default());
-        let settler = Settler::new(recorder.clone(), SettlementMode::DEFAULT_BATCHED);
+        let writer = FencedWriter::new(recorder.clone(), SettlementMode::DEFAULT_BATCHED);
         for _ in 0..2 {
             // Each runtime shuts down after its call, taking the batch task
             // with it; the next call starts a new one.
@@ -558,7 +565,7 @@ mod tests {
                 .enable_time()
                 .build()
                 .unwrap()
-                .block_on(settler.run(row("a", "t")))
+                .block_on(writer.run(row("a", "t")))
                 .unwrap();
         }
         assert_eq!(recorder.batches.lock().unwrap().len(), 2);

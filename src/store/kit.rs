@@ -1,0 +1,148 @@
+//! The toolkit for implementing a store: what [`MemoryOutbox`], the SQL
+//! stores and any store of your own use to behave the same way.
+//!
+//! - [`check`]: the input checks every store runs before touching anything,
+//!   so invalid parameters are refused with the same errors everywhere.
+//! - [`lease_end`]: `now + lease`, refused when it leaves the calendar.
+//! - [`WakeupSender`]: the sending half of [`Wakeups`], for a store that can
+//!   tell when messages were committed.
+//! - [`new_message_id`] and [`new_claim_token`]: the ids and tokens the
+//!   bundled stores generate.
+//! - [`page`]: a page of a listing out of one row more than asked for.
+//!
+//! Applications need none of this; the store port itself (the
+//! [`OutboxStore`](crate::OutboxStore) and [`OutboxAdmin`](crate::OutboxAdmin)
+//! traits and their parameter structs) is in [`crate::store`].
+//!
+//! [`MemoryOutbox`]: crate::MemoryOutbox
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::{MessagePage, Wakeups};
+use crate::error::{Error, Result};
+use crate::message::OutboxMessage;
+pub use crate::message::{new_claim_token, new_message_id};
+
+/// The sending half of [`Wakeups`], kept by a store.
+#[derive(Debug, Clone)]
+pub struct WakeupSender(Arc<tokio::sync::watch::Sender<u64>>);
+
+impl WakeupSender {
+    /// A sender with no receivers yet.
+    pub fn new() -> Self {
+        WakeupSender(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+
+    /// Wake every subscriber (cheap when nobody listens).
+    pub fn wake(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A new receiver; it sees only wake-ups sent after this call.
+    pub fn subscribe(&self) -> Wakeups {
+        Wakeups(self.0.subscribe())
+    }
+
+    /// Wait until no receiver is left, so a store can stop the work that
+    /// feeds them.
+    pub async fn closed(&self) {
+        self.0.closed().await
+    }
+
+    /// `true` when some receiver is alive.
+    pub fn has_subscribers(&self) -> bool {
+        self.0.receiver_count() > 0
+    }
+}
+
+impl Default for WakeupSender {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The page of `limit` messages out of up to `limit + 1` read, oldest
+/// first: a message past the limit only says that another page follows.
+pub fn page(messages: Vec<OutboxMessage>, limit: usize) -> MessagePage {
+    MessagePage::of(messages, limit)
+}
+
+/// `now + lease`, or an input error when that leaves the calendar.
+pub fn lease_end(now: DateTime<Utc>, lease: Duration) -> Result<DateTime<Utc>> {
+    chrono::Duration::from_std(lease)
+        .ok()
+        .and_then(|lease| now.checked_add_signed(lease))
+        .ok_or_else(|| Error::invalid("lease", "is too long to add to now"))
+}
+
+/// Input checks every store runs before touching anything, so invalid
+/// parameters are refused the same way everywhere and change nothing.
+pub mod check {
+    use std::time::Duration;
+
+    use crate::error::{AdminError, Error, Result};
+    use crate::store::{ClaimBatch, ListMessages, PurgeMessages, RequeueDeadLetters};
+
+    /// `limit >= 1`, `lease > 0`.
+    pub fn claim_batch(params: &ClaimBatch) -> Result<()> {
+        if params.limit == 0 {
+            return Err(Error::invalid("limit", "must be at least 1"));
+        }
+        positive_lease(params.lease)
+    }
+
+    /// A lease longer than zero.
+    pub fn positive_lease(lease: Duration) -> Result<()> {
+        if lease.is_zero() {
+            return Err(Error::invalid("lease", "must be longer than zero"));
+        }
+        if lease > crate::config::MAX_DURATION {
+            return Err(Error::invalid("lease", "must be at most one year"));
+        }
+        Ok(())
+    }
+
+    /// Non-empty id and claim token.
+    pub fn fence(id: &str, claim_token: &str) -> Result<()> {
+        if id.is_empty() {
+            return Err(Error::invalid("id", "must not be empty"));
+        }
+        if claim_token.is_empty() {
+            return Err(Error::invalid("claim_token", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    /// `1 <= limit <= 10 000`.
+    pub fn list(params: &ListMessages) -> Result<()> {
+        if params.limit == 0 || params.limit > 10_000 {
+            return Err(Error::invalid("limit", "must be between 1 and 10000"));
+        }
+        Ok(())
+    }
+
+    /// Only terminal statuses may be purged.
+    pub fn purge(params: &PurgeMessages) -> Result<()> {
+        match params.status {
+            Some(status) if !status.is_terminal() => Err(AdminError::UnsafePurge { status }.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// A requeue names one id, or a set by name, not both.
+    pub fn requeue(params: &RequeueDeadLetters) -> Result<()> {
+        if params.id.as_deref().is_some_and(str::is_empty) {
+            return Err(Error::invalid("id", "must not be empty"));
+        }
+        if params.id.is_some() && params.name.is_some() {
+            return Err(Error::invalid(
+                "name",
+                "cannot be combined with an id; requeue one message or a set by name",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,56 @@
+//! The PostgreSQL store's own part of the operator path: listing. The rest
+//! of it (stats, requeue, purge, inspect) is shared with SQLite.
+
+use sqlx::AssertSqlSafe;
+
+use super::statements::columns;
+use super::{Core, Shared};
+use crate::error::Result;
+use crate::store::kit::check;
+use crate::store::sql::db;
+use crate::store::{ListMessages, MessagePage};
+
+impl Core {
+    /// One page of messages. Only the filters that apply are bound,
+    /// numbered in order.
+    pub(super) async fn list(&self, params: ListMessages) -> Result<MessagePage> {
+        check::list(&params)?;
+        let mut query = format!(
+            "SELECT {} FROM {} WHERE true",
+            columns(""),
+            self.parts.shared.table
+        );
+        let mut n = 0;
+        let mut next_param = || {
+            n += 1;
+            n
+        };
+        if params.status.is_some() {
+            query.push_str(&format!(" AND status = ${}", next_param()));
+        }
+        if params.name.is_some() {
+            query.push_str(&format!(" AND name = ${}", next_param()));
+        }
+        if params.after.is_some() {
+            let (a, b) = (next_param(), next_param());
+            query.push_str(&format!(" AND (created_at, id) > (${a}, ${b})"));
+        }
+        query.push_str(&format!(" ORDER BY created_at, id LIMIT ${}", next_param()));
+        let mut q = sqlx::query(AssertSqlSafe(query));
+        if let Some(status) = params.status {
+            q = q.bind(status.as_str());
+        }
+        if let Some(name) = &params.name {
+            q = q.bind(name.as_str());
+        }
+        if let Some(after) = &params.after {
+            q = q.bind(after.created_at).bind(after.id.as_str());
+        }
+        let rows = q
+            .bind(i64::try_from(params.limit).unwrap_or(i64::MAX) + 1)
+            .fetch_all(&self.parts.pool)
+            .await
+            .map_err(db("list_messages"))?;
+        Shared::page(&rows, params.limit)
+    }
+}

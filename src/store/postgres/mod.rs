@@ -1,0 +1,481 @@
+//! The PostgreSQL store: one outbox shared by many processes on many machines.
+//!
+//! This file is the store, its claim and its fenced writes; `statements.rs`
+//! holds its SQL text, `listener.rs` the `LISTEN`/`NOTIFY` wake-ups,
+//! `admin.rs` its listing. What it shares with the SQLite store (fenced-write
+//! forwarding, requeue, purge, stats, reading rows) is in
+//! [`crate::store::sql`].
+//!
+//! One table (name configurable, see [`TableName`]); times are `timestamptz`,
+//! the payload `jsonb` (so it may come back with its keys reordered).
+//!
+//! - **Claims** are one statement: each arm of eligibility (pending and due;
+//!   claimed with an expired lease) is read from its own partial index with
+//!   `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait for each
+//!   other and never take the same row, and the picked rows are updated in
+//!   the same statement. Rows out of attempts are left alone by that
+//!   statement and dead-lettered by a second one, guarded so that it only
+//!   applies while they are still eligible and still out of attempts (which
+//!   keeps the error record exactly the one every store writes).
+//! - **Fenced writes** (renewals and settlements) are one `UPDATE ... FROM
+//!   unnest(...)` over any number of rows, each matched on `id`,
+//!   `claim_token` and `locked_until > now` in that statement; see
+//!   [`SettlementMode`]. A row that matches nothing is a claim error; only
+//!   then is the row read again, to name the reason.
+//! - **Wake-ups**: every enqueue through this store sends `NOTIFY` on the
+//!   table's [channel](PostgresOutbox::channel) in the inserting statement,
+//!   which PostgreSQL delivers when (and only if) the transaction commits.
+//!   [`OutboxStore::wakeups`](crate::OutboxStore::wakeups) listens on a connection of its own, reconnects
+//!   after errors, wakes once after every (re)connect because notifications
+//!   sent meanwhile are lost, and stops when the last [`Wakeups`](crate::Wakeups) is dropped.
+//!
+//! # Time and clock skew
+//!
+//! Lease arithmetic uses the caller's `now` (the application's clock), never
+//! the database's, as the port requires; tests drive it on virtual time.
+//! Between nodes this means:
+//!
+//! - **Fencing is correct under any skew.** Every write checks the claim
+//!   token, which only the current claim holds; a node with a wrong clock can
+//!   at worst believe its own lease is shorter or longer than it is, and a
+//!   write under a superseded token matches no row whatever the clocks say.
+//! - **Skew decides when an expired claim may be taken over.** A node whose
+//!   clock runs ahead by `s` sees other nodes' leases end `s` early and may
+//!   re-claim a message while its first worker still renews it (the worker
+//!   then loses its claim, and the message is delivered twice). Workers renew
+//!   every `heartbeat`, so a lease has `lease - heartbeat` of slack: keep
+//!   clock skew well below that (NTP keeps it in milliseconds; the defaults
+//!   leave 20 s).
+//!
+//! # Runtimes
+//!
+//! The pool's connections, and the task that batches fenced writes, run on
+//! the tokio runtime that first used them; a connection whose runtime shut
+//! down is dead. Create the store on the runtime that outlives its users (in
+//! an actix application, the system's runtime, before the server starts),
+//! and share clones of it, rather than opening it on a short-lived runtime
+//! and passing it on. The batch task is started again on the caller's
+//! runtime if its own is gone, so only the pool needs this care.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Row};
+
+use super::fenced::{FencedBackend, FencedWrite};
+use super::kit::{check, lease_end};
+use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
+use super::{ClaimBatch, ClaimedBatch};
+use crate::error::{AbandonedClaimError, Error, Result};
+use crate::message::{ErrorRecord, NewMessage, OutboxMessage};
+use listener::ListenerShared;
+use statements::{Statements, channel_of};
+
+mod admin;
+mod listener;
+mod statements;
+
+/// The shared half over this store's core.
+type Shared = SqlOutbox<Core>;
+
+/// The migrations for the default `outbox` table, tracked by sqlx in
+/// `_sqlx_migrations`. Use it to fold the outbox into a migration run of your
+/// own; otherwise [`PostgresOutbox::setup`] does the same for any table name,
+/// tracked per table. Use one or the other for a given database.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+/// An outbox in a PostgreSQL database. Cheap to clone; clones share the
+/// pool, the settlement batch and the wake-up listener.
+///
+/// ```no_run
+/// use outbox::prelude::*;
+/// use outbox::PostgresOutbox;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> outbox::Result<()> {
+/// let outbox = PostgresOutbox::connect("postgres://localhost/app").await?;
+///
+/// let mut tx = outbox.pool().begin().await.unwrap();
+/// sqlx::query("INSERT INTO orders (id) VALUES (7)").execute(&mut *tx).await.unwrap();
+/// let message = NewMessage::new(outbox::MessageKind::Event, "order.placed", serde_json::json!({"order_id": 7}).into());
+/// outbox.enqueue_in(&mut tx, message).await?;
+/// tx.commit().await.unwrap(); // the message and the order, or neither
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresOutbox {
+    inner: SqlOutbox<Core>,
+    listener: Arc<ListenerShared>,
+}
+
+impl std::fmt::Debug for PostgresOutbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresOutbox")
+            .field("table", &self.inner.core.parts.table.to_string())
+            .field("channel", &self.inner.core.channel)
+            .field("settlement", &self.inner.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings for a [`PostgresOutbox`]; start with [`PostgresOutbox::builder`].
+#[derive(Debug, Clone)]
+pub struct PostgresOutboxBuilder {
+    pool: PgPool,
+    table: TableName,
+    settlement: SettlementMode,
+    notify: bool,
+}
+
+impl PostgresOutboxBuilder {
+    /// Use this table (`table` or `schema.table`); `outbox` by default.
+    pub fn table(mut self, name: &str) -> Result<Self> {
+        self.table = TableName::parse(name)?;
+        Ok(self)
+    }
+
+    /// Whether enqueue sends `NOTIFY` (default `true`). Turn it off when no
+    /// process listens, to spare every committing enqueue PostgreSQL's
+    /// notification queue lock.
+    pub fn notify(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
+    /// The store. Call [`PostgresOutbox::setup`] once before using a new table.
+    pub fn build(self) -> PostgresOutbox {
+        PostgresOutbox {
+            inner: SqlOutbox::new(
+                Core::new(self.pool, self.table, self.notify),
+                self.settlement,
+            ),
+            listener: Arc::new(ListenerShared::new()),
+        }
+    }
+}
+
+impl PostgresOutbox {
+    /// A store on `pool` with the default settings.
+    pub fn new(pool: PgPool) -> Self {
+        Self::builder(pool).build()
+    }
+
+    /// Settings for a store on `pool`.
+    pub fn builder(pool: PgPool) -> PostgresOutboxBuilder {
+        PostgresOutboxBuilder {
+            pool,
+            table: TableName::default(),
+            settlement: SettlementMode::default(),
+            notify: true,
+        }
+    }
+
+    /// Connect to `url` and set up the default table.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| Error::invalid("url", format!("not a PostgreSQL URL: {e}")))?;
+        let pool = PgPoolOptions::new()
+            .connect_with(options)
+            .await
+            .map_err(db("connect"))?;
+        let outbox = Self::new(pool);
+        outbox.setup().await?;
+        Ok(outbox)
+    }
+
+    /// Create or upgrade this store's table (and its schema, if named) and
+    /// indexes. Safe to run any number of times, from any number of
+    /// processes (sqlx serializes migrations with an advisory lock).
+    pub async fn setup(&self) -> Result<()> {
+        self.migrator()
+            .run(&self.inner.core.parts.pool)
+            .await
+            .map_err(|e| Error::store("setup", e))
+    }
+
+    /// The migrations for this store's table, tracked in
+    /// `"<table>_migrations"`; [`PostgresOutbox::setup`] runs them.
+    pub fn migrator(&self) -> sqlx::migrate::Migrator {
+        let mut migrator =
+            sql::migrator_for(&MIGRATOR, &self.inner.core.parts.table, Dialect::Postgres);
+        if let Some(schema) = self.inner.core.parts.table.schema() {
+            migrator.create_schema(format!("\"{schema}\""));
+        }
+        migrator
+    }
+
+    /// The `LISTEN`/`NOTIFY` channel of this table: `outbox:<schema.table>`,
+    /// or `outbox:<hash>` when that would exceed PostgreSQL's 63 bytes.
+    pub fn channel(&self) -> &str {
+        &self.inner.core.channel
+    }
+
+    /// The statement that claims up to `limit` messages; see
+    /// `Statements::claim`.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn claim_statement(&self, limit: usize) -> String {
+        self.inner.core.sql.claim(limit)
+    }
+
+    /// The fenced write statement; see `Statements::fenced`.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn fenced_statement(&self) -> &str {
+        &self.inner.core.sql.fenced
+    }
+
+    /// Enqueue on the caller's connection, inside the caller's transaction
+    /// when there is one (`&mut *tx`): rolled back, the message is gone;
+    /// committed, the next claim sees it and listeners are notified.
+    pub async fn enqueue_in(&self, conn: &mut PgConnection, message: NewMessage) -> Result<String> {
+        message.validate()?;
+        self.inner.core.insert(conn, message).await
+    }
+
+    /// Enqueue through the store's pool, in a transaction of its own.
+    async fn enqueue_now(&self, message: NewMessage) -> Result<String> {
+        message.validate()?;
+        let mut conn = self
+            .inner
+            .core
+            .parts
+            .pool
+            .acquire()
+            .await
+            .map_err(db("enqueue"))?;
+        self.inner.core.insert(&mut conn, message).await
+    }
+}
+
+sql::sql_store!(PostgresOutbox, PostgresOutboxBuilder, PgPool, PgConnection);
+
+/// What the store and its settlement batch share.
+struct Core {
+    parts: SqlParts<sqlx::Postgres>,
+    channel: String,
+    notify: bool,
+    sql: Statements,
+}
+
+impl Core {
+    fn new(pool: PgPool, table: TableName, notify: bool) -> Self {
+        let (sql, shared) = Statements::new(&table, notify);
+        Core {
+            sql,
+            channel: channel_of(&table),
+            notify,
+            parts: SqlParts {
+                pool,
+                table,
+                shared,
+            },
+        }
+    }
+
+    async fn insert(&self, conn: &mut PgConnection, message: NewMessage) -> Result<String> {
+        let (id, mut query) = Shared::insert(&self.sql.insert, &message);
+        if self.notify {
+            query = query.bind(&self.channel);
+        }
+        query
+            .execute(conn)
+            .await
+            .map_err(|e| enqueue_error(&id, e))?;
+        Ok(id)
+    }
+
+    async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
+        check::claim_batch(&params)?;
+        let ClaimBatch { limit, now, lease } = params;
+        let locked_until = lease_end(now, lease)?;
+        let rows = sqlx::query(AssertSqlSafe(self.sql.claim(limit)))
+            .bind(now)
+            .bind(locked_until)
+            .fetch_all(&self.parts.pool)
+            .await
+            .map_err(db("claim_batch"))?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut abandoned = Vec::new();
+        for row in &rows {
+            let decoded = Shared::decode(row).and_then(|r| Ok((r.seq, r.into_message()?)));
+            let is_abandoned: bool = row.try_get("abandoned").map_err(db("claim_batch"))?;
+            match decoded {
+                Ok((seq, message)) if is_abandoned => abandoned.push((seq, message)),
+                Ok((seq, message)) => claimed.push((seq, sql::claimed_view(message)?)),
+                Err(unreadable) => self.quarantine(row, unreadable, now).await?,
+            }
+        }
+        claimed.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
+        let mut batch = ClaimedBatch {
+            claimed: claimed.into_iter().map(|(_, m)| m).collect(),
+            dead_lettered: Vec::new(),
+        };
+        if !abandoned.is_empty() {
+            batch.dead_lettered = self.dead_letter_abandoned(abandoned, now).await?;
+        }
+        Ok(batch)
+    }
+
+    /// Dead-letter the rows a claim found out of attempts, if they still are.
+    async fn dead_letter_abandoned(
+        &self,
+        abandoned: Vec<(i64, OutboxMessage)>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<OutboxMessage>> {
+        let mut ids = Vec::with_capacity(abandoned.len());
+        let mut attempts = Vec::with_capacity(abandoned.len());
+        let mut errors = Vec::with_capacity(abandoned.len());
+        for (_, message) in &abandoned {
+            ids.push(message.id.clone());
+            attempts.push(i64::from(message.attempts));
+            errors.push(
+                ErrorRecord::from_error(&AbandonedClaimError {
+                    id: message.id.clone(),
+                    attempts: message.attempts,
+                    max_attempts: message.max_attempts,
+                })
+                .to_json(),
+            );
+        }
+        let rows = sqlx::query(AssertSqlSafe(self.sql.abandoned.clone()))
+            .bind(now)
+            .bind(ids)
+            .bind(attempts)
+            .bind(errors)
+            .fetch_all(&self.parts.pool)
+            .await
+            .map_err(db("claim_batch"))?;
+        let mut dead = rows
+            .iter()
+            .map(|row| {
+                let row = Shared::decode(row)?;
+                Ok((row.seq, row.into_message()?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        dead.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
+        Ok(dead.into_iter().map(|(_, m)| m).collect())
+    }
+
+    /// Dead-letter a row a claim selected but cannot read, so it does not
+    /// stop every claim after it; an operator finds the reason in `last_error`.
+    async fn quarantine(&self, row: &PgRow, unreadable: Error, now: DateTime<Utc>) -> Result<()> {
+        let seq: i64 = row.try_get("seq").map_err(db("claim_batch"))?;
+        let token: Option<String> = row.try_get("claim_token").map_err(db("claim_batch"))?;
+        tracing::error!(table = %self.parts.table, seq, error = %unreadable,
+            "outbox row is unreadable; dead-lettered");
+        sqlx::query(AssertSqlSafe(self.sql.quarantine.clone()))
+            .bind(ErrorRecord::from_error(&unreadable).to_json())
+            .bind(now)
+            .bind(seq)
+            .bind(token)
+            .execute(&self.parts.pool)
+            .await
+            .map_err(db("claim_batch"))?;
+        Ok(())
+    }
+}
+
+fn enqueue_error(id: &str, e: sqlx::Error) -> Error {
+    let Some(database) = e.as_database_error() else {
+        return Error::store("enqueue", e);
+    };
+    if database.is_unique_violation() {
+        return Error::DuplicateId { id: id.to_owned() };
+    }
+    match database.code().as_deref() {
+        // Text PostgreSQL cannot store: a NUL character, or "\u0000" in jsonb.
+        Some("22021" | "22P05" | "22P02") => Error::invalid(
+            "message",
+            format!("PostgreSQL cannot store it: {}", database.message()),
+        ),
+        _ => Error::store("enqueue", e),
+    }
+}
+
+impl SqlBackend for Core {
+    type Db = sqlx::Postgres;
+    /// `timestamptz`.
+    type Time = DateTime<Utc>;
+
+    fn parts(&self) -> &SqlParts<sqlx::Postgres> {
+        &self.parts
+    }
+
+    /// PostgreSQL queues writers itself.
+    async fn write_lock(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        None
+    }
+
+    async fn after_requeue(&self) {
+        if !self.notify {
+            return;
+        }
+        // Best effort: the requeue is committed either way, and a missed
+        // wake-up only waits for the next tick.
+        let notified = sqlx::query(AssertSqlSafe(self.sql.notify.clone()))
+            .bind(&self.channel)
+            .execute(&self.parts.pool)
+            .await;
+        if let Err(e) = notified {
+            tracing::warn!(channel = %self.channel, error = %e, "outbox requeue could not notify");
+        }
+    }
+}
+
+impl FencedBackend for Core {
+    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
+        let n = rows.len();
+        let mut ops = Vec::with_capacity(n);
+        let mut ids = Vec::with_capacity(n);
+        let mut tokens = Vec::with_capacity(n);
+        let mut nows = Vec::with_capacity(n);
+        let mut untils = Vec::with_capacity(n);
+        let mut availables = Vec::with_capacity(n);
+        let mut errors = Vec::with_capacity(n);
+        for row in rows {
+            ops.push(row.op.code());
+            ids.push(row.id.as_str());
+            tokens.push(row.claim_token.as_str());
+            nows.push(row.now);
+            untils.push(row.op.locked_until());
+            availables.push(row.op.available_at());
+            errors.push(row.error.as_deref());
+        }
+        let changed: Vec<String> = sqlx::query_scalar(AssertSqlSafe(self.sql.fenced.clone()))
+            .bind(ops)
+            .bind(ids)
+            .bind(tokens)
+            .bind(nows)
+            .bind(untils)
+            .bind(availables)
+            .bind(errors)
+            .fetch_all(&self.parts.pool)
+            .await
+            .map_err(db("settle"))?;
+        let changed: std::collections::HashSet<String> = changed.into_iter().collect();
+        let lost: Vec<String> = rows
+            .iter()
+            .filter(|row| !changed.contains(&row.id))
+            .map(|row| row.id.clone())
+            .collect();
+        let fences = if lost.is_empty() {
+            Default::default()
+        } else {
+            Shared::fences(&self.parts, &self.sql.fences, lost).await
+        };
+        Ok(rows
+            .iter()
+            .map(|row| {
+                if changed.contains(&row.id) {
+                    Ok(())
+                } else {
+                    sql::lost_claim(row, &fences)
+                }
+            })
+            .collect())
+    }
+}

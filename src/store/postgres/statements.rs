@@ -1,0 +1,225 @@
+//! The PostgreSQL store's SQL text, rendered once per table.
+
+use std::sync::Arc;
+
+use crate::store::sql::{SharedStatements, TableName};
+
+/// Every column, each after `prefix`, in the order rows are read.
+pub(super) fn columns(prefix: &str) -> String {
+    [
+        "seq",
+        "id",
+        "kind",
+        "name",
+        "payload::text AS payload",
+        "trace",
+        "status",
+        "attempts",
+        "max_attempts",
+        "available_at",
+        "claim_token",
+        "claimed_at",
+        "locked_until",
+        "last_error",
+        "created_at",
+        "updated_at",
+        "delivered_at",
+    ]
+    .iter()
+    .map(|c| format!("{prefix}{c}"))
+    .collect::<Vec<_>>()
+    .join(", ")
+}
+
+/// The rendered statements for one table.
+#[derive(Debug)]
+pub(super) struct Statements {
+    /// Insert one message (and notify, when the store does). Binds: `$1` id
+    /// ... `$8` now (see
+    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$9` the
+    /// channel.
+    pub(super) insert: Arc<str>,
+    /// Claim, with `{limit}` to write out; see [`Statements::claim`].
+    claim: Arc<str>,
+    /// Dead-letter rows out of attempts if they still are. Binds: now, then
+    /// arrays of ids, attempts and errors.
+    pub(super) abandoned: Arc<str>,
+    /// Dead-letter an unreadable row. Binds: error, now, seq, token.
+    pub(super) quarantine: Arc<str>,
+    /// Every fenced write. Binds seven arrays of equal length: `$1` op
+    /// (`renew`, `deliver`, `retry`, `dead`, `release`), `$2` id, `$3`
+    /// token, `$4` now, `$5` new `locked_until` (renew), `$6` new
+    /// `available_at` (retry), `$7` `last_error` JSON; returns the ids it
+    /// changed.
+    pub(super) fenced: Arc<str>,
+    /// The fence columns of an array of ids.
+    pub(super) fences: Arc<str>,
+    /// Wake listeners. Binds: the channel.
+    pub(super) notify: Arc<str>,
+}
+
+impl Statements {
+    /// The store's own statements, and those it runs the shared way.
+    pub(super) fn new(table: &TableName, notify: bool) -> (Self, SharedStatements) {
+        let t = table.quoted();
+        let all = columns("");
+        let m_all = columns("m.");
+        let insert = format!(
+            "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
+             available_at, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, $7, $8, $8)"
+        );
+        let own = Statements {
+            // NOTIFY in the inserting statement: delivered at commit, never
+            // for a rollback, and deduplicated within a transaction.
+            insert: if notify {
+                format!(
+                    "WITH inserted AS ({insert} RETURNING 1) \
+                     SELECT pg_notify($9, '') FROM inserted"
+                )
+            } else {
+                insert
+            }
+            .into(),
+            // Each arm is read from its own partial index in claim order,
+            // skipping rows another claimer holds; the union is cut to the
+            // limit again. Rows out of attempts are returned untouched.
+            // `{limit}` is written out per claim; see `Statements::claim`.
+            claim: format!(
+                "WITH pending AS ( \
+                   SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
+                   FROM {t} WHERE status = 'pending' AND available_at <= $1 \
+                   ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
+                 expired AS ( \
+                   SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
+                   FROM {t} WHERE status = 'claimed' AND locked_until <= $1 \
+                   ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
+                 picked AS ( \
+                   SELECT * FROM pending UNION ALL SELECT * FROM expired \
+                   ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
+                 claimed AS ( \
+                   UPDATE {t} AS m SET status = 'claimed', attempts = m.attempts + 1, \
+                     claim_token = gen_random_uuid()::text, claimed_at = $1, locked_until = $2, \
+                     updated_at = $1 \
+                   FROM picked WHERE m.id = picked.id AND NOT picked.abandoned \
+                   RETURNING {m_all}) \
+                 SELECT false AS abandoned, * FROM claimed \
+                 UNION ALL \
+                 SELECT true, {m_all} FROM {t} AS m JOIN picked ON m.id = picked.id \
+                 WHERE picked.abandoned"
+            )
+            .into(),
+            abandoned: format!(
+                "UPDATE {t} AS m SET status = 'dead_lettered', claim_token = NULL, \
+                   claimed_at = NULL, locked_until = NULL, last_error = v.error, updated_at = $1 \
+                 FROM unnest($2::text[], $3::bigint[], $4::text[]) AS v(id, attempts, error) \
+                 WHERE m.id = v.id AND m.attempts = v.attempts AND m.attempts >= m.max_attempts \
+                   AND ((m.status = 'pending' AND m.available_at <= $1) \
+                     OR (m.status = 'claimed' AND m.locked_until <= $1)) \
+                 RETURNING {m_all}"
+            )
+            .into(),
+            quarantine: format!(
+                "UPDATE {t} SET status = 'dead_lettered', claim_token = NULL, claimed_at = NULL, \
+                   locked_until = NULL, last_error = $1, updated_at = $2 \
+                 WHERE seq = $3 AND status IN ('pending', 'claimed') \
+                   AND claim_token IS NOT DISTINCT FROM $4"
+            )
+            .into(),
+            // Each row is looked up by primary key, so a batch costs the
+            // same however many claims are out. The status test is written
+            // so that the index of claimed rows does not match it: scanning
+            // all claims for every batch is what the planner picks otherwise.
+            fenced: format!(
+                "UPDATE {t} AS m SET \
+                   status = CASE v.op WHEN 'renew' THEN 'claimed' WHEN 'deliver' THEN 'delivered' \
+                     WHEN 'dead' THEN 'dead_lettered' ELSE 'pending' END, \
+                   attempts = CASE v.op WHEN 'release' THEN greatest(m.attempts - 1, 0) \
+                     ELSE m.attempts END, \
+                   available_at = CASE v.op WHEN 'retry' THEN v.available WHEN 'release' THEN v.now \
+                     ELSE m.available_at END, \
+                   claim_token = CASE v.op WHEN 'renew' THEN m.claim_token END, \
+                   claimed_at = CASE v.op WHEN 'renew' THEN m.claimed_at END, \
+                   locked_until = CASE v.op WHEN 'renew' THEN v.until END, \
+                   last_error = CASE WHEN v.op IN ('retry', 'dead') THEN v.error \
+                     ELSE m.last_error END, \
+                   delivered_at = CASE v.op WHEN 'deliver' THEN v.now ELSE m.delivered_at END, \
+                   updated_at = v.now \
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], \
+                   $5::timestamptz[], $6::timestamptz[], $7::text[]) \
+                   AS v(op, id, token, now, until, available, error) \
+                 WHERE m.id = v.id AND coalesce(m.status, '') = 'claimed' \
+                   AND m.claim_token = v.token AND m.locked_until > v.now \
+                 RETURNING m.id"
+            )
+            .into(),
+            fences: format!(
+                "SELECT id, status, claim_token, locked_until FROM {t} WHERE id = ANY($1)"
+            )
+            .into(),
+            notify: "SELECT pg_notify($1, '')".into(),
+        };
+        let shared = SharedStatements {
+            get: format!("SELECT {all} FROM {t} WHERE id = $1").into(),
+            stats: format!(
+                "SELECT \
+                   (SELECT count(*) FROM {t} WHERE status = 'pending'), \
+                   (SELECT count(*) FROM {t} WHERE status = 'claimed'), \
+                   (SELECT count(*) FROM {t} WHERE status = 'delivered'), \
+                   (SELECT count(*) FROM {t} WHERE status = 'dead_lettered'), \
+                   (SELECT count(*) FROM {t} WHERE status = 'claimed' AND locked_until > $1), \
+                   (SELECT min(available_at) FROM {t} WHERE status = 'pending' AND available_at <= $1)"
+            )
+            .into(),
+            requeue_one: format!(
+                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = $2, updated_at = $2 \
+                 WHERE id = $1 AND status = 'dead_lettered'"
+            )
+            .into(),
+            requeue_all: format!(
+                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = $1, updated_at = $1 \
+                 WHERE status = 'dead_lettered' AND ($2::text IS NULL OR name = $2)"
+            )
+            .into(),
+            requeue_state: format!("SELECT status, locked_until FROM {t} WHERE id = $1").into(),
+            purge: format!(
+                "DELETE FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+                 AND ($1::text IS NULL OR status = $1) AND updated_at < $2"
+            )
+            .into(),
+            table: t.into(),
+        };
+        (own, shared)
+    }
+}
+
+impl Statements {
+    /// The claim statement for up to `limit` messages. A number is the only
+    /// thing written into it.
+    ///
+    /// The limit is written into the statement rather than bound: PostgreSQL
+    /// cannot see a bound `LIMIT` when it plans a statement for reuse and
+    /// assumes a tenth of the table, so it planned every claim afresh. With
+    /// the limit written out, each size of claim is a prepared statement of
+    /// its own whose plan is reused. Binds: `$1` now, `$2` lease end. Rows
+    /// out of attempts come back with `abandoned = true`, untouched.
+    pub(super) fn claim(&self, limit: usize) -> String {
+        self.claim.replace("{limit}", &limit.to_string())
+    }
+}
+
+/// The channel of `table`: readable when it fits in an identifier.
+pub(super) fn channel_of(table: &TableName) -> String {
+    let readable = format!("outbox:{table}");
+    if readable.len() <= 63 {
+        return readable;
+    }
+    // FNV-1a: stable across processes and builds, unlike std's hasher.
+    let hash = table
+        .to_string()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("outbox:{hash:016x}")
+}

@@ -1,0 +1,44 @@
+//! The SQLite store's own part of the operator path: listing. The rest of
+//! it (stats, requeue, purge, inspect) is shared with PostgreSQL.
+
+use sqlx::AssertSqlSafe;
+
+use super::statements::COLUMNS;
+use super::{Core, Shared, micros};
+use crate::error::Result;
+use crate::message::MessageStatus;
+use crate::store::kit::check;
+use crate::store::sql::db;
+use crate::store::{ListMessages, MessagePage};
+
+impl Core {
+    /// One page of messages. Every filter is bound, as NULL when unset, so
+    /// the statement text only says which filters apply.
+    pub(super) async fn list(&self, params: ListMessages) -> Result<MessagePage> {
+        check::list(&params)?;
+        let mut query = format!(
+            "SELECT {COLUMNS} FROM {} WHERE 1 = 1",
+            self.parts.shared.table
+        );
+        if params.status.is_some() {
+            query.push_str(" AND status = ?1");
+        }
+        if params.name.is_some() {
+            query.push_str(" AND name = ?2");
+        }
+        if params.after.is_some() {
+            query.push_str(" AND (created_at, id) > (?3, ?4)");
+        }
+        query.push_str(" ORDER BY created_at, id LIMIT ?5");
+        let rows = sqlx::query(AssertSqlSafe(query))
+            .bind(params.status.map(MessageStatus::as_str))
+            .bind(params.name.as_deref())
+            .bind(params.after.as_ref().map(|c| micros(c.created_at)))
+            .bind(params.after.as_ref().map(|c| c.id.as_str()))
+            .bind(i64::try_from(params.limit).unwrap_or(i64::MAX) + 1)
+            .fetch_all(&self.parts.pool)
+            .await
+            .map_err(db("list_messages"))?;
+        Shared::page(&rows, params.limit)
+    }
+}

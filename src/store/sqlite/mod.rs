@@ -1,0 +1,675 @@
+//! The SQLite store: the embedded default.
+//!
+//! This file is the store and its claim; `statements.rs` holds its SQL text,
+//! `admin.rs` its listing. What it shares with the PostgreSQL store (fenced
+//! writes, requeue, purge, stats, reading rows) is in [`crate::store::sql`].
+//!
+//! One table (name configurable, see [`TableName`]), bundled SQLite through
+//! sqlx, WAL journal, a `busy_timeout` so writers queue instead of failing.
+//! Times are stored as INTEGER microseconds since the epoch.
+//!
+//! - **Claims** are one `UPDATE ... RETURNING` inside a `BEGIN IMMEDIATE`
+//!   transaction: the write lock is taken before anything is read, so two
+//!   claimers can never pick the same row, and the claim never has to upgrade
+//!   a read lock (which fails in WAL mode when another writer got in first).
+//!   Messages out of attempts are dead-lettered by the same statement.
+//! - **Fenced writes** (renewals and settlements) are an `UPDATE ... FROM
+//!   json_each(...)` over any number of rows, each matched on `id`,
+//!   `claim_token` and `locked_until > now`; see [`SettlementMode`]. Each
+//!   kind of write has a statement of its own that assigns only the columns
+//!   it changes, so SQLite maintains only the indexes over those: a batch
+//!   runs one statement per kind of write in it.
+//! - The store's own writes take turns on an in-process lock, so they queue
+//!   on a future instead of spinning in SQLite's busy handler.
+//!
+//! # Time
+//!
+//! Lease arithmetic uses the caller's `now` (the application's clock), as the
+//! port requires, so tests run on any clock. SQLite is a single-node store, so
+//! there is no skew between nodes to tolerate.
+//!
+//! # Wake-ups
+//!
+//! [`OutboxStore::wakeups`](crate::OutboxStore::wakeups) fires when a message is committed through this
+//! store: at once after [`OutboxStore::enqueue`](crate::OutboxStore::enqueue) and requeues, and from a
+//! SQLite commit hook for [`SqliteOutbox::enqueue_in`], which installs the
+//! hook on the caller's connection, so the caller's own transaction wakes the
+//! drain exactly when it commits, and not at all when it rolls back. The hook
+//! runs while SQLite commits, before the commit returns; that is early enough
+//! and never too early, because a claim starts with `BEGIN IMMEDIATE`, which
+//! waits for the committing transaction's write lock and then sees its rows.
+//! Rows inserted into the table by other means are found on the next tick.
+//! SQLite keeps one commit hook per connection: do not install your own on
+//! connections you pass to `enqueue_in` (and of two stores enqueueing in one
+//! transaction, only the last one's wake-up fires).
+//!
+//! # Runtimes
+//!
+//! The pool's connections, and the task that batches fenced writes, run on
+//! the tokio runtime that first used them; a connection whose runtime shut
+//! down is dead. Create the store on the runtime that outlives its users (in
+//! an actix application, the system's runtime, before the server starts),
+//! and share clones of it, rather than opening it on a short-lived runtime
+//! and passing it on. The batch task is started again on the caller's
+//! runtime if its own is gone, so only the pool needs this care.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Connection, Row};
+
+use super::fenced::{FencedBackend, FencedOp, FencedWrite};
+use super::kit::{WakeupSender, check, lease_end};
+use super::sql::{
+    self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, StoredTime, TableName, db,
+};
+use super::{ClaimBatch, ClaimedBatch, Wakeups};
+use crate::error::{AbandonedClaimError, Error, Result};
+use crate::message::{ErrorRecord, MessageStatus, NewMessage};
+use statements::{FencedWrites, Statements};
+
+mod admin;
+mod statements;
+
+/// The shared half over this store's core.
+type Shared = SqlOutbox<Core>;
+
+/// The migrations for the default `outbox` table, tracked by sqlx in
+/// `_sqlx_migrations`. Use it to fold the outbox into a migration run of your
+/// own; otherwise [`SqliteOutbox::setup`] does the same for any table name,
+/// tracked per table. Use one or the other for a given database.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+
+/// How long a connection opened by [`SqliteOutbox::connect_options`] waits for
+/// another writer before failing with "database is locked".
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An outbox in a SQLite database. Cheap to clone; clones share the pool,
+/// the settlement batch and the wake-ups.
+///
+/// ```
+/// use outbox::prelude::*;
+/// use outbox::SqliteOutbox;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> outbox::Result<()> {
+/// # let dir = std::env::temp_dir().join(format!("outbox-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir).unwrap();
+/// # let url = format!("sqlite://{}/app.db", dir.display());
+/// let outbox = SqliteOutbox::connect(&url).await?; // creates the file and the table
+///
+/// // Enqueue in the same transaction as the business rows.
+/// let mut tx = outbox.pool().begin().await.unwrap();
+/// sqlx::query("CREATE TABLE IF NOT EXISTS orders (id INTEGER)").execute(&mut *tx).await.unwrap();
+/// sqlx::query("INSERT INTO orders (id) VALUES (7)").execute(&mut *tx).await.unwrap();
+/// let message = NewMessage::new(outbox::MessageKind::Event, "order.placed", serde_json::json!({"order_id": 7}).into());
+/// outbox.enqueue_in(&mut tx, message).await?;
+/// tx.commit().await.unwrap();
+///
+/// let now = outbox::SystemClock.now();
+/// let batch = outbox
+///     .claim_batch(ClaimBatch { limit: 10, now, lease: std::time::Duration::from_secs(30) })
+///     .await?;
+/// assert_eq!(batch.claimed.len(), 1);
+/// # std::fs::remove_dir_all(&dir).ok();
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SqliteOutbox {
+    inner: SqlOutbox<Core>,
+}
+
+impl std::fmt::Debug for SqliteOutbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteOutbox")
+            .field("table", &self.inner.core.parts.table.to_string())
+            .field("settlement", &self.inner.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings for a [`SqliteOutbox`]; start with [`SqliteOutbox::builder`].
+#[derive(Debug, Clone)]
+pub struct SqliteOutboxBuilder {
+    pool: SqlitePool,
+    table: TableName,
+    settlement: SettlementMode,
+}
+
+impl SqliteOutboxBuilder {
+    /// Use this table (`table` or `schema.table`, where the schema is an
+    /// attached database such as `main`); `outbox` by default.
+    pub fn table(mut self, name: &str) -> Result<Self> {
+        let table = TableName::parse(name)?;
+        if table.table().to_ascii_lowercase().starts_with("sqlite_") {
+            return Err(Error::InvalidTableName {
+                name: name.to_owned(),
+                reason: "SQLite reserves names starting with `sqlite_`",
+            });
+        }
+        self.table = table;
+        Ok(self)
+    }
+
+    /// The store. Call [`SqliteOutbox::setup`] once before using a new table.
+    pub fn build(self) -> SqliteOutbox {
+        SqliteOutbox {
+            inner: SqlOutbox::new(Core::new(self.pool, self.table), self.settlement),
+        }
+    }
+}
+
+impl SqliteOutbox {
+    /// A store on `pool` with the default settings. The pool should use WAL
+    /// and a busy timeout; [`SqliteOutbox::connect_options`] sets both.
+    pub fn new(pool: SqlitePool) -> Self {
+        Self::builder(pool).build()
+    }
+
+    /// Settings for a store on `pool`.
+    pub fn builder(pool: SqlitePool) -> SqliteOutboxBuilder {
+        SqliteOutboxBuilder {
+            pool,
+            table: TableName::default(),
+            settlement: SettlementMode::default(),
+        }
+    }
+
+    /// Open (creating it if missing) the database at `url`, with
+    /// [`SqliteOutbox::connect_options`], and set up the default table.
+    ///
+    /// An in-memory database (`sqlite::memory:`) gets a pool of exactly one
+    /// connection, since it lives only as long as that connection: commit or
+    /// drop a transaction taken from [`SqliteOutbox::pool`] before calling
+    /// the store, which waits for that connection.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let options = Self::connect_options(url)?;
+        let mut pool = SqlitePoolOptions::new();
+        if url.contains(":memory:") || url.contains("mode=memory") {
+            // An in-memory database lives as long as a connection to it, and
+            // its connections share tables under shared-cache locking, which
+            // the busy timeout does not cover: keep exactly one, for good.
+            pool = pool
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None);
+        }
+        let pool = pool.connect_with(options).await.map_err(db("connect"))?;
+        let outbox = Self::new(pool);
+        outbox.setup().await?;
+        Ok(outbox)
+    }
+
+    /// Connection options for an outbox database: WAL journal, `synchronous =
+    /// NORMAL` (durable in WAL mode except for the last commits before a power
+    /// loss), a busy timeout of [`DEFAULT_BUSY_TIMEOUT`], and the file created
+    /// when missing.
+    pub fn connect_options(url: &str) -> Result<SqliteConnectOptions> {
+        Ok(SqliteConnectOptions::from_str(url)
+            .map_err(|e| Error::invalid("url", format!("not a SQLite URL: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(DEFAULT_BUSY_TIMEOUT))
+    }
+
+    /// Create or upgrade this store's table and indexes. Safe to run any
+    /// number of times, from any number of processes.
+    pub async fn setup(&self) -> Result<()> {
+        let migrator = self.migrator();
+        // sqlx takes no lock around SQLite migrations: a process that read
+        // the applied versions just before another one applied them fails on
+        // the duplicate version. Read again; by then they are applied.
+        if migrator.run(&self.inner.core.parts.pool).await.is_ok() {
+            return Ok(());
+        }
+        migrator
+            .run(&self.inner.core.parts.pool)
+            .await
+            .map_err(|e| Error::store("setup", e))
+    }
+
+    /// The migrations for this store's table, tracked in
+    /// `"<table>_migrations"`; [`SqliteOutbox::setup`] runs them.
+    pub fn migrator(&self) -> sqlx::migrate::Migrator {
+        sql::migrator_for(&MIGRATOR, &self.inner.core.parts.table, Dialect::Sqlite)
+    }
+
+    /// The claim statement. Binds: `?1` now and `?2` lease end (µs since
+    /// the epoch), `?3` limit.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn claim_statement(&self) -> &str {
+        &self.inner.core.sql.claim
+    }
+
+    /// The fenced write that marks a batch delivered. Binds: `?1` a JSON
+    /// array of `[id, token, now]` rows (`now` in µs); returns the ids it
+    /// changed.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn fenced_statement(&self) -> &str {
+        self.inner.core.sql.fenced.get(FencedOp::Deliver)
+    }
+
+    /// Enqueue on the caller's connection, inside the caller's transaction
+    /// when there is one (`&mut *tx`): rolled back, the message is gone;
+    /// committed, the next claim sees it and [`OutboxStore::wakeups`](crate::OutboxStore::wakeups) fires.
+    pub async fn enqueue_in(
+        &self,
+        conn: &mut SqliteConnection,
+        message: NewMessage,
+    ) -> Result<String> {
+        message.validate()?;
+        self.arm_wakeup(conn).await?;
+        self.inner.core.insert(conn, message).await
+    }
+
+    /// Wake on this connection's next commit, not on a rollback.
+    async fn arm_wakeup(&self, conn: &mut SqliteConnection) -> Result<()> {
+        let mut handle = conn.lock_handle().await.map_err(db("enqueue"))?;
+        let armed = Arc::new(AtomicBool::new(true));
+        let disarm = armed.clone();
+        let wake = self.inner.core.wake.clone();
+        handle.set_commit_hook(move || {
+            if armed.swap(false, Ordering::AcqRel) {
+                wake.wake();
+            }
+            true
+        });
+        handle.set_rollback_hook(move || disarm.store(false, Ordering::Release));
+        Ok(())
+    }
+
+    /// Enqueue through the store's own pool, in a transaction of its own.
+    async fn enqueue_now(&self, message: NewMessage) -> Result<String> {
+        message.validate()?;
+        let core = &self.inner.core;
+        let id = {
+            let _write = core.write.lock().await;
+            let mut conn = core.parts.pool.acquire().await.map_err(db("enqueue"))?;
+            core.insert(&mut conn, message).await?
+        };
+        // Autocommit: the row is committed now.
+        core.wake.wake();
+        Ok(id)
+    }
+
+    fn subscribe(&self) -> Option<Wakeups> {
+        Some(self.inner.core.wake.subscribe())
+    }
+}
+
+sql::sql_store!(
+    SqliteOutbox,
+    SqliteOutboxBuilder,
+    SqlitePool,
+    SqliteConnection
+);
+
+/// What the store and its settlement batch share.
+struct Core {
+    parts: SqlParts<sqlx::Sqlite>,
+    sql: Statements,
+    /// Taken by every write the store makes on its own connections.
+    write: tokio::sync::Mutex<()>,
+    /// Wakes drains when the store commits messages.
+    wake: WakeupSender,
+}
+
+impl Core {
+    fn new(pool: SqlitePool, table: TableName) -> Self {
+        let (sql, shared) = Statements::new(&table);
+        Core {
+            sql,
+            parts: SqlParts {
+                pool,
+                table,
+                shared,
+            },
+            write: tokio::sync::Mutex::new(()),
+            wake: WakeupSender::new(),
+        }
+    }
+
+    async fn insert(&self, conn: &mut SqliteConnection, message: NewMessage) -> Result<String> {
+        let (id, query) = Shared::insert(&self.sql.insert, &message);
+        query
+            .execute(conn)
+            .await
+            .map_err(|e| match e.as_database_error() {
+                Some(d) if d.is_unique_violation() => Error::DuplicateId { id: id.clone() },
+                _ => Error::store("enqueue", e),
+            })?;
+        Ok(id)
+    }
+
+    async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
+        check::claim_batch(&params)?;
+        let ClaimBatch { limit, now, lease } = params;
+        let locked_until = lease_end(now, lease)?;
+        let _write = self.write.lock().await;
+        let mut conn = self.parts.pool.acquire().await.map_err(db("claim_batch"))?;
+        let mut tx = conn
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(db("claim_batch"))?;
+        let rows = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
+            .bind(micros(now))
+            .bind(micros(locked_until))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db("claim_batch"))?;
+        let mut selected = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match Shared::decode(row).and_then(|read| Ok((read.seq, read.into_message()?))) {
+                Ok(read) => selected.push(read),
+                Err(unreadable) => {
+                    let seq: i64 = row.try_get("seq").map_err(db("claim_batch"))?;
+                    self.quarantine(&mut tx, seq, &unreadable, now).await?;
+                }
+            }
+        }
+        selected.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
+        let mut batch = ClaimedBatch::default();
+        for (seq, mut message) in selected {
+            if message.status == MessageStatus::DeadLettered {
+                let record = ErrorRecord::from_error(&AbandonedClaimError {
+                    id: message.id.clone(),
+                    attempts: message.attempts,
+                    max_attempts: message.max_attempts,
+                });
+                sqlx::query(AssertSqlSafe(self.sql.abandoned.clone()))
+                    .bind(record.to_json())
+                    .bind(seq)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("claim_batch"))?;
+                message.last_error = Some(record);
+                batch.dead_lettered.push(message);
+            } else {
+                batch.claimed.push(sql::claimed_view(message)?);
+            }
+        }
+        tx.commit().await.map_err(db("claim_batch"))?;
+        Ok(batch)
+    }
+
+    /// Dead-letter a row a claim selected but cannot read, so it does not
+    /// stop every claim after it; an operator finds the reason in `last_error`.
+    async fn quarantine(
+        &self,
+        conn: &mut SqliteConnection,
+        seq: i64,
+        unreadable: &Error,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        tracing::error!(table = %self.parts.table, seq, error = %unreadable,
+            "outbox row is unreadable; dead-lettered");
+        sqlx::query(AssertSqlSafe(self.sql.quarantine.clone()))
+            .bind(ErrorRecord::from_error(unreadable).to_json())
+            .bind(micros(now))
+            .bind(seq)
+            .execute(conn)
+            .await
+            .map_err(db("claim_batch"))?;
+        Ok(())
+    }
+}
+
+impl SqlBackend for Core {
+    type Db = sqlx::Sqlite;
+    /// Microseconds since the epoch, as INTEGER.
+    type Time = i64;
+
+    fn parts(&self) -> &SqlParts<sqlx::Sqlite> {
+        &self.parts
+    }
+
+    async fn write_lock(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        Some(self.write.lock().await)
+    }
+
+    /// Requeued rows are committed when the statement returns.
+    async fn after_requeue(&self) {
+        self.wake.wake();
+    }
+}
+
+impl FencedBackend for Core {
+    /// One statement per kind of write in the batch (a batch of renewals is
+    /// one statement, renewals and deliveries are two), each row fenced on
+    /// its own. A statement that fails fails its rows only.
+    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
+        let mut results: Vec<Option<Result<()>>> = vec![None; rows.len()];
+        let mut lost = Vec::new();
+        {
+            let _write = self.write.lock().await;
+            for kind in FencedWrites::KINDS {
+                let group: Vec<usize> = (0..rows.len())
+                    .filter(|&i| rows[i].op.code() == kind)
+                    .collect();
+                let Some(&first) = group.first() else {
+                    continue;
+                };
+                let statement = self.sql.fenced.get(rows[first].op).clone();
+                let json =
+                    serde_json::Value::Array(group.iter().map(|&i| fenced_row(&rows[i])).collect())
+                        .to_string();
+                let changed: sqlx::Result<Vec<String>> =
+                    sqlx::query_scalar(AssertSqlSafe(statement))
+                        .bind(&json)
+                        .fetch_all(&self.parts.pool)
+                        .await;
+                match changed {
+                    Ok(changed) => {
+                        let changed: std::collections::HashSet<String> =
+                            changed.into_iter().collect();
+                        for &i in &group {
+                            if changed.contains(&rows[i].id) {
+                                results[i] = Some(Ok(()));
+                            } else {
+                                lost.push(i);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let error = Error::store(rows[first].op.operation(), e);
+                        for &i in &group {
+                            results[i] = Some(Err(error.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        if !lost.is_empty() {
+            let ids: Vec<&str> = lost.iter().map(|&i| rows[i].id.as_str()).collect();
+            let json = serde_json::to_string(&ids).expect("ids serialize");
+            let fences = Shared::fences(&self.parts, &self.sql.fences, json).await;
+            for i in lost {
+                results[i] = Some(sql::lost_claim(&rows[i], &fences));
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|result| result.expect("every row belongs to one kind of write"))
+            .collect())
+    }
+}
+
+/// The JSON row a fenced write reads: `[id, token, now]`, then what the
+/// write sets (the new lease end, or the retry time and the error record).
+fn fenced_row(row: &FencedWrite) -> serde_json::Value {
+    let mut fields = vec![
+        serde_json::Value::from(row.id.as_str()),
+        serde_json::Value::from(row.claim_token.as_str()),
+        serde_json::Value::from(micros(row.now)),
+    ];
+    match row.op {
+        FencedOp::Renew { locked_until } => fields.push(micros(locked_until).into()),
+        FencedOp::Retry { available_at } => {
+            fields.push(micros(available_at).into());
+            fields.push(row.error.as_deref().into());
+        }
+        FencedOp::DeadLetter => fields.push(row.error.as_deref().into()),
+        FencedOp::Deliver | FencedOp::Release => {}
+    }
+    serde_json::Value::Array(fields)
+}
+
+/// `at` as the store binds it: µs since the epoch.
+fn micros(at: DateTime<Utc>) -> i64 {
+    i64::store(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::message::MessageKind;
+    use crate::store::{OutboxAdmin, OutboxStore};
+
+    /// A database file of its own, removed on drop.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(name: &str) -> Self {
+            let unique = crate::message::new_claim_token();
+            TempFile(std::env::temp_dir().join(format!("outbox-unit-{name}-{unique}.db")))
+        }
+
+        fn url(&self) -> String {
+            format!("sqlite://{}", self.0.display())
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut path = self.0.clone().into_os_string();
+                path.push(suffix);
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    fn t0() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
+    }
+
+    /// A store holding `count` claimed messages, and those claims.
+    async fn claimed(file: &TempFile, count: usize) -> (SqliteOutbox, Vec<crate::ClaimedMessage>) {
+        let store = SqliteOutbox::connect(&file.url()).await.unwrap();
+        for n in 0..count {
+            let payload = crate::Payload::from_json(format!("{{\"n\":{n}}}")).unwrap();
+            let message = NewMessage::new(MessageKind::Event, "test", payload).at(t0());
+            store.enqueue(message).await.unwrap();
+        }
+        let batch = store
+            .claim_batch(ClaimBatch {
+                limit: count,
+                now: t0(),
+                lease: Duration::from_secs(30),
+            })
+            .await
+            .unwrap();
+        assert_eq!(batch.claimed.len(), count);
+        (store, batch.claimed)
+    }
+
+    fn row(op: FencedOp, message: &crate::ClaimedMessage) -> FencedWrite {
+        FencedWrite {
+            op,
+            id: message.id.clone(),
+            claim_token: message.claim_token.clone(),
+            now: t0() + chrono::Duration::seconds(1),
+            error: Some(ErrorRecord::new("test::Failure", "failed").to_json()),
+        }
+    }
+
+    /// Every fenced write looks its rows up by id, with statistics of a
+    /// table of mostly settled rows and few claims.
+    #[tokio::test]
+    async fn every_fenced_write_looks_rows_up_by_id() {
+        let file = TempFile::new("plans");
+        let (store, _) = claimed(&file, 2_000).await;
+        sqlx::query("UPDATE \"outbox\" SET status = 'delivered' WHERE seq > 3")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let mut conn = store.pool().acquire().await.unwrap();
+        sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+        for statement in store.inner.core.sql.fenced.all() {
+            let plan: Vec<String> =
+                sqlx::query(AssertSqlSafe(format!("EXPLAIN QUERY PLAN {statement}")))
+                    .bind("[]")
+                    .fetch_all(&mut *conn)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|row| row.get::<String, _>("detail"))
+                    .collect();
+            assert!(
+                plan.iter()
+                    .any(|l| l.contains("USING INDEX sqlite_autoindex") && l.contains("(id=?)")),
+                "{statement}\ndoes not look rows up by id:\n{}",
+                plan.join("\n")
+            );
+        }
+    }
+
+    /// A batch mixing kinds of writes runs one statement per kind; one that
+    /// fails fails its own rows, and the others still apply.
+    #[tokio::test]
+    async fn a_failed_kind_of_write_fails_only_its_rows() {
+        let file = TempFile::new("partial");
+        let (store, claims) = claimed(&file, 3).await;
+        sqlx::query(
+            "CREATE TRIGGER no_dead_letters BEFORE UPDATE OF status ON \"outbox\" \
+             WHEN NEW.status = 'dead_lettered' BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let until = t0() + chrono::Duration::seconds(31);
+        let rows = [
+            row(FencedOp::Deliver, &claims[0]),
+            row(FencedOp::DeadLetter, &claims[1]),
+            row(
+                FencedOp::Renew {
+                    locked_until: until,
+                },
+                &claims[2],
+            ),
+        ];
+        let results = store.inner.core.apply(&rows).await.unwrap();
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        match &results[1] {
+            Err(Error::Store { operation, .. }) => assert_eq!(*operation, "mark_failed"),
+            other => panic!("the refused dead letter: {other:?}"),
+        }
+        assert!(results[2].is_ok(), "{:?}", results[2]);
+        let status = |id: &str| {
+            let store = store.clone();
+            let id = id.to_owned();
+            async move { store.get_message(&id).await.unwrap() }
+        };
+        assert_eq!(status(&claims[0].id).await.status, MessageStatus::Delivered);
+        assert_eq!(status(&claims[1].id).await.status, MessageStatus::Claimed);
+        assert_eq!(status(&claims[2].id).await.locked_until, Some(until));
+    }
+}

@@ -1,0 +1,195 @@
+//! The SQLite store's SQL text, rendered once per table.
+
+use std::sync::Arc;
+
+use crate::store::fenced::FencedOp;
+use crate::store::sql::{SharedStatements, TableName};
+
+/// Every column, in the order rows are read.
+pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, attempts, max_attempts, \
+    available_at, claim_token, claimed_at, locked_until, last_error, created_at, updated_at, \
+    delivered_at";
+
+/// The rendered statements for one table.
+#[derive(Debug)]
+pub(super) struct Statements {
+    /// Insert one message. Binds: `?1` id ... `?8` now (see
+    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)).
+    pub(super) insert: Arc<str>,
+    /// Claim. Binds: `?1` now and `?2` lease end (µs since the epoch), `?3`
+    /// limit.
+    pub(super) claim: Arc<str>,
+    /// Record why a claimed row was dead-lettered. Binds: error, seq.
+    pub(super) abandoned: Arc<str>,
+    /// Dead-letter an unreadable row. Binds: error, now, seq.
+    pub(super) quarantine: Arc<str>,
+    /// The fenced writes, one statement per kind.
+    pub(super) fenced: FencedWrites,
+    /// The fence columns of a JSON array of ids.
+    pub(super) fences: Arc<str>,
+}
+
+impl Statements {
+    /// The store's own statements, and those it runs the shared way.
+    pub(super) fn new(table: &TableName) -> (Self, SharedStatements) {
+        let t = table.quoted();
+        let own = Statements {
+            insert: format!(
+                "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
+                 available_at, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8)"
+            )
+            .into(),
+            // Each arm is answered from its own partial index, in claim
+            // order; the union is cut to the limit again.
+            claim: format!(
+                "UPDATE {t} SET \
+                   status = CASE WHEN attempts >= max_attempts THEN 'dead_lettered' ELSE 'claimed' END, \
+                   attempts = CASE WHEN attempts >= max_attempts THEN attempts ELSE attempts + 1 END, \
+                   claim_token = CASE WHEN attempts >= max_attempts THEN NULL ELSE lower(hex(randomblob(16))) END, \
+                   claimed_at = CASE WHEN attempts >= max_attempts THEN NULL ELSE ?1 END, \
+                   locked_until = CASE WHEN attempts >= max_attempts THEN NULL ELSE ?2 END, \
+                   updated_at = ?1 \
+                 WHERE seq IN ( \
+                   SELECT seq FROM ( \
+                     SELECT * FROM ( \
+                       SELECT seq, available_at, created_at FROM {t} \
+                       WHERE status = 'pending' AND available_at <= ?1 \
+                       ORDER BY available_at, created_at, seq LIMIT ?3) \
+                     UNION ALL \
+                     SELECT * FROM ( \
+                       SELECT seq, available_at, created_at FROM {t} \
+                       WHERE status = 'claimed' AND locked_until <= ?1 \
+                       ORDER BY available_at, created_at, seq LIMIT ?3)) \
+                   ORDER BY available_at, created_at, seq LIMIT ?3) \
+                 RETURNING {COLUMNS}"
+            )
+            .into(),
+            abandoned: format!("UPDATE {t} SET last_error = ?1 WHERE seq = ?2").into(),
+            quarantine: format!(
+                "UPDATE {t} SET status = 'dead_lettered', claim_token = NULL, claimed_at = NULL, \
+                 locked_until = NULL, last_error = ?1, updated_at = ?2 WHERE seq = ?3"
+            )
+            .into(),
+            fenced: FencedWrites::new(&t),
+            fences: format!(
+                "SELECT id, status, claim_token, locked_until FROM {t} \
+                 WHERE id IN (SELECT value FROM json_each(?1))"
+            )
+            .into(),
+        };
+        let shared = SharedStatements {
+            get: format!("SELECT {COLUMNS} FROM {t} WHERE id = ?1").into(),
+            stats: format!(
+                "SELECT \
+                   (SELECT count(*) FROM {t} WHERE status = 'pending'), \
+                   (SELECT count(*) FROM {t} WHERE status = 'claimed'), \
+                   (SELECT count(*) FROM {t} WHERE status = 'delivered'), \
+                   (SELECT count(*) FROM {t} WHERE status = 'dead_lettered'), \
+                   (SELECT count(*) FROM {t} WHERE status = 'claimed' AND locked_until > ?1), \
+                   (SELECT min(available_at) FROM {t} WHERE status = 'pending' AND available_at <= ?1)"
+            )
+            .into(),
+            requeue_one: format!(
+                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = ?2, updated_at = ?2 \
+                 WHERE id = ?1 AND status = 'dead_lettered'"
+            )
+            .into(),
+            requeue_all: format!(
+                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = ?1, updated_at = ?1 \
+                 WHERE status = 'dead_lettered' AND (?2 IS NULL OR name = ?2)"
+            )
+            .into(),
+            requeue_state: format!("SELECT status, locked_until FROM {t} WHERE id = ?1").into(),
+            purge: format!(
+                "DELETE FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+                 AND (?1 IS NULL OR status = ?1) AND updated_at < ?2"
+            )
+            .into(),
+            table: t.into(),
+        };
+        (own, shared)
+    }
+}
+
+/// The fenced write statements, one per kind of write.
+///
+/// Each sets only the columns its write changes: SQLite maintains only the
+/// indexes over the columns an `UPDATE` assigns, so one statement that
+/// assigned every column (to serve every kind of write) cost about twice
+/// as much per row. Every row is looked up by id and applied only while
+/// its token still holds a live claim. The unary `+` keeps the planner off
+/// the index of claimed rows, which statistics taken while few rows were
+/// claimed make look free, and which would then be scanned once per row of
+/// the batch.
+#[derive(Debug)]
+pub(super) struct FencedWrites([Arc<str>; 5]);
+
+impl FencedWrites {
+    /// Every kind, by [`FencedOp::code`], in the order a batch applies them.
+    pub(super) const KINDS: [&'static str; 5] = ["renew", "deliver", "retry", "dead", "release"];
+
+    fn new(t: &str) -> Self {
+        let write = |fields: &[&str], set: &str| -> Arc<str> {
+            let columns = fields
+                .iter()
+                .enumerate()
+                .map(|(i, field)| format!("value ->> {i} AS {field}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                "UPDATE {t} AS m SET {set} \
+                 FROM (SELECT {columns} FROM json_each(?1)) AS v \
+                 WHERE m.id = v.id AND +m.status = 'claimed' AND m.claim_token = v.token \
+                   AND +m.locked_until > v.now \
+                 RETURNING id"
+            )
+            .into()
+        };
+        const FENCE: [&str; 3] = ["id", "token", "now"];
+        const CLEAR: &str = "claim_token = NULL, claimed_at = NULL, locked_until = NULL";
+        // In the order of `KINDS`.
+        FencedWrites([
+            write(
+                &[&FENCE[..], &["until"]].concat(),
+                "locked_until = v.until, updated_at = v.now",
+            ),
+            write(
+                &FENCE,
+                &format!("status = 'delivered', {CLEAR}, delivered_at = v.now, updated_at = v.now"),
+            ),
+            write(
+                &[&FENCE[..], &["available", "error"]].concat(),
+                &format!(
+                    "status = 'pending', available_at = v.available, {CLEAR}, \
+                     last_error = v.error, updated_at = v.now"
+                ),
+            ),
+            write(
+                &[&FENCE[..], &["error"]].concat(),
+                &format!(
+                    "status = 'dead_lettered', {CLEAR}, last_error = v.error, updated_at = v.now"
+                ),
+            ),
+            write(
+                &FENCE,
+                &format!(
+                    "status = 'pending', attempts = max(m.attempts - 1, 0), available_at = v.now, \
+                     {CLEAR}, updated_at = v.now"
+                ),
+            ),
+        ])
+    }
+
+    /// The statement for `op`.
+    pub(super) fn get(&self, op: FencedOp) -> &Arc<str> {
+        let kind = Self::KINDS.iter().position(|&kind| kind == op.code());
+        &self.0[kind.expect("every kind of write has a statement")]
+    }
+
+    /// Every statement, in the order of `KINDS`.
+    #[cfg(test)]
+    pub(super) fn all(&self) -> &[Arc<str>] {
+        &self.0
+    }
+}
