@@ -347,7 +347,7 @@ mod sqlite {
     }
 
     fn uuid_suffix() -> String {
-        outbox::message::new_claim_token()[..8].to_owned()
+        outbox::kit::new_claim_token()[..8].to_owned()
     }
 
     /// A store on a fresh file, holding `messages` pending ticks.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ConfigError, ConfigViolation};
-pub use crate::limits::{MAX_DURATION, MIN_LEASE};
+use crate::limits::{MAX_DURATION, MIN_LEASE};
 use crate::retry::RetryPolicy;
 
 /// Drain settings. `Default` gives the documented defaults.

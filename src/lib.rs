@@ -14,34 +14,35 @@
 //!
 //! # Layout
 //!
-//! One concept per file. Each module imports only modules listed before it,
-//! so the list reads from the leaves up to the store port, which builds on
-//! all of them.
+//! One concept per file. The modules are private: everything public is
+//! re-exported flat at the crate root (and the common names in [`prelude`]),
+//! except the store implementers' toolkit, [`kit`]. Each module imports only
+//! modules listed before it, so the list reads from the leaves up to the
+//! store port, which builds on all of them.
 //!
-//! - [`kind`]: [`MessageKind`] (event or job) and [`MessageStatus`], the two
+//! - `kind`: [`MessageKind`] (event or job) and [`MessageStatus`], the two
 //!   enums every other module names.
-//! - [`limits`]: the duration bounds that configuration, retry policies and
-//!   stores all enforce ([`MAX_DURATION`](limits::MAX_DURATION),
-//!   [`MIN_LEASE`](limits::MIN_LEASE)).
-//! - [`clock`]: [`Clock`], with [`SystemClock`] and the test clock [`TokioClock`].
-//! - [`error`]: [`Error`] and its parts; [`ClaimError`] is the one the
+//! - `limits`: the duration bounds that configuration, retry policies and
+//!   stores all enforce ([`MAX_DURATION`], [`MIN_LEASE`]).
+//! - `clock`: [`Clock`], with [`SystemClock`] and the test clock [`TokioClock`].
+//! - `error`: [`Error`] and its parts; [`ClaimError`] is the one the
 //!   runtime treats as confirmed loss of a claim. Also what a delivery fails
 //!   with, [`DeliveryError`], and [`ErrorRecord`], its size-bounded form kept
 //!   in `last_error`.
-//! - [`retry`]: [`RetryPolicy`], exponential backoff with cap and seedable jitter.
-//! - [`config`]: [`DrainConfig`], validated, with humantime durations.
-//! - [`payload`]: what a message carries: the JSON [`Payload`], the
+//! - `retry`: [`RetryPolicy`], exponential backoff with cap and seedable jitter.
+//! - `config`: [`DrainConfig`], validated, with humantime durations.
+//! - `payload`: what a message carries: the JSON [`Payload`], the
 //!   [`Event`] and [`Job`] traits payload types implement, and the
 //!   [`RawMessage`] a catch-all decodes into.
-//! - [`trace`]: trace propagation, the [`TraceCarrier`] a message takes from
+//! - `trace`: trace propagation, the [`TraceCarrier`] a message takes from
 //!   enqueue to delivery.
-//! - [`message`]: the stored [`OutboxMessage`], the [`ClaimedMessage`] a
+//! - `message`: the stored [`OutboxMessage`], the [`ClaimedMessage`] a
 //!   delivery sees, and the [`NewMessage`] enqueue takes.
-//! - [`registry`]: the [`Registry`] of payload types by name, which decodes
+//! - `registry`: the [`Registry`] of payload types by name, which decodes
 //!   stored payloads at delivery.
-//! - [`transport`]: the [`EventBus`] and [`JobDispatcher`] traits, and the
+//! - `transport`: the [`EventBus`] and [`JobDispatcher`] traits, and the
 //!   in-process [`InProcessBus`] and [`InProcessJobs`].
-//! - [`store`]: the stores, one folder.
+//! - `store`: the stores, one folder.
 //!   - `store/mod.rs`: the port. [`OutboxStore`] is the drain path (enqueue,
 //!     claim, renew, settle, release), [`OutboxAdmin`] the operator path;
 //!     each operation takes a parameter struct with the caller's `now`.
@@ -67,7 +68,7 @@
 //! - `postgres`: the distributed store.
 //! - `opentelemetry`: capture the current span's trace context at enqueue as
 //!   a W3C [`TraceCarrier`] and turn stored carriers back into OpenTelemetry
-//!   contexts; see [`trace`].
+//!   contexts; see [`TraceCarrier`].
 //!
 //! # Example
 //!
@@ -84,7 +85,7 @@
 //! let id = store.enqueue(NewMessage::event(&OrderPlaced { order_id: 7 })?).await?;
 //!
 //! let batch = store
-//!     .claim_batch(ClaimBatch { limit: 10, now: outbox::clock::SystemClock.now(), lease: std::time::Duration::from_secs(30) })
+//!     .claim_batch(ClaimBatch { limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30) })
 //!     .await?;
 //! assert_eq!(batch.claimed[0].id, id);
 //! # Ok(())
@@ -92,42 +93,44 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod clock;
-pub mod config;
-pub mod error;
-pub mod kind;
-pub mod limits;
-pub mod message;
-pub mod payload;
-pub mod registry;
-pub mod retry;
-pub mod store;
-pub mod trace;
-pub mod transport;
+mod clock;
+mod config;
+mod error;
+mod kind;
+mod limits;
+mod message;
+mod payload;
+mod registry;
+mod retry;
+mod store;
+mod trace;
+mod transport;
 
 pub use clock::{Clock, SharedClock, SystemClock, TokioClock};
 pub use config::{DrainConfig, SettlementConfig};
 pub use error::{
     AbandonedClaimError, AdminError, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
-    DeliveryError, Error, ErrorRecord, RegistryError, Result,
+    DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedSource,
 };
 pub use kind::{MessageKind, MessageStatus};
+pub use limits::{MAX_DURATION, MIN_LEASE};
 pub use message::{ClaimedMessage, DEFAULT_MAX_ATTEMPTS, NewMessage, OutboxMessage};
-pub use payload::{Event, Job, Payload, RawMessage};
+pub use payload::{DecodedPayload, Event, Job, Payload, RawMessage};
 pub use registry::{Registry, RegistryBuilder};
-pub use retry::RetryPolicy;
+pub use retry::{RetryPolicy, ShouldRetry};
 /// The sqlx the SQL stores are built on, so an application's transactions
 /// and the outbox's always agree on its version.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use sqlx;
+pub use store::kit;
 pub use store::memory::MemoryOutbox;
 #[cfg(feature = "postgres")]
-pub use store::postgres::PostgresOutbox;
+pub use store::postgres::{MIGRATOR as POSTGRES_MIGRATOR, PostgresOutbox};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use store::sql::{SettlementMode, TableName};
+pub use store::sql::{MAX_TABLE_NAME_PART, SettlementMode, TableName};
 #[cfg(feature = "sqlite")]
-pub use store::sqlite::SqliteOutbox;
+pub use store::sqlite::{DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, SqliteOutbox};
 pub use store::{
     ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages, MarkDelivered, MarkFailed,
     MessagePage, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,

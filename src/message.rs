@@ -5,12 +5,12 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::error::ErrorRecord;
 use crate::error::{Error, RegistryError, Result};
-pub use crate::error::{ErrorRecord, MAX_ERROR_RECORD_BYTES};
-pub use crate::kind::{MessageKind, MessageStatus};
-pub use crate::payload::Payload;
+use crate::kind::{MessageKind, MessageStatus};
+use crate::payload::Payload;
 use crate::payload::{Event, Job};
-pub use crate::trace::TraceCarrier;
+use crate::trace::TraceCarrier;
 
 /// Attempts a message gets when the enqueuer does not say otherwise.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
@@ -140,7 +140,7 @@ pub struct ClaimedMessage {
 ///
 /// With the `opentelemetry` feature, `trace` starts as the current span's
 /// trace context, so the delivery joins the trace that enqueued it; see
-/// [`crate::trace`].
+/// [`TraceCarrier`](crate::TraceCarrier).
 #[derive(Debug, Clone)]
 pub struct NewMessage {
     /// The id to use; `None` generates a time-ordered UUID.

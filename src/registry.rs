@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use crate::error::{ConfigError, Error, RegistryError, Result};
 use crate::kind::MessageKind;
 use crate::payload::{DecodedPayload, Payload};
-pub use crate::payload::{Event, Job, RawMessage};
+use crate::payload::{Event, Job, RawMessage};
 use crate::retry::RetryPolicy;
 
 type Decoder = fn(&Payload) -> serde_json::Result<DecodedPayload>;

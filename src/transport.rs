@@ -15,12 +15,11 @@ use std::sync::Arc;
 
 use futures_util::future::LocalBoxFuture;
 
-pub use crate::error::DeliveryError;
+use crate::error::DeliveryError;
 use crate::error::{Error, RegistryError};
 use crate::kind::MessageKind;
 use crate::message::ClaimedMessage;
-pub use crate::payload::DecodedPayload;
-use crate::payload::{Event, Job, RawMessage};
+use crate::payload::{DecodedPayload, Event, Job, RawMessage};
 use crate::trace::TraceCarrier;
 
 /// What a transport's future resolves to.
@@ -363,7 +362,7 @@ mod tests {
     use serde::{Deserialize, Serialize};
 
     use super::*;
-    use crate::message::Payload;
+    use crate::payload::Payload;
     use crate::registry::Registry;
 
     #[derive(Serialize, Deserialize, Debug, PartialEq)]

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use outbox::store::sqlite::DEFAULT_BUSY_TIMEOUT;
+use outbox::DEFAULT_BUSY_TIMEOUT;
 use outbox::{
     ClaimBatch, ClaimLoss, Error, ListMessages, MarkDelivered, NewMessage, OutboxAdmin,
     OutboxStore, RenewClaim, SettlementMode, SqliteOutbox,

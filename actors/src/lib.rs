@@ -60,7 +60,7 @@
 //! `outbox.message_id` and `outbox.attempt`, at `info` level, target
 //! `outbox`. It is a root span unless the message carries a trace context:
 //! with the `opentelemetry` feature its parent is the span that enqueued the
-//! message (see [`outbox::trace`]), and the handler's
+//! message (see [`outbox::TraceCarrier`]), and the handler's
 //! [`DeliveryContext::trace`](outbox::DeliveryContext::trace) is the delivery
 //! span's own context, to continue the trace downstream. A stored context
 //! that does not parse is logged at `debug` (`outbox.trace_invalid`) and the

@@ -62,10 +62,7 @@ type EventSender = Arc<
 >;
 
 type JobSender = Arc<
-    dyn Fn(
-            outbox::transport::DecodedPayload,
-            DeliveryContext,
-        ) -> LocalBoxFuture<'static, DeliveryResult>
+    dyn Fn(outbox::DecodedPayload, DeliveryContext) -> LocalBoxFuture<'static, DeliveryResult>
         + Send
         + Sync,
 >;

@@ -3,7 +3,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use chrono::{DateTime, Utc};
-use outbox::store::kit::check;
+use outbox::kit::check;
 use outbox::{
     Clock, ListCursor, ListMessages, OutboxAdmin, OutboxMessage, OutboxStats, PurgeMessages,
     RequeueDeadLetters, SystemClock,

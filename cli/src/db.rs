@@ -5,7 +5,7 @@
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
-use outbox::store::sql::TableName;
+use outbox::TableName;
 use outbox::{
     ListMessages, MessagePage, OutboxAdmin, OutboxMessage, OutboxStats, PostgresOutbox,
     PurgeMessages, RequeueDeadLetters, Result, SqliteOutbox,

@@ -12,7 +12,7 @@
 //!
 //! Applications need none of this; the store port itself (the
 //! [`OutboxStore`](crate::OutboxStore) and [`OutboxAdmin`](crate::OutboxAdmin)
-//! traits and their parameter structs) is in [`crate::store`].
+//! traits and their parameter structs) is in the crate root.
 //!
 //! [`MemoryOutbox`]: crate::MemoryOutbox
 
@@ -99,7 +99,7 @@ pub mod check {
         if lease.is_zero() {
             return Err(Error::invalid("lease", "must be longer than zero"));
         }
-        if lease > crate::config::MAX_DURATION {
+        if lease > crate::limits::MAX_DURATION {
             return Err(Error::invalid("lease", "must be at most one year"));
         }
         Ok(())

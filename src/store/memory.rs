@@ -11,10 +11,11 @@ use super::{
     ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, OutboxAdmin,
     OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, Wakeups,
 };
-use crate::error::{AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, Result};
-use crate::message::{
-    ClaimedMessage, ErrorRecord, MessageStatus, NewMessage, OutboxMessage, new_claim_token,
+use crate::error::{
+    AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result,
 };
+use crate::kind::MessageStatus;
+use crate::message::{ClaimedMessage, NewMessage, OutboxMessage, new_claim_token};
 
 /// An outbox held in process memory. Cheap to clone; clones share the data.
 ///
@@ -646,7 +647,8 @@ impl OutboxAdmin for MemoryOutbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{MessageKind, Payload};
+    use crate::kind::MessageKind;
+    use crate::payload::Payload;
     use chrono::TimeZone;
     use std::time::Duration;
 

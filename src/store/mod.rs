@@ -32,22 +32,24 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 
+use crate::error::ErrorRecord;
 use crate::error::Result;
-use crate::message::{ClaimedMessage, ErrorRecord, MessageStatus, NewMessage, OutboxMessage};
+use crate::kind::MessageStatus;
+use crate::message::{ClaimedMessage, NewMessage, OutboxMessage};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod fenced;
 pub mod kit;
-pub mod memory;
+pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub mod postgres;
+pub(crate) mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
-pub mod sql;
+pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub mod sqlite;
+pub(crate) mod sqlite;
 
 /// Claim up to `limit` eligible messages under a lease of `lease`.
 ///

@@ -43,11 +43,11 @@ use super::{
     MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeMessages, ReleaseClaim, RenewClaim,
     RequeueDeadLetters,
 };
-use crate::error::{AdminError, ClaimError, ClaimLoss, Error, Result};
-use crate::message::{
-    ClaimedMessage, ErrorRecord, MessageKind, MessageStatus, NewMessage, OutboxMessage, Payload,
-    TraceCarrier,
-};
+use crate::error::{AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result};
+use crate::kind::{MessageKind, MessageStatus};
+use crate::message::{ClaimedMessage, NewMessage, OutboxMessage};
+use crate::payload::Payload;
+use crate::trace::TraceCarrier;
 
 /// The longest table or schema name accepted, in bytes. PostgreSQL truncates
 /// identifiers at 63 bytes; this leaves room for the suffixes of the names
@@ -64,7 +64,7 @@ pub const MAX_TABLE_NAME_PART: usize = 48;
 /// refused with [`Error::InvalidTableName`]; no other text reaches SQL.
 ///
 /// ```
-/// use outbox::store::sql::TableName;
+/// use outbox::TableName;
 ///
 /// assert_eq!(TableName::parse("jobs.outbox")?.quoted(), r#""jobs"."outbox""#);
 /// assert!(TableName::parse("outbox; drop table orders").is_err());

@@ -3,10 +3,9 @@
 
 use std::collections::HashSet;
 
-use outbox::message::MAX_ERROR_RECORD_BYTES;
 use outbox::{
-    Error, ErrorRecord, MarkFailed, MessageKind, MessageStatus, NewMessage, OutboxAdmin,
-    OutboxStats, OutboxStore, Payload, TraceCarrier,
+    Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, MarkFailed, MessageKind, MessageStatus, NewMessage,
+    OutboxAdmin, OutboxStats, OutboxStore, Payload, TraceCarrier,
 };
 use serde_json::json;
 

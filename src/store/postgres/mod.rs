@@ -68,8 +68,9 @@ use super::fenced::{FencedBackend, FencedWrite};
 use super::kit::{check, lease_end};
 use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
 use super::{ClaimBatch, ClaimedBatch};
+use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Error, Result};
-use crate::message::{ErrorRecord, NewMessage, OutboxMessage};
+use crate::message::{NewMessage, OutboxMessage};
 use listener::ListenerShared;
 use statements::{Statements, channel_of};
 

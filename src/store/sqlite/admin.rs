@@ -6,7 +6,7 @@ use sqlx::AssertSqlSafe;
 use super::statements::COLUMNS;
 use super::{Core, Shared, micros};
 use crate::error::Result;
-use crate::message::MessageStatus;
+use crate::kind::MessageStatus;
 use crate::store::kit::check;
 use crate::store::sql::db;
 use crate::store::{ListMessages, MessagePage};

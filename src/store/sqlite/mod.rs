@@ -71,8 +71,10 @@ use super::sql::{
     self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, StoredTime, TableName, db,
 };
 use super::{ClaimBatch, ClaimedBatch, Wakeups};
+use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Error, Result};
-use crate::message::{ErrorRecord, MessageStatus, NewMessage};
+use crate::kind::MessageStatus;
+use crate::message::NewMessage;
 use statements::{FencedWrites, Statements};
 
 mod admin;
@@ -540,7 +542,7 @@ mod tests {
     use chrono::TimeZone;
 
     use super::*;
-    use crate::message::MessageKind;
+    use crate::kind::MessageKind;
     use crate::store::{OutboxAdmin, OutboxStore};
 
     /// A database file of its own, removed on drop.
