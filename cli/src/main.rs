@@ -13,6 +13,20 @@
 //! by the scheme. `--table NAME` (or `OUTBOX_TABLE`) names the outbox table,
 //! `outbox` by default. Every command has `--help` with examples.
 //!
+//! # Layout
+//!
+//! - `main.rs`: parses the command line, opens the store, runs one command
+//!   and turns its outcome into an exit code.
+//! - `cli.rs`: the command line as clap sees it; values clap can check are
+//!   checked there, as usage errors.
+//! - `db.rs`: opening the store a URL names, and the schema questions the
+//!   store port does not answer.
+//! - `admin.rs`: `migrate`, `status`, `list`, `show`, `requeue`, `purge`.
+//! - `drain.rs`: `drain`, the actor runtime for operators without an
+//!   application.
+//! - `fail.rs`: why a command failed, the hint, and the exit code.
+//! - `output.rs`: how times, ages and tables are shown.
+//!
 //! # Commands
 //!
 //! | command | what it does |
