@@ -111,6 +111,7 @@ pub use config::{DrainConfig, SettlementConfig};
 pub use error::{
     AbandonedClaimError, AdminError, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
     DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedSource,
+    UnreadableMessage, UrlError,
 };
 pub use kind::{MessageKind, MessageStatus};
 pub use limits::{MAX_DURATION, MIN_LEASE};
