@@ -66,9 +66,18 @@ impl From<Error> for Failure {
     fn from(error: Error) -> Self {
         let reason = error.to_string();
         match &error {
-            Error::InvalidInput { .. } | Error::InvalidTableName { .. } | Error::Config(_) => {
-                Failure::usage(reason)
-            }
+            Error::InvalidInput { .. }
+            | Error::InvalidTableName { .. }
+            | Error::Config(_)
+            | Error::Url(_) => Failure::usage(reason),
+            // The message says what to check.
+            Error::Connect { .. } => Failure::operational(reason),
+            Error::NotSetUp { .. } => Failure::operational(reason)
+                .hint("run `outbox migrate` (with the --table your application uses)"),
+            Error::Unreadable(row) => Failure::operational(reason).hint(format!(
+                "see its raw columns with `outbox show {}`, repair or delete the row with SQL",
+                row.id
+            )),
             Error::Admin(AdminError::ClaimLive { .. }) => Failure::operational(reason).hint(
                 "its worker may still settle it; once the lease has run out, the message is \
                  claimable again by the next drain",

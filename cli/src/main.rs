@@ -174,7 +174,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{Cli, Command};
-use crate::db::Store;
+use crate::db::{Access, Store};
 use crate::fail::Failure;
 
 fn main() -> ExitCode {
@@ -198,9 +198,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
              (sqlite://PATH or postgres://USER:PASSWORD@HOST/DB)",
         )
     })?;
-    let migrating = matches!(cli.command, Command::Migrate);
-    let store = Store::open(url, &cli.table, migrating).await?;
-    if !migrating {
+    let access = match cli.command {
+        Command::Migrate => Access::Create,
+        Command::Status(_) | Command::List(_) | Command::Show(_) => Access::Read,
+        Command::Requeue(_) | Command::Purge(_) | Command::Drain(_) => Access::Write,
+    };
+    let store = Store::open(url, &cli.table, access).await?;
+    if access != Access::Create {
         store.require_table().await?;
     }
     // Only a table other than the default needs repeating in printed commands.

@@ -198,16 +198,24 @@ impl PostgresOutbox {
     /// at most `timeout` for a connection (sqlx's own default is 30 s). A
     /// SQLite URL is refused with [`Error::Url`].
     pub async fn connect_timeout(url: &str, timeout: Duration) -> Result<Self> {
-        let options = Self::connect_options(url)?;
-        Self::probe(url, &options, timeout).await?;
-        let pool = PgPoolOptions::new()
-            .acquire_timeout(timeout)
-            .connect_with(options)
-            .await
-            .map_err(|e| connect::connect_failed(url, &e, CONNECT_HINT))?;
+        let pool = Self::connect_pool(url, PgPoolOptions::new().acquire_timeout(timeout)).await?;
         let outbox = Self::new(pool);
         outbox.setup().await?;
         Ok(outbox)
+    }
+
+    /// A pool of `pool` settings on `url`, for [`PostgresOutbox::new`] or
+    /// [`PostgresOutbox::builder`]. Unlike sqlx's own `connect_with`, which
+    /// retries a refused connection until the acquire timeout and then only
+    /// says it timed out, this reports a server that refuses or cannot be
+    /// reached with the operating system's reason ([`Error::Connect`]), and
+    /// gives up on one that does not answer after the acquire timeout.
+    pub async fn connect_pool(url: &str, pool: PgPoolOptions) -> Result<PgPool> {
+        let options = Self::connect_options(url)?;
+        Self::probe(url, &options, pool.get_acquire_timeout()).await?;
+        pool.connect_with(options)
+            .await
+            .map_err(|e| connect::connect_failed(url, &e, CONNECT_HINT))
     }
 
     /// The options `url` gives; a SQLite URL is refused with [`Error::Url`]
