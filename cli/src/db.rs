@@ -117,6 +117,14 @@ impl Store {
         }
     }
 
+    /// Close the pool: wait for every connection to be returned, and close them.
+    pub(crate) async fn close(&self) {
+        match self {
+            Store::Sqlite(store) => store.pool().close().await,
+            Store::Postgres(store) => store.pool().close().await,
+        }
+    }
+
     /// The table's validated name.
     pub(crate) fn table(&self) -> &TableName {
         match self {

@@ -40,6 +40,15 @@ impl Failure {
         }
     }
 
+    /// A failure with its own exit code.
+    pub(crate) fn with_code(code: u8, reason: impl Into<String>) -> Self {
+        Failure {
+            code,
+            reason: reason.into(),
+            hint: None,
+        }
+    }
+
     /// Say what to do about it.
     pub(crate) fn hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());

@@ -209,7 +209,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     }
     // Only a table other than the default needs repeating in printed commands.
     let table_flag = (cli.table != "outbox").then_some(cli.table.as_str());
-    match cli.command {
+    let outcome = match cli.command {
         Command::Migrate => admin::migrate(&store).await,
         Command::Status(args) => admin::status(&store, args).await,
         Command::List(args) => admin::list(&store, table_flag, args).await,
@@ -217,5 +217,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Requeue(args) => admin::requeue(&store, args).await,
         Command::Purge(args) => admin::purge(&store, args).await,
         Command::Drain(args) => drain::drain(&store, args).await,
-    }
+    };
+    // Tasks still running on this runtime (a drain's last store calls) are
+    // dropped with it, after it has stopped; a pooled connection dropped
+    // then panics, since returning it needs the runtime. Closing the pool
+    // while the runtime runs waits for every connection to come back.
+    store.close().await;
+    outcome
 }
