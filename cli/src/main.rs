@@ -57,7 +57,8 @@
 //! flags `--batch-size`, `--concurrency`, `--lease`, `--heartbeat`,
 //! `--max-active`, `--retry-delay` and `--retry-max-delay` map onto
 //! `DrainConfig` and are validated like it. `--once` runs one pass (at most
-//! `--batch-size` messages). `--every` runs a pass at that interval, and on
+//! `--batch-size` messages), and the passes the coordinator starts by itself
+//! before it is shut down, and reports the totals over all of them. `--every` runs a pass at that interval, and on
 //! PostgreSQL as soon as a message is committed, until Ctrl-C or SIGTERM;
 //! then it gives deliveries in flight `--grace` to finish and releases the
 //! claims of the rest. Pass reports go to stderr (with `--every`, only those
@@ -67,8 +68,9 @@
 //!
 //! `0` success; `1` operational error (the store failed, an operation was
 //! refused, a message was not found); `2` usage error (a bad flag or value,
-//! an unsupported database URL). Errors go to stderr with the reason and a
-//! hint saying what to do.
+//! an unsupported database URL); `3` `drain --once` ran but some delivery
+//! failed (retried, dead-lettered, not settled, or its lease lost). Errors go
+//! to stderr with the reason and a hint saying what to do.
 //!
 //! # A short tour
 //!
