@@ -104,14 +104,14 @@ pub enum Error {
     #[error(transparent)]
     Url(#[from] UrlError),
     /// The database could not be reached or opened.
-    #[error("cannot connect to the outbox database {url}: {reason}; {hint}")]
+    #[error("cannot connect to the outbox database {url}: {reason}; {}", backend.hint())]
     Connect {
         /// The URL, with any password replaced by `***`.
         url: String,
         /// What went wrong, with the operating system's error when there is one.
         reason: String,
-        /// What to check.
-        hint: &'static str,
+        /// Which kind of database it is, which says what to check.
+        backend: Backend,
     },
     /// The outbox table (or a column of it) does not exist: the database was
     /// never set up for the outbox, or the table name is wrong.
@@ -195,15 +195,47 @@ pub enum UrlError {
         url: String,
     },
     /// A URL the store's driver cannot parse.
-    #[error("{url} is not a valid {store} URL: {reason}")]
+    #[error("{url} is not a valid {backend} URL: {reason}")]
     Malformed {
         /// The URL, with any password replaced by `***`.
         url: String,
-        /// `SQLite` or `PostgreSQL`.
-        store: &'static str,
+        /// The database the URL was meant for.
+        backend: Backend,
         /// The parser's words.
         reason: String,
     },
+}
+
+/// The kind of database a store speaks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Backend {
+    /// A SQLite file.
+    Sqlite,
+    /// A PostgreSQL server.
+    Postgres,
+}
+
+impl Backend {
+    /// What to check when a connection to such a database fails.
+    pub fn hint(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "check the path, and that its directory exists and is writable",
+            Backend::Postgres => {
+                "check the host, the port and the credentials, and that the server runs \
+                 and accepts connections"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Sqlite => "SQLite",
+            Backend::Postgres => "PostgreSQL",
+        })
+    }
 }
 
 /// A stored row that does not read back as an [`OutboxMessage`](crate::OutboxMessage):

@@ -156,6 +156,10 @@ struct UnreadableDocument<'a> {
     row: &'a UnreadableMessage,
 }
 
+/// A row of the listing: its `created_at` (when readable) and id, which
+/// order it, and its cells.
+type ListedRow<'a> = (Option<DateTime<Utc>>, &'a str, Vec<String>);
+
 /// `list`: one page, oldest first, and how to get the next.
 pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs) -> Outcome {
     let after = args.after.as_deref().map(decode_cursor).transpose()?;
@@ -194,7 +198,7 @@ pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs
     ]);
     // The store's order, (created_at, id), with the unreadable rows in
     // their place; a row whose time cannot be read comes last.
-    let mut rows: Vec<(Option<DateTime<Utc>>, &str, Vec<String>)> = Vec::new();
+    let mut rows: Vec<ListedRow<'_>> = Vec::new();
     for message in &page.messages {
         let cells = vec![
             message.id.clone(),

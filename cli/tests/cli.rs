@@ -1163,8 +1163,7 @@ async fn drain_once_counts_every_pass_and_exits_3_when_a_delivery_failed<
     let totals = run
         .stderr
         .lines()
-        .filter(|l| l.starts_with("pass: ") || l.starts_with("all "))
-        .next_back()
+        .rfind(|l| l.starts_with("pass: ") || l.starts_with("all "))
         .unwrap_or_else(|| panic!("no report:\n{}", run.stderr));
     assert_eq!(failures_in(totals), failed_lines, "{}", run.stderr);
     assert!(

@@ -5,7 +5,7 @@
 //! SQLite path as a host name, and a pool that cannot connect only says it
 //! timed out.
 
-use crate::error::{Error, UrlError};
+use crate::error::{Backend, Error, UrlError};
 
 /// The scheme of `url`, lowercased, if it has one.
 fn scheme(url: &str) -> Option<String> {
@@ -17,6 +17,7 @@ fn scheme(url: &str) -> Option<String> {
     valid.then(|| scheme.to_ascii_lowercase())
 }
 
+#[cfg(feature = "sqlite")]
 fn is_postgres(url: &str) -> bool {
     matches!(scheme(url).as_deref(), Some("postgres" | "postgresql"))
 }
@@ -40,6 +41,7 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+#[cfg(feature = "sqlite")]
 /// Refuse a URL the SQLite store cannot mean: another database's, or one
 /// without a file (SQLite would open a private temporary database, and every
 /// command on it would then fail for want of a table).
@@ -65,6 +67,7 @@ pub(crate) fn check_sqlite_url(url: &str) -> Result<(), Error> {
     Ok(())
 }
 
+#[cfg(feature = "postgres")]
 /// Refuse a SQLite URL given to the PostgreSQL store, which would look its
 /// path up as a host name.
 pub(crate) fn check_postgres_url(url: &str) -> Result<(), Error> {
@@ -78,10 +81,10 @@ pub(crate) fn check_postgres_url(url: &str) -> Result<(), Error> {
 }
 
 /// A URL the driver could not parse.
-pub(crate) fn malformed(url: &str, store: &'static str, error: impl std::fmt::Display) -> Error {
+pub(crate) fn malformed(url: &str, backend: Backend, error: impl std::fmt::Display) -> Error {
     UrlError::Malformed {
         url: redact(url),
-        store,
+        backend,
         reason: error.to_string(),
     }
     .into()
@@ -89,7 +92,7 @@ pub(crate) fn malformed(url: &str, store: &'static str, error: impl std::fmt::Di
 
 /// A failure to open or reach the database, with the driver's (and the
 /// operating system's) reason and what to check.
-pub(crate) fn connect_failed(url: &str, error: &sqlx::Error, hint: &'static str) -> Error {
+pub(crate) fn connect_failed(url: &str, error: &sqlx::Error, backend: Backend) -> Error {
     let reason = match error {
         // The I/O error is the operating system's, e.g. "Connection refused
         // (os error 111)"; sqlx's wrapper adds nothing.
@@ -99,7 +102,7 @@ pub(crate) fn connect_failed(url: &str, error: &sqlx::Error, hint: &'static str)
     Error::Connect {
         url: redact(url),
         reason,
-        hint,
+        backend,
     }
 }
 
@@ -116,7 +119,7 @@ pub(crate) fn missing_table(error: &sqlx::Error) -> Option<String> {
     missing.then(|| message.to_owned())
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite", feature = "postgres"))]
 mod tests {
     use super::*;
 

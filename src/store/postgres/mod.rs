@@ -71,7 +71,7 @@ use super::kit::{check, lease_end};
 use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
 use super::{ClaimBatch, ClaimedBatch};
 use crate::error::ErrorRecord;
-use crate::error::{AbandonedClaimError, Error, Result};
+use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::message::{NewMessage, OutboxMessage};
 use listener::ListenerShared;
 use statements::{Statements, channel_of};
@@ -82,10 +82,6 @@ mod statements;
 
 /// The shared half over this store's core.
 type Shared = SqlOutbox<Core>;
-
-/// What to check when the server cannot be reached.
-const CONNECT_HINT: &str = "check the host, the port and the credentials, and that the server \
-                            runs and accepts connections";
 
 /// The migrations for the default `outbox` table, tracked by sqlx in
 /// `_sqlx_migrations`. Use it to fold the outbox into a migration run of your
@@ -215,14 +211,14 @@ impl PostgresOutbox {
         Self::probe(url, &options, pool.get_acquire_timeout()).await?;
         pool.connect_with(options)
             .await
-            .map_err(|e| connect::connect_failed(url, &e, CONNECT_HINT))
+            .map_err(|e| connect::connect_failed(url, &e, Backend::Postgres))
     }
 
     /// The options `url` gives; a SQLite URL is refused with [`Error::Url`]
     /// saying to use [`SqliteOutbox`](crate::SqliteOutbox).
     pub fn connect_options(url: &str) -> Result<PgConnectOptions> {
         connect::check_postgres_url(url)?;
-        PgConnectOptions::from_str(url).map_err(|e| connect::malformed(url, "PostgreSQL", e))
+        PgConnectOptions::from_str(url).map_err(|e| connect::malformed(url, Backend::Postgres, e))
     }
 
     /// Open one connection, and close it: sqlx's pool retries a refused
@@ -235,14 +231,14 @@ impl PostgresOutbox {
                 let _ = conn.close().await;
                 Ok(())
             }
-            Ok(Err(e)) => Err(connect::connect_failed(url, &e, CONNECT_HINT)),
+            Ok(Err(e)) => Err(connect::connect_failed(url, &e, Backend::Postgres)),
             Err(_) => Err(Error::Connect {
                 url: connect::redact(url),
                 reason: format!(
                     "no connection within {}",
                     humantime::format_duration(timeout)
                 ),
-                hint: CONNECT_HINT,
+                backend: Backend::Postgres,
             }),
         }
     }

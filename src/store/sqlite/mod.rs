@@ -73,7 +73,7 @@ use super::sql::{
 };
 use super::{ClaimBatch, ClaimedBatch, Wakeups};
 use crate::error::ErrorRecord;
-use crate::error::{AbandonedClaimError, Error, Result};
+use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::kind::MessageStatus;
 use crate::message::NewMessage;
 use statements::{FencedWrites, Statements};
@@ -206,13 +206,10 @@ impl SqliteOutbox {
                 .idle_timeout(None)
                 .max_lifetime(None);
         }
-        let pool = pool.connect_with(options).await.map_err(|e| {
-            connect::connect_failed(
-                url,
-                &e,
-                "check the path, and that its directory exists and is writable",
-            )
-        })?;
+        let pool = pool
+            .connect_with(options)
+            .await
+            .map_err(|e| connect::connect_failed(url, &e, Backend::Sqlite))?;
         let outbox = Self::new(pool);
         outbox.setup().await?;
         Ok(outbox)
@@ -247,7 +244,7 @@ impl SqliteOutbox {
 
     fn parse_url(url: &str) -> Result<SqliteConnectOptions> {
         connect::check_sqlite_url(url)?;
-        SqliteConnectOptions::from_str(url).map_err(|e| connect::malformed(url, "SQLite", e))
+        SqliteConnectOptions::from_str(url).map_err(|e| connect::malformed(url, Backend::Sqlite, e))
     }
 
     /// Create or upgrade this store's table and indexes. Safe to run any
