@@ -127,17 +127,22 @@ impl DrainConfig {
             );
         }
         let heartbeat = self.heartbeat();
-        if heartbeat.is_zero() {
-            bad("heartbeat", "must be longer than zero".into());
-        } else if heartbeat >= self.lease {
-            bad(
-                "heartbeat",
-                format!(
-                    "must be shorter than lease ({} >= {})",
-                    show(heartbeat),
-                    show(self.lease)
-                ),
-            );
+        // A heartbeat derived from a refused lease is wrong only because the
+        // lease is: the lease's violation says all there is to fix.
+        let derived_from_bad_lease = self.heartbeat.is_none() && self.lease < MIN_LEASE;
+        if !derived_from_bad_lease {
+            if heartbeat.is_zero() {
+                bad("heartbeat", "must be longer than zero".into());
+            } else if heartbeat >= self.lease {
+                bad(
+                    "heartbeat",
+                    format!(
+                        "must be shorter than lease ({} >= {})",
+                        show(heartbeat),
+                        show(self.lease)
+                    ),
+                );
+            }
         }
         if self.max_active.is_zero() {
             bad("max_active", "must be longer than zero".into());
@@ -230,6 +235,16 @@ mod tests {
             error.to_string().contains("`lease` must be at least 2ms"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_bad_lease_is_reported_alone_when_the_heartbeat_is_derived() {
+        let config = DrainConfig {
+            lease: Duration::ZERO,
+            ..DrainConfig::default()
+        };
+        let error = config.validate().unwrap_err();
+        assert!(error.names("lease") && !error.names("heartbeat"), "{error}");
     }
 
     #[test]

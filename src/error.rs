@@ -99,6 +99,40 @@ pub enum Error {
     /// A store broke its contract (for example returned more messages than asked).
     #[error("outbox store broke its contract: {0}")]
     StoreContract(String),
+    /// A database URL that the store cannot use; the error says which URL
+    /// to pass, or which store to use, instead.
+    #[error(transparent)]
+    Url(#[from] UrlError),
+    /// The database could not be reached or opened.
+    #[error("cannot connect to the outbox database {url}: {reason}; {}", backend.hint())]
+    Connect {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// What went wrong, with the operating system's error when there is one.
+        reason: String,
+        /// Which kind of database it is, which says what to check.
+        backend: Backend,
+    },
+    /// The outbox table (or a column of it) does not exist: the database was
+    /// never set up for the outbox, or the table name is wrong.
+    #[error(
+        "the outbox table is not set up ({detail}) during {operation}; create it with \
+         `setup()` on the store (or its MIGRATOR), or `outbox migrate` from the command \
+         line, and check that the table name is the one the application uses"
+    )]
+    NotSetUp {
+        /// The store operation that failed.
+        operation: &'static str,
+        /// The database's own words.
+        detail: String,
+    },
+    /// A stored row does not read back as a message; the error carries the
+    /// row's raw columns, so it can still be inspected.
+    #[error(
+        "stored outbox message {:?} is unreadable: {}; its raw columns come with this error",
+        .0.id, .0.reason
+    )]
+    Unreadable(Box<UnreadableMessage>),
 }
 
 impl Error {
@@ -124,6 +158,132 @@ impl Error {
     /// `true` when the claim token is confirmed to no longer own the message.
     pub fn is_claim_lost(&self) -> bool {
         matches!(self, Error::Claim(_))
+    }
+}
+
+/// A database URL a store cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UrlError {
+    /// A PostgreSQL URL given to the SQLite store.
+    #[error(
+        "{url} is a PostgreSQL URL, but SqliteOutbox opens SQLite files; use \
+         PostgresOutbox::connect for it{}, or pass a sqlite:// URL such as sqlite://app.db",
+        if cfg!(feature = "postgres") { "" } else { " (enable the outbox crate's `postgres` feature)" }
+    )]
+    PostgresUrlForSqlite {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+    },
+    /// A SQLite URL given to the PostgreSQL store.
+    #[error(
+        "{url} is a SQLite URL, but PostgresOutbox connects to PostgreSQL servers; use \
+         SqliteOutbox::connect for it{}, or pass a postgres://USER:PASSWORD@HOST/DB URL",
+        if cfg!(feature = "sqlite") { "" } else { " (enable the outbox crate's `sqlite` feature)" }
+    )]
+    SqliteUrlForPostgres {
+        /// The URL as given.
+        url: String,
+    },
+    /// A SQLite URL that names no database file.
+    #[error(
+        "the SQLite URL {url:?} has no path; name the database file, as in sqlite://app.db \
+         (relative) or sqlite:///var/lib/app/outbox.db (absolute), or use sqlite::memory:"
+    )]
+    NoPath {
+        /// The URL as given.
+        url: String,
+    },
+    /// A URL the store's driver cannot parse.
+    #[error("{url} is not a valid {backend} URL: {reason}")]
+    Malformed {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// The database the URL was meant for.
+        backend: Backend,
+        /// The parser's words.
+        reason: String,
+    },
+}
+
+/// The kind of database a store speaks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Backend {
+    /// A SQLite file.
+    Sqlite,
+    /// A PostgreSQL server.
+    Postgres,
+}
+
+impl Backend {
+    /// What to check when a connection to such a database fails.
+    pub fn hint(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "check the path, and that its directory exists and is writable",
+            Backend::Postgres => {
+                "check the host, the port and the credentials, and that the server runs \
+                 and accepts connections"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Sqlite => "SQLite",
+            Backend::Postgres => "PostgreSQL",
+        })
+    }
+}
+
+/// A stored row that does not read back as an [`OutboxMessage`](crate::OutboxMessage):
+/// its raw columns, and why it does not decode.
+///
+/// Listings return such rows beside the readable ones
+/// ([`MessagePage::unreadable`](crate::MessagePage::unreadable)), and
+/// [`OutboxAdmin::get_message`](crate::OutboxAdmin::get_message) returns one
+/// inside [`Error::Unreadable`], so an operator can still see, and repair,
+/// the row. The in-memory store keeps typed messages and never has any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct UnreadableMessage {
+    /// The message id (`<unreadable>` when the id column itself is not text).
+    pub id: String,
+    /// `created_at`, when it reads as a time; listings order by it.
+    pub created_at: Option<DateTime<Utc>>,
+    /// Why the row does not decode: the column and what is wrong with it.
+    pub reason: String,
+    /// Every column as stored, as text: `None` for SQL `NULL`, bytes that
+    /// are not UTF-8 shown lossily, times as the database stores them.
+    pub columns: std::collections::BTreeMap<String, Option<String>>,
+}
+
+impl UnreadableMessage {
+    /// A row `id` that does not decode because of `reason`, with its raw `columns`.
+    pub fn new(
+        id: impl Into<String>,
+        created_at: Option<DateTime<Utc>>,
+        reason: impl Into<String>,
+        columns: std::collections::BTreeMap<String, Option<String>>,
+    ) -> Self {
+        UnreadableMessage {
+            id: id.into(),
+            created_at,
+            reason: reason.into(),
+            columns,
+        }
+    }
+
+    /// One raw column; `None` when it is missing or `NULL`.
+    pub fn column(&self, name: &str) -> Option<&str> {
+        self.columns.get(name).and_then(|v| v.as_deref())
+    }
+
+    /// The raw payload text.
+    pub fn payload(&self) -> Option<&str> {
+        self.column("payload")
     }
 }
 

@@ -109,8 +109,9 @@ mod transport;
 pub use clock::{Clock, SharedClock, SystemClock, TokioClock};
 pub use config::{DrainConfig, SettlementConfig};
 pub use error::{
-    AbandonedClaimError, AdminError, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
+    AbandonedClaimError, AdminError, Backend, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
     DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedSource,
+    UnreadableMessage, UrlError,
 };
 pub use kind::{MessageKind, MessageStatus};
 pub use limits::{MAX_DURATION, MIN_LEASE};

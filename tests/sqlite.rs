@@ -519,16 +519,16 @@ async fn an_unreadable_row_is_reported_and_does_not_block_claims() {
     .await
     .unwrap();
     match outbox.get_message("bad").await {
-        Err(Error::CorruptRow { id, reason }) => {
-            assert_eq!(id, "bad");
-            assert!(reason.contains("payload"), "{reason}");
+        Err(Error::Unreadable(row)) => {
+            assert_eq!(row.id, "bad");
+            assert!(row.reason.contains("payload"), "{}", row.reason);
+            assert_eq!(row.payload(), Some("not json"));
         }
-        other => panic!("expected a corrupt row, got {other:?}"),
+        other => panic!("expected an unreadable row, got {other:?}"),
     }
-    assert!(matches!(
-        outbox.list_messages(ListMessages::default()).await,
-        Err(Error::CorruptRow { .. })
-    ));
+    let page = outbox.list_messages(ListMessages::default()).await.unwrap();
+    assert_eq!(page.messages.len(), 1);
+    assert_eq!(page.unreadable.len(), 1);
     let batch = outbox
         .claim_batch(ClaimBatch {
             limit: 10,

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use outbox::kit::check;
 use outbox::{
     Clock, ListCursor, ListMessages, OutboxAdmin, OutboxMessage, OutboxStats, PurgeMessages,
-    RequeueDeadLetters, SystemClock,
+    RequeueDeadLetters, SystemClock, UnreadableMessage,
 };
 use serde::Serialize;
 
@@ -143,8 +143,22 @@ struct StatusDocument {
 #[derive(Serialize)]
 struct PageDocument<'a> {
     messages: &'a [OutboxMessage],
+    /// Rows that do not read back as messages, with their raw columns.
+    unreadable: &'a [UnreadableMessage],
     next: Option<String>,
 }
+
+/// What `show --json` prints for a row that does not read back as a message.
+#[derive(Serialize)]
+struct UnreadableDocument<'a> {
+    unreadable: bool,
+    #[serde(flatten)]
+    row: &'a UnreadableMessage,
+}
+
+/// A row of the listing: its `created_at` (when readable) and id, which
+/// order it, and its cells.
+type ListedRow<'a> = (Option<DateTime<Utc>>, &'a str, Vec<String>);
 
 /// `list`: one page, oldest first, and how to get the next.
 pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs) -> Outcome {
@@ -161,12 +175,13 @@ pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs
     if args.json {
         let document = PageDocument {
             messages: &page.messages,
+            unreadable: &page.unreadable,
             next,
         };
         println!("{}", pretty(&document));
         return Ok(());
     }
-    if page.messages.is_empty() {
+    if page.messages.is_empty() && page.unreadable.is_empty() {
         println!("no messages{}", filters(&args));
         return Ok(());
     }
@@ -181,8 +196,11 @@ pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs
         "UPDATED",
         "LAST ERROR",
     ]);
+    // The store's order, (created_at, id), with the unreadable rows in
+    // their place; a row whose time cannot be read comes last.
+    let mut rows: Vec<ListedRow<'_>> = Vec::new();
     for message in &page.messages {
-        table.row(vec![
+        let cells = vec![
             message.id.clone(),
             message.name.clone(),
             message.kind.to_string(),
@@ -194,10 +212,38 @@ pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs
                 .last_error
                 .as_ref()
                 .map_or_else(|| "-".to_owned(), |e| truncate(&e.message, 60)),
-        ]);
+        ];
+        rows.push((Some(message.created_at), &message.id, cells));
+    }
+    for row in &page.unreadable {
+        let raw = |column: &str| truncate(row.column(column).unwrap_or("-"), 30);
+        let cells = vec![
+            row.id.clone(),
+            raw("name"),
+            raw("kind"),
+            "UNREADABLE".to_owned(),
+            format!("{}/{}", raw("attempts"), raw("max_attempts")),
+            "-".to_owned(),
+            "-".to_owned(),
+            truncate(&format!("does not decode: {}", row.reason), 60),
+        ];
+        rows.push((row.created_at, &row.id, cells));
+    }
+    rows.sort_by(|a, b| (a.0.is_none(), a.0, a.1).cmp(&(b.0.is_none(), b.0, b.1)));
+    for (_, _, cells) in rows {
+        table.row(cells);
     }
     print!("{}", table.render());
-    let shown = page.messages.len() as u64;
+    if let Some(first) = page.unreadable.first() {
+        println!(
+            "\n{} row{} cannot be read as a message (marked UNREADABLE); see the raw columns \
+             with `outbox show {}`",
+            page.unreadable.len(),
+            plural(page.unreadable.len() as u64),
+            first.id
+        );
+    }
+    let shown = (page.messages.len() + page.unreadable.len()) as u64;
     match next {
         Some(cursor) => {
             let mut command = String::from("outbox");
@@ -238,7 +284,21 @@ fn filters(args: &ListArgs) -> String {
 
 /// `show`: every field of one message.
 pub(crate) async fn show(store: &Store, args: ShowArgs) -> Outcome {
-    let message = store.get_message(&args.id).await?;
+    let message = match store.get_message(&args.id).await {
+        Err(outbox::Error::Unreadable(row)) => {
+            if args.json {
+                let document = UnreadableDocument {
+                    unreadable: true,
+                    row: &row,
+                };
+                println!("{}", pretty(&document));
+            } else {
+                print!("{}", describe_unreadable(&row));
+            }
+            return Ok(());
+        }
+        other => other?,
+    };
     if args.json {
         println!("{}", pretty(&message));
         return Ok(());
@@ -315,6 +375,31 @@ fn describe(message: &OutboxMessage, now: DateTime<Utc>) -> String {
         }
         None => out.push_str("\nlast error: -\n"),
     }
+    out
+}
+
+/// A row that does not decode: why, and every column as stored.
+fn describe_unreadable(row: &UnreadableMessage) -> String {
+    let mut fields = Table::new(&["id", &row.id]);
+    fields.row(vec![
+        "UNREADABLE".to_owned(),
+        format!("the row does not decode: {}", row.reason),
+    ]);
+    let mut out = fields.render();
+    out.push_str("\nraw columns, as stored:\n");
+    let mut columns = Table::new(&["COLUMN", "VALUE"]);
+    for (name, value) in &row.columns {
+        if name == "payload" {
+            continue;
+        }
+        columns.row(vec![
+            name.clone(),
+            value.clone().unwrap_or_else(|| "NULL".to_owned()),
+        ]);
+    }
+    out.push_str(&indent(&columns.render()));
+    out.push_str("\npayload, as stored:\n");
+    out.push_str(&indent(row.payload().unwrap_or("NULL")));
     out
 }
 

@@ -29,7 +29,10 @@ Examples:
 
 Exit codes: 0 success; 1 operational error (the store failed, an operation was
 refused as unsafe, a message was not found); 2 usage error (a bad flag or value,
-an unsupported database URL).";
+an unsupported database URL); 3 `drain --once` ran, but some delivery failed.
+
+status, list and show only read: a SQLite file is opened read-only, never
+created, and its journal mode is left as it is.";
 
 /// `outbox`: the admin command line of the transactional outbox.
 #[derive(Debug, Parser)]
@@ -157,7 +160,11 @@ attempts). With --print each message is written to stdout as one JSON line and
 counts as delivered. The command's own stdout is passed through; the pass reports
 go to stderr.
 
---once runs one pass (at most --batch-size messages) and exits. --every runs a pass
+--once runs one pass (at most --batch-size messages), and whatever passes the
+coordinator starts by itself before it is shut down (retries that came due,
+messages left over), prints the totals over all of them and exits: with status 3
+when any delivery failed (retried, dead-lettered, not settled, or its lease lost),
+0 when all were delivered. --every runs a pass
 at that interval (and on PostgreSQL as soon as a message is committed) until
 Ctrl-C or SIGTERM, then stops claiming, lets deliveries finish within --grace, and
 gives the remaining claims back. Passes that find nothing are not reported.
@@ -250,7 +257,7 @@ pub(crate) struct PurgeArgs {
 #[command(group(ArgGroup::new("schedule").required(true).args(["once", "every"])))]
 #[command(group(ArgGroup::new("delivery").required(true).args(["exec", "print"])))]
 pub(crate) struct DrainArgs {
-    /// Run one pass, print its report and exit.
+    /// Run one pass, print its report and exit (status 3 if a delivery failed).
     #[arg(long)]
     pub(crate) once: bool,
 

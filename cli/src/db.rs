@@ -2,15 +2,13 @@
 //! that the store port does not answer (does the table exist, which
 //! migrations are applied).
 
-use std::str::FromStr;
-
 use chrono::{DateTime, Utc};
 use outbox::TableName;
 use outbox::{
     ListMessages, MessagePage, OutboxAdmin, OutboxMessage, OutboxStats, PostgresOutbox,
     PurgeMessages, RequeueDeadLetters, Result, SqliteOutbox,
 };
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -21,6 +19,18 @@ use crate::fail::Failure;
 pub(crate) enum Store {
     Sqlite(SqliteOutbox),
     Postgres(PostgresOutbox),
+}
+
+/// What a command does to the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Creates the file and the table (`migrate`).
+    Create,
+    /// Changes messages in an existing outbox (`requeue`, `purge`, `drain`).
+    Write,
+    /// Only reads (`status`, `list`, `show`): a SQLite file is opened
+    /// read-only, so it is never created or changed.
+    Read,
 }
 
 /// The backend a URL names.
@@ -61,27 +71,30 @@ pub(crate) fn redact(url: &str) -> String {
 }
 
 impl Store {
-    /// Open the outbox `table` in the database at `url`. `create` makes a
-    /// missing SQLite file (for `migrate`); other commands refuse to invent
-    /// an empty database from a mistyped path.
-    pub(crate) async fn open(url: &str, table: &str, create: bool) -> Result<Store, Failure> {
+    /// Open the outbox `table` in the database at `url`, for `access`.
+    pub(crate) async fn open(url: &str, table: &str, access: Access) -> Result<Store, Failure> {
         let backend = backend(url)?;
         // Validate the name before connecting: a bad one is a usage error.
         TableName::parse(table).map_err(Failure::from)?;
-        let unreachable = |e: sqlx::Error| {
-            Failure::operational(format!("cannot open the database {}: {e}", redact(url)))
-        };
         match backend {
             Backend::Sqlite => {
-                let options = SqliteOutbox::connect_options(url)
-                    .map_err(Failure::from)?
-                    .create_if_missing(create);
+                let options = match access {
+                    Access::Create => SqliteOutbox::connect_options(url)?,
+                    // Not the store's WAL switch: a file that turns out not
+                    // to be an outbox is left as it was. setup() put every
+                    // outbox file in WAL mode once, for good.
+                    Access::Write => SqliteOutbox::read_only_options(url)?.read_only(false),
+                    Access::Read => SqliteOutbox::read_only_options(url)?,
+                };
                 let pool = SqlitePoolOptions::new()
                     .connect_with(options)
                     .await
                     .map_err(|e| {
-                        let failure = unreachable(e);
-                        if create {
+                        let failure = Failure::operational(format!(
+                            "cannot open the database {}: {e}",
+                            redact(url)
+                        ));
+                        if access == Access::Create {
                             failure.hint("check that the file's directory exists and is writable")
                         } else {
                             failure.hint(
@@ -94,20 +107,21 @@ impl Store {
                 Ok(Store::Sqlite(store))
             }
             Backend::Postgres => {
-                let options = PgConnectOptions::from_str(url).map_err(|e| {
-                    Failure::usage(format!("not a PostgreSQL URL ({}): {e}", redact(url)))
-                })?;
                 let pool = PgPoolOptions::new()
                     .max_connections(4)
-                    .connect_with(options)
-                    .await
-                    .map_err(|e| {
-                        unreachable(e)
-                            .hint("check the host, the credentials and that the server runs")
-                    })?;
+                    .acquire_timeout(PostgresOutbox::DEFAULT_CONNECT_TIMEOUT);
+                let pool = PostgresOutbox::connect_pool(url, pool).await?;
                 let store = PostgresOutbox::builder(pool).table(table)?.build();
                 Ok(Store::Postgres(store))
             }
+        }
+    }
+
+    /// Close the pool: wait for every connection to be returned, and close them.
+    pub(crate) async fn close(&self) {
+        match self {
+            Store::Sqlite(store) => store.pool().close().await,
+            Store::Postgres(store) => store.pool().close().await,
         }
     }
 

@@ -20,7 +20,7 @@ use outbox::{
     MessageKind, OutboxStore, Payload, RawMessage, Registry, RetryPolicy, SystemClock,
     TraceCarrier, Wakeups,
 };
-use outbox_actors::{Drain, DrainCoordinator, DrainReport, Shutdown};
+use outbox_actors::{Drain, DrainCoordinator, DrainReport, GetStatus, Shutdown};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
@@ -143,9 +143,16 @@ fn start(
 enum PassEnd {
     /// It ran to its end.
     Finished(outbox_actors::Result<DrainReport>),
-    /// A stop signal came while it ran: the coordinator wound it down (and
-    /// is shutting down); this is what the pass did.
-    Interrupted(outbox_actors::Result<DrainReport>),
+    /// A stop signal came while it ran: the coordinator wound it down and is
+    /// shut down.
+    Interrupted {
+        /// What the pass did.
+        result: outbox_actors::Result<DrainReport>,
+        /// Passes the coordinator ran, this one included.
+        passes: u64,
+        /// Their totals.
+        totals: DrainReport,
+    },
 }
 
 /// Run one pass. A stop signal during it shuts the coordinator down, which
@@ -164,13 +171,19 @@ async fn pass(
         result = &mut drain => Ok(PassEnd::Finished(result.map_err(mailbox)?)),
         () = stop.as_mut() => {
             announce_stop(grace);
-            coordinator.do_send(Shutdown { grace });
-            Ok(PassEnd::Interrupted(drain.await.map_err(mailbox)?))
+            let (passes, totals) = shut_down(coordinator, grace).await?;
+            // Answered when the pass ended, before the shutdown's answer; a
+            // request the coordinator dropped as it stopped did nothing.
+            let result = drain.await.unwrap_or_else(|_| Ok(DrainReport::default()));
+            Ok(PassEnd::Interrupted { result, passes, totals })
         }
     }
 }
 
-/// One pass, unless a stop signal comes first.
+/// One pass, unless a stop signal comes first, and whatever passes the
+/// coordinator started by itself before the shutdown (retries that came
+/// due): the totals count them all. Fails with [`FAILED_DELIVERIES`] when
+/// any delivery failed.
 async fn once(
     coordinator: &Addr<DrainCoordinator>,
     mut stop: Pin<&mut impl Future<Output = ()>>,
@@ -179,20 +192,71 @@ async fn once(
     match pass(coordinator, &mut stop, grace).await? {
         PassEnd::Finished(result) => {
             let outcome = report_pass(result);
-            coordinator
-                .send(Shutdown { grace })
-                .await
-                .map_err(mailbox)?;
-            outcome.map(|_| ())
+            let (passes, totals) = shut_down(coordinator, grace).await?;
+            if passes > 1 {
+                eprintln!(
+                    "all {passes} passes ({} started by the coordinator itself, for \
+                     retries that came due or messages left over): {totals}",
+                    passes - 1
+                );
+            }
+            outcome?;
+            deliveries_failed(&totals)
         }
-        PassEnd::Interrupted(result) => {
-            stopped(1, DrainReport::default(), Some(result));
+        PassEnd::Interrupted {
+            result,
+            passes,
+            totals,
+        } => {
+            stopped(passes, totals, Some(result));
             Ok(())
         }
     }
 }
 
-/// A pass per tick (and per wake-up) until a stop signal.
+/// Shut the coordinator down; the number of passes it ran and their totals,
+/// including the passes it started by itself and the one the shutdown
+/// interrupted, if any.
+async fn shut_down(
+    coordinator: &Addr<DrainCoordinator>,
+    grace: Duration,
+) -> Result<(u64, DrainReport), Failure> {
+    // Both messages are queued now, one right behind the other: the status
+    // has every pass that finished before the shutdown, and the shutdown
+    // answers with the pass it interrupted (an empty report when none ran).
+    let status = coordinator.send(GetStatus);
+    let shutdown = coordinator.send(Shutdown { grace });
+    let status = status.await.map_err(mailbox)?;
+    let interrupted = shutdown.await.map_err(mailbox)?;
+    let mut totals = status.totals;
+    totals += interrupted;
+    let passes = status.passes + u64::from(interrupted != DrainReport::default());
+    Ok((passes, totals))
+}
+
+/// The exit code of a `--once` drain in which some delivery failed
+/// (retried, dead-lettered, not settled, or its lease lost).
+pub(crate) const FAILED_DELIVERIES: u8 = 3;
+
+fn deliveries_failed(totals: &DrainReport) -> Result<(), Failure> {
+    let failed =
+        totals.retried + totals.dead_lettered + totals.settlement_failed + totals.lease_lost;
+    if failed == 0 {
+        return Ok(());
+    }
+    Err(Failure::with_code(
+        FAILED_DELIVERIES,
+        format!(
+            "{failed} deliver{} failed",
+            if failed == 1 { "y" } else { "ies" }
+        ),
+    )
+    .hint("the messages are retried with backoff, or dead-lettered; see them with `outbox list`"))
+}
+
+/// A pass per tick (and per wake-up) until a stop signal. The totals printed
+/// at the end are the coordinator's, so they include the passes it started
+/// by itself between ticks.
 async fn every_interval(
     coordinator: &Addr<DrainCoordinator>,
     mut stop: Pin<&mut impl Future<Output = ()>>,
@@ -202,24 +266,25 @@ async fn every_interval(
 ) -> Result<(), Failure> {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut passes = 0u64;
-    let mut totals = DrainReport::default();
     loop {
         tokio::select! {
             biased;
             () = stop.as_mut() => {
                 announce_stop(grace);
-                coordinator.send(Shutdown { grace }).await.map_err(mailbox)?;
+                let (passes, totals) = shut_down(coordinator, grace).await?;
                 stopped(passes, totals, None);
                 return Ok(());
             }
             _ = ticks.tick() => {}
             () = woken(&mut wakeups) => {}
         }
-        passes += 1;
         match pass(coordinator, &mut stop, grace).await? {
-            PassEnd::Finished(result) => totals += report_tick(result),
-            PassEnd::Interrupted(result) => {
+            PassEnd::Finished(result) => report_tick(result),
+            PassEnd::Interrupted {
+                result,
+                passes,
+                totals,
+            } => {
                 stopped(passes, totals, Some(result));
                 return Ok(());
             }
@@ -234,10 +299,11 @@ fn announce_stop(grace: Duration) {
     );
 }
 
-/// Report the pass that a stop interrupted, if any, and the totals.
+/// Report the pass that a stop interrupted, if any, and the totals (which
+/// count it already).
 fn stopped(
     passes: u64,
-    mut totals: DrainReport,
+    totals: DrainReport,
     interrupted: Option<outbox_actors::Result<DrainReport>>,
 ) {
     if let Some(result) = interrupted {
@@ -249,7 +315,6 @@ fn stopped(
             }
         };
         eprintln!("interrupted pass: {report}");
-        totals += report;
     }
     eprintln!(
         "stopped after {passes} pass{}: {totals}",
@@ -274,22 +339,15 @@ fn report_pass(result: outbox_actors::Result<DrainReport>) -> Result<DrainReport
     }
 }
 
-/// Print a scheduled pass's report, stamped, and return what it counted.
-/// Passes that found nothing are not printed (a drain that runs every second
-/// would print little else); a failed pass is printed, not fatal: the next
-/// tick tries again.
-fn report_tick(result: outbox_actors::Result<DrainReport>) -> DrainReport {
+/// Print a scheduled pass's report, stamped. Passes that found nothing are
+/// not printed (a drain that runs every second would print little else); a
+/// failed pass is printed, not fatal: the next tick tries again.
+fn report_tick(result: outbox_actors::Result<DrainReport>) {
     let now = time(chrono::Utc::now());
     match result {
-        Ok(report) if report.selected() == 0 && report.released == 0 => report,
-        Ok(report) => {
-            eprintln!("{now} pass: {report}");
-            report
-        }
-        Err(error) => {
-            eprintln!("{now} pass failed, trying again at the next tick: {error}");
-            error.report().copied().unwrap_or_default()
-        }
+        Ok(report) if report.selected() == 0 && report.released == 0 => {}
+        Ok(report) => eprintln!("{now} pass: {report}"),
+        Err(error) => eprintln!("{now} pass failed, trying again at the next tick: {error}"),
     }
 }
 

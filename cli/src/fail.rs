@@ -40,6 +40,15 @@ impl Failure {
         }
     }
 
+    /// A failure with its own exit code.
+    pub(crate) fn with_code(code: u8, reason: impl Into<String>) -> Self {
+        Failure {
+            code,
+            reason: reason.into(),
+            hint: None,
+        }
+    }
+
     /// Say what to do about it.
     pub(crate) fn hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
@@ -66,9 +75,18 @@ impl From<Error> for Failure {
     fn from(error: Error) -> Self {
         let reason = error.to_string();
         match &error {
-            Error::InvalidInput { .. } | Error::InvalidTableName { .. } | Error::Config(_) => {
-                Failure::usage(reason)
-            }
+            Error::InvalidInput { .. }
+            | Error::InvalidTableName { .. }
+            | Error::Config(_)
+            | Error::Url(_) => Failure::usage(reason),
+            // The message says what to check.
+            Error::Connect { .. } => Failure::operational(reason),
+            Error::NotSetUp { .. } => Failure::operational(reason)
+                .hint("run `outbox migrate` (with the --table your application uses)"),
+            Error::Unreadable(row) => Failure::operational(reason).hint(format!(
+                "see its raw columns with `outbox show {}`, repair or delete the row with SQL",
+                row.id
+            )),
             Error::Admin(AdminError::ClaimLive { .. }) => Failure::operational(reason).hint(
                 "its worker may still settle it; once the lease has run out, the message is \
                  claimable again by the next drain",

@@ -57,7 +57,8 @@
 //! flags `--batch-size`, `--concurrency`, `--lease`, `--heartbeat`,
 //! `--max-active`, `--retry-delay` and `--retry-max-delay` map onto
 //! `DrainConfig` and are validated like it. `--once` runs one pass (at most
-//! `--batch-size` messages). `--every` runs a pass at that interval, and on
+//! `--batch-size` messages), and the passes the coordinator starts by itself
+//! before it is shut down, and reports the totals over all of them. `--every` runs a pass at that interval, and on
 //! PostgreSQL as soon as a message is committed, until Ctrl-C or SIGTERM;
 //! then it gives deliveries in flight `--grace` to finish and releases the
 //! claims of the rest. Pass reports go to stderr (with `--every`, only those
@@ -67,8 +68,9 @@
 //!
 //! `0` success; `1` operational error (the store failed, an operation was
 //! refused, a message was not found); `2` usage error (a bad flag or value,
-//! an unsupported database URL). Errors go to stderr with the reason and a
-//! hint saying what to do.
+//! an unsupported database URL); `3` `drain --once` ran but some delivery
+//! failed (retried, dead-lettered, not settled, or its lease lost). Errors go
+//! to stderr with the reason and a hint saying what to do.
 //!
 //! # A short tour
 //!
@@ -174,7 +176,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{Cli, Command};
-use crate::db::Store;
+use crate::db::{Access, Store};
 use crate::fail::Failure;
 
 fn main() -> ExitCode {
@@ -198,14 +200,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
              (sqlite://PATH or postgres://USER:PASSWORD@HOST/DB)",
         )
     })?;
-    let migrating = matches!(cli.command, Command::Migrate);
-    let store = Store::open(url, &cli.table, migrating).await?;
-    if !migrating {
+    let access = match cli.command {
+        Command::Migrate => Access::Create,
+        Command::Status(_) | Command::List(_) | Command::Show(_) => Access::Read,
+        Command::Requeue(_) | Command::Purge(_) | Command::Drain(_) => Access::Write,
+    };
+    let store = Store::open(url, &cli.table, access).await?;
+    if access != Access::Create {
         store.require_table().await?;
     }
     // Only a table other than the default needs repeating in printed commands.
     let table_flag = (cli.table != "outbox").then_some(cli.table.as_str());
-    match cli.command {
+    let outcome = match cli.command {
         Command::Migrate => admin::migrate(&store).await,
         Command::Status(args) => admin::status(&store, args).await,
         Command::List(args) => admin::list(&store, table_flag, args).await,
@@ -213,5 +219,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Requeue(args) => admin::requeue(&store, args).await,
         Command::Purge(args) => admin::purge(&store, args).await,
         Command::Drain(args) => drain::drain(&store, args).await,
-    }
+    };
+    // Tasks still running on this runtime (a drain's last store calls) are
+    // dropped with it, after it has stopped; a pooled connection dropped
+    // then panics, since returning it needs the runtime. Closing the pool
+    // while the runtime runs waits for every connection to come back.
+    store.close().await;
+    outcome
 }

@@ -287,6 +287,7 @@ on_every_store!(
     drain_once_exec_retries_what_its_command_fails,
     drain_flags_are_validated_before_anything_runs,
     drain_every_stops_on_a_signal_and_releases_claims,
+    drain_once_counts_every_pass_and_exits_3_when_a_delivery_failed,
 );
 
 async fn migrate_creates_the_table_once_and_commands_need_it<S: OutboxStore + OutboxAdmin>(
@@ -824,7 +825,8 @@ async fn drain_once_exec_retries_what_its_command_fails<S: OutboxStore + OutboxA
            echo "delivered $OUTBOX_ID""#,
         out = out.display()
     );
-    let run = f.run(&["drain", "--once", "--exec", &script]).ok();
+    // Exit 3: some delivery failed.
+    let run = f.run(&["drain", "--once", "--exec", &script]).code(3);
     assert!(
         run.stderr
             .contains("pass: claimed 3, delivered 1, retried 1, dead-lettered 1 (0 abandoned)"),
@@ -904,6 +906,16 @@ async fn drain_flags_are_validated_before_anything_runs<S: OutboxStore + OutboxA
         .code(2);
     assert!(
         invalid.stderr.contains("`--heartbeat`"),
+        "{}",
+        invalid.stderr
+    );
+    // The heartbeat nobody set is derived from the lease: only the lease is wrong.
+    let invalid = f
+        .run(&["drain", "--once", "--print", "--lease", "0s"])
+        .code(2);
+    assert!(
+        invalid.stderr.contains("`--lease` must be at least")
+            && !invalid.stderr.contains("heartbeat"),
         "{}",
         invalid.stderr
     );
@@ -1098,4 +1110,228 @@ fn the_environment_gives_the_database_and_the_table() {
         created.stdout
     );
     assert_eq!(run(&["status", "--json"]).ok().json()["table"], "from_env");
+}
+
+/// `retried` plus `dead-lettered` of a report line.
+fn failures_in(report: &str) -> u64 {
+    let after = |label: &str| -> u64 {
+        let at = report
+            .find(label)
+            .unwrap_or_else(|| panic!("no {label:?} in {report:?}"))
+            + label.len();
+        report[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    after("retried ") + after("dead-lettered ")
+}
+
+async fn drain_once_counts_every_pass_and_exits_3_when_a_delivery_failed<
+    S: OutboxStore + OutboxAdmin,
+>(
+    f: Fixture<S>,
+) {
+    for n in 0..5 {
+        f.pending("failing", serde_json::json!({ "n": n })).await;
+    }
+    // Small batches and retries due at once: the coordinator runs passes
+    // of its own while the requested one ends, and they count too.
+    let run = f
+        .run(&[
+            "drain",
+            "--once",
+            "--batch-size",
+            "2",
+            "--concurrency",
+            "1",
+            "--retry-delay",
+            "1ms",
+            "--retry-max-delay",
+            "1ms",
+            "--exec",
+            "exit 3",
+        ])
+        .code(3);
+    let failed_lines = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains(") failed: "))
+        .count() as u64;
+    let totals = run
+        .stderr
+        .lines()
+        .rfind(|l| l.starts_with("pass: ") || l.starts_with("all "))
+        .unwrap_or_else(|| panic!("no report:\n{}", run.stderr));
+    assert_eq!(failures_in(totals), failed_lines, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains(&format!("error: {failed_lines} deliveries failed")),
+        "{}",
+        run.stderr
+    );
+    // Every one printed a failure, and nothing was left claimed.
+    assert_eq!(f.count(MessageStatus::Claimed).await, 0);
+}
+
+#[tokio::test]
+async fn drain_once_never_panics_at_exit() {
+    let f = sqlite().await;
+    for round in 0..100 {
+        f.pending("failing", serde_json::json!({ "round": round }))
+            .await;
+        let run = f.run(&["drain", "--once", "--exec", "exit 3"]);
+        assert!(
+            !run.stderr.contains("panicked"),
+            "round {round}:\n{}",
+            run.stderr
+        );
+        assert_eq!(run.code, 3, "round {round}:\n{}", run.stderr);
+    }
+}
+
+/// A SQLite file that is not an outbox: one table, rollback journal.
+async fn plain_sqlite_file(path: &Path) {
+    use std::str::FromStr;
+    let options =
+        sqlx::sqlite::SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
+            .unwrap()
+            .create_if_missing(true);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .connect_with(options)
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE notes (body TEXT)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+}
+
+fn siblings(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn read_only_commands_never_change_a_sqlite_file() {
+    let dir = TempDir::new();
+    let file = dir.path().join("notes.db");
+    plain_sqlite_file(&file).await;
+    let before = std::fs::read(&file).unwrap();
+    let url = format!("sqlite://{}", file.display());
+    for args in [
+        &["status"][..],
+        &["status", "--json"],
+        &["list"],
+        &["show", "some-id"],
+    ] {
+        let run = outbox(&[&["--database", &url][..], args].concat()).code(1);
+        assert!(
+            run.stderr
+                .contains("the outbox table `outbox` does not exist"),
+            "{}",
+            run.stderr
+        );
+    }
+    // Same bytes (so still in rollback-journal mode), and no -wal/-shm.
+    assert_eq!(std::fs::read(&file).unwrap(), before);
+    assert_eq!(siblings(dir.path()), ["notes.db"]);
+
+    let missing = dir.path().join("missing.db");
+    let url = format!("sqlite://{}", missing.display());
+    for args in [&["status"][..], &["list"], &["show", "some-id"]] {
+        let run = outbox(&[&["--database", &url][..], args].concat()).code(1);
+        assert!(
+            run.stderr.contains("cannot open the database") && run.stderr.contains("migrate"),
+            "{}",
+            run.stderr
+        );
+    }
+    assert_eq!(siblings(dir.path()), ["notes.db"]);
+}
+
+#[tokio::test]
+async fn unreadable_rows_are_listed_and_shown_with_their_raw_columns() {
+    let f = sqlite().await;
+    let good = f.pending("good", serde_json::json!({"n": 1})).await;
+    let bad = f.pending("bad", serde_json::json!({"n": 2})).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE \"{}\" SET payload = 'not json {{' WHERE id = ?1",
+        f.table
+    )))
+    .bind(&bad)
+    .execute(f.store.pool())
+    .await
+    .unwrap();
+
+    let list = f.run(&["list"]).ok();
+    let lines: Vec<&str> = list.stdout.lines().collect();
+    assert!(lines[1].starts_with(&good), "{}", list.stdout);
+    assert!(
+        lines[2].starts_with(&bad)
+            && lines[2].contains("UNREADABLE")
+            && lines[2].contains("does not decode: payload"),
+        "{}",
+        list.stdout
+    );
+    assert!(
+        list.stdout.contains("1 row cannot be read as a message")
+            && list.stdout.contains("2 messages; no more pages"),
+        "{}",
+        list.stdout
+    );
+    let json = f.run(&["list", "--json"]).ok().json();
+    assert_eq!(json["messages"].as_array().unwrap().len(), 1);
+    assert_eq!(json["unreadable"][0]["id"], Value::from(bad.clone()));
+    assert_eq!(
+        json["unreadable"][0]["columns"]["payload"],
+        Value::from("not json {")
+    );
+
+    let show = f.run(&["show", &bad]).ok();
+    assert!(
+        show.stdout
+            .contains("UNREADABLE  the row does not decode: payload")
+            && show.stdout.contains("payload, as stored:\n  not json {")
+            && show.stdout.contains("name          bad"),
+        "{}",
+        show.stdout
+    );
+    let json = f.run(&["show", &bad, "--json"]).ok().json();
+    assert_eq!(json["unreadable"], Value::from(true));
+    assert_eq!(json["columns"]["payload"], Value::from("not json {"));
+}
+
+#[test]
+fn connection_errors_name_the_cause() {
+    let no_path = outbox(&["--database", "sqlite://", "status"]).code(2);
+    assert!(
+        no_path.stderr.contains("has no path") && no_path.stderr.contains("sqlite://app.db"),
+        "{}",
+        no_path.stderr
+    );
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let started = std::time::Instant::now();
+    let refused = outbox(&[
+        "--database",
+        &format!("postgres://app:secret@127.0.0.1:{port}/app"),
+        "status",
+    ])
+    .code(1);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        refused.stderr.contains("Connection refused") && !refused.stderr.contains("secret"),
+        "{}",
+        refused.stderr
+    );
 }

@@ -17,6 +17,8 @@
 //!   migrations rendered per table, [`SettlementMode`](sql::SettlementMode),
 //!   and, behind a private trait, every operation that differs between them
 //!   only in SQL text and time encoding.
+//! - `connect.rs`: checking database URLs before connecting, and naming
+//!   connection failures and a missing table in errors that say what to do.
 //! - `fenced.rs`: fenced writes (renewals and settlements), sent alone or
 //!   batched into one statement.
 //! - `sqlite/`: `mod.rs` (the store and its claim), `statements.rs` (its SQL
@@ -32,11 +34,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 
-use crate::error::ErrorRecord;
 use crate::error::Result;
+use crate::error::{ErrorRecord, UnreadableMessage};
 use crate::kind::MessageStatus;
 use crate::message::{ClaimedMessage, NewMessage, OutboxMessage};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod connect;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod fenced;
 pub mod kit;
@@ -275,6 +279,12 @@ pub struct ListCursor {
 pub struct MessagePage {
     /// The messages, ordered by `(created_at, id)`.
     pub messages: Vec<OutboxMessage>,
+    /// The rows of this page that do not read back as messages (a payload
+    /// that is not JSON, an unknown status, ...), with their raw columns and
+    /// why, in the same order. They take their place in the page, so a page
+    /// holds `messages.len() + unreadable.len()` rows, and one bad row never
+    /// hides the others. Empty for stores that keep typed messages (memory).
+    pub unreadable: Vec<UnreadableMessage>,
     /// The cursor for the next page; `None` on the last page.
     pub next: Option<ListCursor>,
 }
@@ -282,7 +292,17 @@ pub struct MessagePage {
 impl MessagePage {
     /// A page of `messages`, followed by the page that starts after `next`.
     pub fn new(messages: Vec<OutboxMessage>, next: Option<ListCursor>) -> Self {
-        MessagePage { messages, next }
+        MessagePage {
+            messages,
+            unreadable: Vec::new(),
+            next,
+        }
+    }
+
+    /// The page with these unreadable rows beside its messages.
+    pub fn with_unreadable(mut self, unreadable: Vec<UnreadableMessage>) -> Self {
+        self.unreadable = unreadable;
+        self
     }
 
     /// The page of `limit` messages out of up to `limit + 1` read: a
@@ -297,7 +317,7 @@ impl MessagePage {
                 created_at: last.created_at,
                 id: last.id.clone(),
             });
-        MessagePage { messages, next }
+        MessagePage::new(messages, next)
     }
 }
 

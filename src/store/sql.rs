@@ -29,7 +29,7 @@
 //! several outboxes can live in one database and each is migrated once.
 //! No other text is ever spliced into SQL.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -40,10 +40,12 @@ use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoA
 use super::fenced::{FencedBackend, FencedWrite, FencedWriter};
 use super::kit::check;
 use super::{
-    MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeMessages, ReleaseClaim, RenewClaim,
-    RequeueDeadLetters,
+    ListCursor, MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeMessages, ReleaseClaim,
+    RenewClaim, RequeueDeadLetters,
 };
-use crate::error::{AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result};
+use crate::error::{
+    AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result, UnreadableMessage,
+};
 use crate::kind::{MessageKind, MessageStatus};
 use crate::message::{ClaimedMessage, NewMessage, OutboxMessage};
 use crate::payload::Payload;
@@ -474,9 +476,13 @@ pub(crate) fn requeue_refusal(
     }
 }
 
-/// Map a database error of `operation` to the store's transient error.
+/// Map a database error of `operation` to the store's transient error, or,
+/// when the table is missing, to [`Error::NotSetUp`] with the fix.
 pub(crate) fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
-    move |e| Error::store(operation, e)
+    move |e| match super::connect::missing_table(&e) {
+        Some(detail) => Error::NotSetUp { operation, detail },
+        None => Error::store(operation, e),
+    }
 }
 
 /// A JSON text column for an optional trace carrier.
@@ -523,6 +529,10 @@ pub(crate) trait SqlBackend: FencedBackend {
 
     /// Runs after a requeue changed rows, to wake drains.
     fn after_requeue(&self) -> impl Future<Output = ()> + Send;
+
+    /// Every column of `row` as text (`None` for `NULL`), to show a row
+    /// that does not decode as it is stored.
+    fn raw_columns(row: &<Self::Db as Database>::Row) -> BTreeMap<String, Option<String>>;
 }
 
 /// What every SQL store's core holds.
@@ -705,7 +715,9 @@ where
             .await
             .map_err(db("get_message"))?
             .ok_or_else(|| Error::NotFound { id: id.to_owned() })?;
-        Self::decode(&row)?.into_message()
+        Self::decode(&row)
+            .and_then(MessageRow::into_message)
+            .map_err(|error| Error::Unreadable(Box::new(Self::unreadable(&row, error))))
     }
 
     pub(crate) async fn requeue_dead_letters(&self, params: RequeueDeadLetters) -> Result<u64> {
@@ -808,13 +820,53 @@ where
         (id, query)
     }
 
-    /// A page of messages out of up to `limit + 1` rows.
+    /// A page of messages out of up to `limit + 1` rows. A row that does
+    /// not decode goes to [`MessagePage::unreadable`] with its raw columns
+    /// instead of failing the page. The cursor is the last row's, readable
+    /// or not; a last row whose `created_at` or id cannot be read ends the
+    /// listing there, since no cursor can point past it.
     pub(crate) fn page(rows: &[<B::Db as Database>::Row], limit: usize) -> Result<MessagePage> {
-        let messages = rows
-            .iter()
-            .map(|row| Self::decode(row)?.into_message())
-            .collect::<Result<Vec<_>>>()?;
-        Ok(MessagePage::of(messages, limit))
+        let more = rows.len() > limit;
+        let mut messages = Vec::new();
+        let mut unreadable = Vec::new();
+        let mut last = None;
+        for row in rows.iter().take(limit) {
+            match Self::decode(row).and_then(MessageRow::into_message) {
+                Ok(message) => {
+                    last = Some(ListCursor {
+                        created_at: message.created_at,
+                        id: message.id.clone(),
+                    });
+                    messages.push(message);
+                }
+                Err(error) => {
+                    let row = Self::unreadable(row, error);
+                    last = row.created_at.map(|created_at| ListCursor {
+                        created_at,
+                        id: row.id.clone(),
+                    });
+                    if row.column("id").is_none() {
+                        last = None;
+                    }
+                    unreadable.push(row);
+                }
+            }
+        }
+        let next = if more { last } else { None };
+        Ok(MessagePage::new(messages, next).with_unreadable(unreadable))
+    }
+
+    /// A row that does not decode, as raw text, with why.
+    pub(crate) fn unreadable(row: &<B::Db as Database>::Row, error: Error) -> UnreadableMessage {
+        let (id, reason) = match error {
+            Error::CorruptRow { id, reason } => (id, reason),
+            other => (String::from("<unreadable>"), other.to_string()),
+        };
+        let created_at = row
+            .try_get::<B::Time, _>("created_at")
+            .ok()
+            .and_then(|stored| stored.load().ok());
+        UnreadableMessage::new(id, created_at, reason, B::raw_columns(row))
     }
 
     /// The fence columns (status, claim token, `locked_until`) of the

@@ -59,17 +59,19 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
+use super::connect;
 use super::fenced::{FencedBackend, FencedWrite};
 use super::kit::{check, lease_end};
 use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
 use super::{ClaimBatch, ClaimedBatch};
 use crate::error::ErrorRecord;
-use crate::error::{AbandonedClaimError, Error, Result};
+use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::message::{NewMessage, OutboxMessage};
 use listener::ListenerShared;
 use statements::{Statements, channel_of};
@@ -174,17 +176,71 @@ impl PostgresOutbox {
         }
     }
 
-    /// Connect to `url` and set up the default table.
+    /// Connect to `url` and set up the default table, waiting at most
+    /// [`DEFAULT_CONNECT_TIMEOUT`](Self::DEFAULT_CONNECT_TIMEOUT) for a
+    /// connection; see [`PostgresOutbox::connect_timeout`].
     pub async fn connect(url: &str) -> Result<Self> {
-        let options = PgConnectOptions::from_str(url)
-            .map_err(|e| Error::invalid("url", format!("not a PostgreSQL URL: {e}")))?;
-        let pool = PgPoolOptions::new()
-            .connect_with(options)
-            .await
-            .map_err(db("connect"))?;
+        Self::connect_timeout(url, Self::DEFAULT_CONNECT_TIMEOUT).await
+    }
+
+    /// How long [`PostgresOutbox::connect`] waits for a connection, and its
+    /// pool for a free one.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Connect to `url` and set up the default table. The first connection
+    /// is made directly, so a server that refuses it is reported at once
+    /// with the operating system's reason ([`Error::Connect`]), and one that
+    /// does not answer is given up on after `timeout`; the pool then waits
+    /// at most `timeout` for a connection (sqlx's own default is 30 s). A
+    /// SQLite URL is refused with [`Error::Url`].
+    pub async fn connect_timeout(url: &str, timeout: Duration) -> Result<Self> {
+        let pool = Self::connect_pool(url, PgPoolOptions::new().acquire_timeout(timeout)).await?;
         let outbox = Self::new(pool);
         outbox.setup().await?;
         Ok(outbox)
+    }
+
+    /// A pool of `pool` settings on `url`, for [`PostgresOutbox::new`] or
+    /// [`PostgresOutbox::builder`]. Unlike sqlx's own `connect_with`, which
+    /// retries a refused connection until the acquire timeout and then only
+    /// says it timed out, this reports a server that refuses or cannot be
+    /// reached with the operating system's reason ([`Error::Connect`]), and
+    /// gives up on one that does not answer after the acquire timeout.
+    pub async fn connect_pool(url: &str, pool: PgPoolOptions) -> Result<PgPool> {
+        let options = Self::connect_options(url)?;
+        Self::probe(url, &options, pool.get_acquire_timeout()).await?;
+        pool.connect_with(options)
+            .await
+            .map_err(|e| connect::connect_failed(url, &e, Backend::Postgres))
+    }
+
+    /// The options `url` gives; a SQLite URL is refused with [`Error::Url`]
+    /// saying to use [`SqliteOutbox`](crate::SqliteOutbox).
+    pub fn connect_options(url: &str) -> Result<PgConnectOptions> {
+        connect::check_postgres_url(url)?;
+        PgConnectOptions::from_str(url).map_err(|e| connect::malformed(url, Backend::Postgres, e))
+    }
+
+    /// Open one connection, and close it: sqlx's pool retries a refused
+    /// connection until its timeout and then reports only that it timed out.
+    async fn probe(url: &str, options: &PgConnectOptions, timeout: Duration) -> Result<()> {
+        use sqlx::{ConnectOptions, Connection};
+        match tokio::time::timeout(timeout, options.connect()).await {
+            Ok(Ok(conn)) => {
+                // Closing politely only spares the server a log line.
+                let _ = conn.close().await;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(connect::connect_failed(url, &e, Backend::Postgres)),
+            Err(_) => Err(Error::Connect {
+                url: connect::redact(url),
+                reason: format!(
+                    "no connection within {}",
+                    humantime::format_duration(timeout)
+                ),
+                backend: Backend::Postgres,
+            }),
+        }
     }
 
     /// Create or upgrade this store's table (and its schema, if named) and
@@ -424,6 +480,29 @@ impl SqlBackend for Core {
         if let Err(e) = notified {
             tracing::warn!(channel = %self.channel, error = %e, "outbox requeue could not notify");
         }
+    }
+
+    /// Text, integer and time columns (the payload is selected as text).
+    fn raw_columns(row: &PgRow) -> std::collections::BTreeMap<String, Option<String>> {
+        use sqlx::Column;
+        row.columns()
+            .iter()
+            .map(|column| {
+                let i = column.ordinal();
+                let text = row
+                    .try_get::<Option<String>, _>(i)
+                    .or_else(|_| {
+                        row.try_get::<Option<i64>, _>(i)
+                            .map(|v| v.map(|v| v.to_string()))
+                    })
+                    .or_else(|_| {
+                        row.try_get::<Option<DateTime<Utc>>, _>(i)
+                            .map(|v| v.map(|v| v.to_rfc3339()))
+                    })
+                    .unwrap_or_else(|e| Some(format!("<unreadable: {e}>")));
+                (column.name().to_owned(), text)
+            })
+            .collect()
     }
 }
 

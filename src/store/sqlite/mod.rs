@@ -65,6 +65,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Connection, Row};
 
+use super::connect;
 use super::fenced::{FencedBackend, FencedOp, FencedWrite};
 use super::kit::{WakeupSender, check, lease_end};
 use super::sql::{
@@ -72,7 +73,7 @@ use super::sql::{
 };
 use super::{ClaimBatch, ClaimedBatch, Wakeups};
 use crate::error::ErrorRecord;
-use crate::error::{AbandonedClaimError, Error, Result};
+use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::kind::MessageStatus;
 use crate::message::NewMessage;
 use statements::{FencedWrites, Statements};
@@ -205,7 +206,10 @@ impl SqliteOutbox {
                 .idle_timeout(None)
                 .max_lifetime(None);
         }
-        let pool = pool.connect_with(options).await.map_err(db("connect"))?;
+        let pool = pool
+            .connect_with(options)
+            .await
+            .map_err(|e| connect::connect_failed(url, &e, Backend::Sqlite))?;
         let outbox = Self::new(pool);
         outbox.setup().await?;
         Ok(outbox)
@@ -215,13 +219,32 @@ impl SqliteOutbox {
     /// NORMAL` (durable in WAL mode except for the last commits before a power
     /// loss), a busy timeout of [`DEFAULT_BUSY_TIMEOUT`], and the file created
     /// when missing.
+    ///
+    /// A PostgreSQL URL, or a SQLite URL without a path, is refused with
+    /// [`Error::Url`] saying what to pass instead.
     pub fn connect_options(url: &str) -> Result<SqliteConnectOptions> {
-        Ok(SqliteConnectOptions::from_str(url)
-            .map_err(|e| Error::invalid("url", format!("not a SQLite URL: {e}")))?
+        Ok(Self::parse_url(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(DEFAULT_BUSY_TIMEOUT))
+    }
+
+    /// Connection options that only read: the file is opened read-only,
+    /// never created, and its journal mode is left as it is, so inspecting a
+    /// database (one that may not even be an outbox) never changes it. A
+    /// store on such a pool can count, list and show messages; its writes
+    /// fail. URLs are checked as by [`SqliteOutbox::connect_options`].
+    pub fn read_only_options(url: &str) -> Result<SqliteConnectOptions> {
+        Ok(Self::parse_url(url)?
+            .read_only(true)
+            .create_if_missing(false)
+            .busy_timeout(DEFAULT_BUSY_TIMEOUT))
+    }
+
+    fn parse_url(url: &str) -> Result<SqliteConnectOptions> {
+        connect::check_sqlite_url(url)?;
+        SqliteConnectOptions::from_str(url).map_err(|e| connect::malformed(url, Backend::Sqlite, e))
     }
 
     /// Create or upgrade this store's table and indexes. Safe to run any
@@ -445,6 +468,36 @@ impl SqlBackend for Core {
     /// Requeued rows are committed when the statement returns.
     async fn after_requeue(&self) {
         self.wake.wake();
+    }
+
+    /// SQLite keeps whatever type a value was written with, whatever the
+    /// column's declared type: try each storage class.
+    fn raw_columns(
+        row: &sqlx::sqlite::SqliteRow,
+    ) -> std::collections::BTreeMap<String, Option<String>> {
+        use sqlx::Column;
+        row.columns()
+            .iter()
+            .map(|column| {
+                let i = column.ordinal();
+                let text = row
+                    .try_get::<Option<String>, _>(i)
+                    .or_else(|_| {
+                        row.try_get::<Option<i64>, _>(i)
+                            .map(|v| v.map(|v| v.to_string()))
+                    })
+                    .or_else(|_| {
+                        row.try_get::<Option<f64>, _>(i)
+                            .map(|v| v.map(|v| v.to_string()))
+                    })
+                    .or_else(|_| {
+                        row.try_get::<Option<Vec<u8>>, _>(i)
+                            .map(|v| v.map(|v| String::from_utf8_lossy(&v).into_owned()))
+                    })
+                    .unwrap_or_else(|e| Some(format!("<unreadable: {e}>")));
+                (column.name().to_owned(), text)
+            })
+            .collect()
     }
 }
 
