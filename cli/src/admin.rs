@@ -38,7 +38,7 @@ pub(crate) async fn migrate(store: &Store) -> Outcome {
         .filter(|v| !before.contains(v))
         .collect();
     if applied.is_empty() {
-        println!(
+        outln!(
             "table {table} is up to date: {} of {} migrations applied earlier; nothing to do",
             after.len(),
             known.len()
@@ -46,13 +46,13 @@ pub(crate) async fn migrate(store: &Store) -> Outcome {
         return Ok(());
     }
     let verb = if existed { "upgraded" } else { "created" };
-    println!(
+    outln!(
         "{verb} table {table}: applied {} migration{}",
         applied.len(),
         plural(applied.len() as u64)
     );
     for version in applied {
-        println!("  {}", describe(version));
+        outln!("  {}", describe(version));
     }
     Ok(())
 }
@@ -72,7 +72,7 @@ pub(crate) async fn status(store: &Store, args: StatusArgs) -> Outcome {
             stats,
             oldest_due_age_seconds: oldest_age.map(|age| age.as_secs_f64()),
         };
-        println!("{}", pretty(&document));
+        outln!("{}", pretty(&document));
         return Ok(());
     }
     let due = match (stats.oldest_due_at, oldest_age) {
@@ -105,10 +105,10 @@ pub(crate) async fn status(store: &Store, args: StatusArgs) -> Outcome {
         stats.total().to_string(),
         String::new(),
     ]);
-    println!("outbox table {}", store.table());
-    print!("{}", table.render());
+    outln!("outbox table {}", store.table());
+    out!("{}", table.render());
     if stats.expired_claims > 0 {
-        println!(
+        outln!(
             "\n{} claimed message{} outlived {} lease (its worker stopped or stalled); \
              the next drain takes {} over.",
             stats.expired_claims,
@@ -178,11 +178,11 @@ pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs
             unreadable: &page.unreadable,
             next,
         };
-        println!("{}", pretty(&document));
+        outln!("{}", pretty(&document));
         return Ok(());
     }
     if page.messages.is_empty() && page.unreadable.is_empty() {
-        println!("no messages{}", filters(&args));
+        outln!("no messages{}", filters(&args));
         return Ok(());
     }
     let now = SystemClock.now();
@@ -233,9 +233,9 @@ pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs
     for (_, _, cells) in rows {
         table.row(cells);
     }
-    print!("{}", table.render());
+    out!("{}", table.render());
     if let Some(first) = page.unreadable.first() {
-        println!(
+        outln!(
             "\n{} row{} cannot be read as a message (marked UNREADABLE); see the raw columns \
              with `outbox show {}`",
             page.unreadable.len(),
@@ -258,12 +258,12 @@ pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs
                 command.push_str(&format!(" --name {}", shell_quote(name)));
             }
             command.push_str(&format!(" --limit {} --after {cursor}", args.limit));
-            println!(
+            outln!(
                 "\n{shown} message{} shown; next page: {command}",
                 plural(shown)
             );
         }
-        None => println!("\n{shown} message{}; no more pages", plural(shown)),
+        None => outln!("\n{shown} message{}; no more pages", plural(shown)),
     }
     Ok(())
 }
@@ -291,19 +291,19 @@ pub(crate) async fn show(store: &Store, args: ShowArgs) -> Outcome {
                     unreadable: true,
                     row: &row,
                 };
-                println!("{}", pretty(&document));
+                outln!("{}", pretty(&document));
             } else {
-                print!("{}", describe_unreadable(&row));
+                out!("{}", describe_unreadable(&row));
             }
             return Ok(());
         }
         other => other?,
     };
     if args.json {
-        println!("{}", pretty(&message));
+        outln!("{}", pretty(&message));
         return Ok(());
     }
-    print!("{}", describe(&message, SystemClock.now()));
+    out!("{}", describe(&message, SystemClock.now()));
     Ok(())
 }
 
@@ -417,16 +417,16 @@ pub(crate) async fn requeue(store: &Store, args: RequeueArgs) -> Outcome {
         })
         .await?;
     match (&args.id, &args.name) {
-        (Some(id), _) => println!("requeued 1 message: {id} is pending again"),
+        (Some(id), _) => outln!("requeued 1 message: {id} is pending again"),
         (None, name) => {
             let named = name
                 .as_ref()
                 .map(|name| format!(" named {name:?}"))
                 .unwrap_or_default();
             if requeued == 0 {
-                println!("no dead-lettered messages{named} to requeue");
+                outln!("no dead-lettered messages{named} to requeue");
             } else {
-                println!(
+                outln!(
                     "requeued {requeued} dead-lettered message{}{named}; pending again with \
                      their attempts reset",
                     plural(requeued)
@@ -464,7 +464,7 @@ pub(crate) async fn purge(store: &Store, args: PurgeArgs) -> Outcome {
         ))?;
     }
     let purged = store.purge(params).await?;
-    println!(
+    outln!(
         "purged {purged} {} message{} that last changed before {}",
         args.status,
         plural(purged),

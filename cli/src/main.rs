@@ -164,6 +164,28 @@
 //! stopped after 1 pass: claimed 1, delivered 0, retried 0, dead-lettered 0 (0 abandoned), settlement failed 0, lease lost 0, released 1
 //! ```
 
+/// `print!` for the read-only commands. A reader that went away (`outbox
+/// list | head`) is not an error: the rest of the output has no one to go
+/// to, so the command ends there with status 0, as `ls | head` does, instead
+/// of panicking the way `print!` does on a closed pipe.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        match write!(std::io::stdout().lock(), $($arg)*) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+            // Any other stdout failure (a full disk) is as fatal as before.
+            Err(e) => panic!("cannot write to standard output: {e}"),
+            Ok(()) => {}
+        }
+    }};
+}
+
+/// [`out!`] with a line ending.
+macro_rules! outln {
+    () => { out!("\n") };
+    ($($arg:tt)*) => {{ out!($($arg)*); out!("\n"); }};
+}
+
 mod admin;
 mod cli;
 mod db;

@@ -1335,3 +1335,33 @@ fn connection_errors_name_the_cause() {
         refused.stderr
     );
 }
+
+#[tokio::test]
+async fn a_reader_that_goes_away_ends_the_output_without_a_panic() {
+    let f = sqlite().await;
+    let mut last = String::new();
+    for n in 0..50 {
+        last = f
+            .pending("order.placed", serde_json::json!({ "n": n }))
+            .await;
+    }
+    for args in [vec!["list", "--limit", "50"], vec!["show", &last]] {
+        let mut child = f
+            .command(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary runs");
+        // Closed before the command has opened its database, so its first
+        // write meets a pipe with no reader, as `outbox list | head` does
+        // once head has its lines.
+        drop(child.stdout.take());
+        let run = finish(child.wait_with_output().expect("the binary ends"));
+        assert!(
+            !run.stderr.contains("panicked"),
+            "{args:?}:\n{}",
+            run.stderr
+        );
+        assert_eq!(run.code, 0, "{args:?}:\n{}", run.stderr);
+    }
+}
