@@ -7,7 +7,7 @@
 //!
 //! # Layout
 //!
-//! - `passes`, `lease`, `settlement`, `shutdown`, `registry`, `faults`: one
+//! - `passes`, `lease`, `settlement`, `outages`, `shutdown`, `registry`, `faults`: one
 //!   test per behaviour, against the scriptable fault store of `support`,
 //!   through the [`Harness`] below.
 //! - `telemetry`, and `telemetry_otel` with the `opentelemetry` feature:
@@ -20,6 +20,7 @@ mod support;
 
 mod faults;
 mod lease;
+mod outages;
 mod passes;
 mod registry;
 mod settlement;
