@@ -14,6 +14,9 @@
 //!   spans, events and metrics.
 //! - `sqlite` and `postgres`, with the feature of the same name, sharing
 //!   `sql_support`: end to end on real databases.
+//! - `pg_restart`, with the `postgres` feature: PostgreSQL restarted as a
+//!   crash would mid-drain; it runs only under `scripts/with-postgres
+//!   --restartable`, on its own.
 //! - `actix_web`, with the `sqlite` feature: the actix-web example over HTTP.
 
 mod support;
@@ -33,6 +36,8 @@ mod telemetry_otel;
 // `required-features` per module.
 #[cfg(feature = "sqlite")]
 mod actix_web;
+#[cfg(feature = "postgres")]
+mod pg_restart;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
