@@ -41,8 +41,8 @@
 //!   fenced writes that end a delivery, returning what happened.
 //! - `messages`: the internal reports that travel up the tree.
 //! - `notices`: the public reports and notifications: [`DrainReport`],
-//!   [`Outcome`], [`LeaseLost`] with [`HandlerResult`], [`OutcomeNotice`], [`SettlementFailed`],
-//!   [`DeadLetter`].
+//!   [`Outcome`], [`LeaseLost`] with [`HandlerResult`], [`OutcomeNotice`],
+//!   [`SettlementFailed`], [`DeadLetter`].
 //! - `context`: what the actors of one coordinator share, and the
 //!   [`DrainObserver`] hooks.
 //! - `recipient`: [`RecipientBus`] and [`RecipientJobs`], delivery to actors.

@@ -103,10 +103,10 @@ async fn a_crash_restart_mid_drain_loses_nothing_and_doubles_only_what_was_in_fl
         tokio::select! {
             delivery = reports.finished.recv() => {
                 let delivery = delivery.expect("the probe lives");
-                if let Some((_, accepting)) = restarted {
-                    if delivery.started > accepting {
-                        resumed.get_or_insert(delivery.started);
-                    }
+                if let Some((_, accepting)) = restarted
+                    && delivery.started > accepting
+                {
+                    resumed.get_or_insert(delivery.started);
                 }
                 *runs.entry(delivery.id).or_default() += 1;
                 if runs.len() >= RESTART_AFTER && restart_job.is_none() && restarted.is_none() {
