@@ -20,14 +20,15 @@
 //! only start handlers whose settlements miss their leases), and pauses,
 //! with a doubling backoff, after a delivery's store call failed for the
 //! store's sake. A claim is timed on the runtime's clock: when it comes back
-//! with less lease left than it took (the store was slow to answer, for
-//! instance waiting for a connection), no handler starts on its messages;
-//! they are given back at once (outcome `released`, claimable again at
-//! once, the attempt not counted) and claiming backs off the same way.
+//! with less lease left than it took (the lease the store granted, from its
+//! `claimed_at` to `locked_until`, less the time the call took; the store
+//! was slow to answer, for instance waiting for a connection), no handler
+//! starts on its messages: they are given back at once (outcome
+//! `released`, claimable again at once, the attempt not counted) and
+//! claiming backs off the same way.
 //!
-//! It reports to its coordinator through
-//! recipients of [`Abandoned`], [`ClaimerDone`] and (handed to each
-//! delivery) `DeliveryFinished`.
+//! It reports to its coordinator through recipients of [`Abandoned`],
+//! [`ClaimerDone`] and (handed to each delivery) `DeliveryFinished`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -225,23 +226,18 @@ impl Claimer {
                     timeout: lease,
                 }),
             };
-            let returned = drain.now();
-            (result, until(started, returned), returned)
+            (result, until(started, drain.now()))
         };
-        ctx.spawn(
-            claim
-                .into_actor(self)
-                .map(move |(result, took, returned), act, ctx| {
-                    act.claimed(limit, result, Timing { took, returned }, ctx);
-                }),
-        );
+        ctx.spawn(claim.into_actor(self).map(move |(result, took), act, ctx| {
+            act.claimed(limit, result, took, ctx);
+        }));
     }
 
     fn claimed(
         &mut self,
         limit: usize,
         result: Result<ClaimedBatch, Error>,
-        timing: Timing,
+        took: Duration,
         ctx: &mut Context<Self>,
     ) {
         self.claiming = false;
@@ -291,10 +287,13 @@ impl Claimer {
                     // long it took: a store slow enough that the lease it
                     // gave is mostly spent would leave a handler too little
                     // time to finish and settle before the message goes to
-                    // another worker.
-                    let left = until(timing.returned, message.locked_until);
-                    let late =
-                        (left < timing.took || left.is_zero()).then_some((timing.took, left));
+                    // another worker. The lease is measured on the store's
+                    // clock (it stamped both ends), the time taken on the
+                    // runtime's, so a skewed clock between them cannot make
+                    // every claim look late, or none.
+                    let granted = until(message.claimed_at, message.locked_until);
+                    let left = granted.saturating_sub(took);
+                    let late = (left < took || left.is_zero()).then_some((took, left));
                     self.start_delivery(message, late, ctx);
                 }
                 for dead_letter in &abandoned {
@@ -366,13 +365,6 @@ impl Claimer {
             ctx.stop();
         }
     }
-}
-
-/// How long a claim took, and when it returned, on the runtime's clock.
-#[derive(Debug, Clone, Copy)]
-struct Timing {
-    took: Duration,
-    returned: chrono::DateTime<chrono::Utc>,
 }
 
 /// Release every claim of `batch`, each bounded by the lease.
