@@ -4,8 +4,7 @@
 //! free slots (never past the pass's remaining budget), starts one
 //! [`DeliveryActor`] per claimed message, and refills a slot as soon as its
 //! handler returns, while that delivery settles, rather than waiting for a
-//! whole wave to finish (claiming waits when too many deliveries are still
-//! settling). One claim is in flight at a time; slots that free
+//! whole wave to finish. One claim is in flight at a time; slots that free
 //! while it runs are filled by the next, so a slow store gets larger batches
 //! on its own. Slots that free together (a batched settlement answers many
 //! deliveries at once) are filled by one claim: a refill waits only until
@@ -14,9 +13,22 @@
 //! when the budget is spent, a claim returns nothing, or claiming fails, and
 //! every delivery it started has reported. A [`Refill`] (sent when new
 //! messages may be due) makes it claim again after an empty claim, as long
-//! as the pass is still open. It reports to its coordinator through
-//! recipients of [`Abandoned`], [`ClaimerDone`] and (handed to each
-//! delivery) `DeliveryFinished`.
+//! as the pass is still open.
+//!
+//! Outages: claiming waits while more deliveries are still settling than
+//! the concurrency (their writes queue behind the store; claiming more would
+//! only start handlers whose settlements miss their leases), and pauses,
+//! with a doubling backoff, after a delivery's store call failed for the
+//! store's sake. A claim is timed on the runtime's clock: when it comes back
+//! with less lease left than it took (the lease the store granted, from its
+//! `claimed_at` to `locked_until`, less the time the call took; the store
+//! was slow to answer, for instance waiting for a connection), no handler
+//! starts on its messages: they are given back at once (outcome
+//! `released`, claimable again at once, the attempt not counted) and
+//! claiming backs off the same way.
+//!
+//! It reports to its coordinator through recipients of [`Abandoned`],
+//! [`ClaimerDone`] and (handed to each delivery) `DeliveryFinished`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,7 +37,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use outbox::{ClaimBatch, ClaimedBatch, ReleaseClaim};
 
-use crate::context::DrainContext;
+use crate::context::{DrainContext, until};
 use crate::delivery::{Abort, DeliveryActor, Reporter};
 use crate::error::Error;
 use crate::messages::{Abandoned, ClaimerDone, DeliveryEnded, DeliveryFinished, HandlerReturned};
@@ -51,12 +63,10 @@ pub(crate) struct WindDown {
     pub(crate) grace: Duration,
 }
 
-/// Deliveries that may be settling, their handler done, beyond the running
-/// handlers. Enough for several full batches of fenced writes to be under way
-/// while the next claim runs; few enough that a store which settles slower
-/// than it claims makes claiming wait, instead of a large batch being claimed
-/// whole and left waiting on its writes.
-const SETTLING: usize = 512;
+/// The longest pause of claiming after store faults, however many came in a
+/// row (at most the heartbeat interval): the drain resumes soon after the
+/// store does.
+const MAX_PAUSE: Duration = Duration::from_secs(5);
 
 /// Whether the pass still claims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +123,11 @@ pub(crate) struct Claimer {
     phase: Phase,
     /// Why claiming stopped early, reported when the claimer is done.
     error: Option<Error>,
+    /// Claiming is paused after store faults until then.
+    paused_until: Option<tokio::time::Instant>,
+    /// The next pause after a store fault; doubles with each fault in a row
+    /// and starts over after a delivery ends without one.
+    backoff: Duration,
 }
 
 impl Claimer {
@@ -137,20 +152,57 @@ impl Claimer {
             filling: false,
             phase: Phase::Claiming,
             error: None,
+            paused_until: None,
+            backoff: Duration::ZERO,
         }
     }
 
+    /// A delivery's store call failed for the store's sake: pause claiming,
+    /// then claim the free slots when the pause ends.
+    fn pause(&mut self, ctx: &mut Context<Self>) {
+        let cap = self.drain.heartbeat.min(MAX_PAUSE);
+        let first = self.drain.config.settlement.delay.min(cap);
+        self.backoff = if self.backoff.is_zero() {
+            first
+        } else {
+            self.backoff.saturating_mul(2).min(cap)
+        };
+        let until = tokio::time::Instant::now() + self.backoff;
+        if self.paused_until.is_some_and(|paused| paused >= until) {
+            return;
+        }
+        self.paused_until = Some(until);
+        telemetry::claiming_paused(self.backoff);
+        ctx.run_later(self.backoff, |act, ctx| {
+            if act
+                .paused_until
+                .is_some_and(|paused| paused <= tokio::time::Instant::now())
+            {
+                act.paused_until = None;
+                act.fill(ctx);
+                act.finish_if_done(ctx);
+            }
+        });
+    }
+
     fn fill(&mut self, ctx: &mut Context<Self>) {
-        if self.claiming || self.phase != Phase::Claiming || self.budget == 0 {
+        if self.claiming
+            || self.phase != Phase::Claiming
+            || self.budget == 0
+            || self.paused_until.is_some()
+        {
             return;
         }
         // A slot is a running handler. Deliveries whose handler returned
-        // finish their settlement without one, so the next
-        // claim overlaps those writes instead of waiting for them.
+        // finish their settlement without one, so the next claim overlaps
+        // those writes instead of waiting for them; but no more than the
+        // concurrency may be settling, so a store that settles slower than
+        // it claims makes claiming wait rather than pile up handlers whose
+        // writes queue past their leases.
         let concurrency = self.drain.config.concurrency;
         let free = concurrency
             .saturating_sub(self.handling)
-            .min((concurrency + SETTLING).saturating_sub(self.active.len()));
+            .min((2 * concurrency).saturating_sub(self.active.len()));
         if free == 0 {
             return;
         }
@@ -159,23 +211,25 @@ impl Claimer {
         let drain = self.drain.clone();
         let claim = async move {
             let lease = drain.config.lease;
+            let started = drain.now();
             let call = drain.store.claim_batch(ClaimBatch {
                 limit,
-                now: drain.now(),
+                now: started,
                 lease,
             });
             // A claim that outlives a lease is useless even if it succeeds:
             // every lease it took would already be over.
-            match tokio::time::timeout(lease, call).await {
+            let result = match tokio::time::timeout(lease, call).await {
                 Ok(result) => result.map_err(Error::from),
                 Err(_) => Err(Error::Timeout {
                     operation: "claim_batch",
                     timeout: lease,
                 }),
-            }
+            };
+            (result, until(started, drain.now()))
         };
-        ctx.spawn(claim.into_actor(self).map(move |result, act, ctx| {
-            act.claimed(limit, result, ctx);
+        ctx.spawn(claim.into_actor(self).map(move |(result, took), act, ctx| {
+            act.claimed(limit, result, took, ctx);
         }));
     }
 
@@ -183,6 +237,7 @@ impl Claimer {
         &mut self,
         limit: usize,
         result: Result<ClaimedBatch, Error>,
+        took: Duration,
         ctx: &mut Context<Self>,
     ) {
         self.claiming = false;
@@ -228,7 +283,18 @@ impl Claimer {
                 // Start deliveries before running abandoned-message observers,
                 // so fresh claims get their heartbeats as early as possible.
                 for message in batch.claimed {
-                    self.start_delivery(message, ctx);
+                    // The lease left when the claim returned, against how
+                    // long it took: a store slow enough that the lease it
+                    // gave is mostly spent would leave a handler too little
+                    // time to finish and settle before the message goes to
+                    // another worker. The lease is measured on the store's
+                    // clock (it stamped both ends), the time taken on the
+                    // runtime's, so a skewed clock between them cannot make
+                    // every claim look late, or none.
+                    let granted = until(message.claimed_at, message.locked_until);
+                    let left = granted.saturating_sub(took);
+                    let late = (left < took || left.is_zero()).then_some((took, left));
+                    self.start_delivery(message, late, ctx);
                 }
                 for dead_letter in &abandoned {
                     telemetry::dead_lettered(dead_letter);
@@ -250,7 +316,14 @@ impl Claimer {
         self.error.get_or_insert(error);
     }
 
-    fn start_delivery(&mut self, message: outbox::ClaimedMessage, ctx: &mut Context<Self>) {
+    /// Start the delivery of `message`; or, when it came back `late` (how
+    /// long the claim took, and the lease left), give it back undelivered.
+    fn start_delivery(
+        &mut self,
+        message: outbox::ClaimedMessage,
+        late: Option<(Duration, Duration)>,
+        ctx: &mut Context<Self>,
+    ) {
         let slot = self.next_slot;
         self.next_slot += 1;
         self.claimed += 1;
@@ -263,12 +336,16 @@ impl Claimer {
             Arc::new(message),
         );
         let drain = self.drain.clone();
+        let actor = move || match late {
+            Some((took, left)) => DeliveryActor::too_late(drain, reporter, took, left),
+            None => DeliveryActor::new(drain, reporter),
+        };
         let address = if self.arbiters.is_empty() {
-            DeliveryActor::new(drain, reporter).start()
+            actor().start()
         } else {
             let arbiter = &self.arbiters[self.next_arbiter % self.arbiters.len()];
             self.next_arbiter = self.next_arbiter.wrapping_add(1);
-            DeliveryActor::start_in_arbiter(arbiter, move |_| DeliveryActor::new(drain, reporter))
+            DeliveryActor::start_in_arbiter(arbiter, move |_| actor())
         };
         if self.phase == Phase::Aborting {
             address.do_send(Abort);
@@ -350,6 +427,11 @@ impl Handler<DeliveryEnded> for Claimer {
             .active
             .remove(&ended.slot)
             .is_some_and(|(_, handling)| handling);
+        if ended.store_faulted {
+            self.pause(ctx);
+        } else {
+            self.backoff = Duration::ZERO;
+        }
         self.slot_freed(handler_was_running, ctx);
     }
 }

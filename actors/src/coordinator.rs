@@ -494,7 +494,9 @@ impl Handler<DeliveryFinished> for DrainCoordinator {
             Outcome::LeaseLost | Outcome::SettlementFailed { .. } => {
                 Some(after(self.drain.now(), self.drain.config.lease))
             }
-            Outcome::Delivered | Outcome::DeadLettered | Outcome::Released => None,
+            // Given back, so claimable at once (at shutdown no pass follows).
+            Outcome::Released => Some(self.drain.now()),
+            Outcome::Delivered | Outcome::DeadLettered => None,
         };
         if let Some(at) = due_again {
             self.revisit(at, ctx);

@@ -10,10 +10,12 @@
 //! [`settlement`](crate::settlement) functions make the writes and return
 //! what happened), reports exactly one outcome, in one place, and stops. If
 //! the actor itself dies, its drop guard reports the message lost and frees
-//! the slot, so the pass still ends.
+//! the slot, so the pass still ends. A claim that came back too late to be
+//! worth delivering (see the claimer) is given back at once, undelivered.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
@@ -30,7 +32,9 @@ use crate::heartbeat::{HeartbeatActor, StopAndHandOver, StopHeartbeat};
 use crate::messages::{
     DeliveryEnded, DeliveryFinished, HandlerReturned, HeartbeatLoss, LeaseHandedOver,
 };
-use crate::notices::{LeaseLost, LeaseOperation, LeaseState, Notice, Outcome, OutcomeNotice};
+use crate::notices::{
+    HandlerResult, LeaseLost, LeaseOperation, LeaseState, Notice, Outcome, OutcomeNotice,
+};
 use crate::settlement::{self, End, Release, Settlement};
 use crate::telemetry;
 
@@ -70,6 +74,8 @@ pub(crate) struct Reporter {
     message: Arc<ClaimedMessage>,
     /// The delivery's heartbeat while it runs: reporting stops it.
     heartbeat: Option<Addr<HeartbeatActor>>,
+    /// How the handler ended, once it has: a dying actor's loss says so.
+    handler: HandlerResult,
     /// Set until the outcome is reported; still set on drop means the
     /// actor died.
     armed: bool,
@@ -93,11 +99,20 @@ impl Reporter {
             ended,
             message,
             heartbeat: None,
+            handler: HandlerResult::Unfinished,
             armed: true,
         }
     }
 
-    fn report(&mut self, outcome: Outcome, notices: Vec<Notice>, retry_at: Option<DateTime<Utc>>) {
+    /// Report the one outcome; `store_faulted` when a store call of the
+    /// delivery failed for the store's sake (the claimer then backs off).
+    fn report(
+        &mut self,
+        outcome: Outcome,
+        notices: Vec<Notice>,
+        retry_at: Option<DateTime<Utc>>,
+        store_faulted: bool,
+    ) {
         if self.armed {
             telemetry::delivery_reported();
         }
@@ -111,7 +126,10 @@ impl Reporter {
             notices,
             retry_at,
         });
-        self.ended.do_send(DeliveryEnded { slot: self.slot });
+        self.ended.do_send(DeliveryEnded {
+            slot: self.slot,
+            store_faulted,
+        });
     }
 }
 
@@ -131,9 +149,15 @@ impl Drop for Reporter {
                 LeaseState::Lost,
                 false,
                 error.into(),
-            );
+            )
+            .after(self.handler.clone());
             telemetry::delivery_died(&failure);
-            self.report(Outcome::LeaseLost, vec![Notice::Lease(failure)], None);
+            self.report(
+                Outcome::LeaseLost,
+                vec![Notice::Lease(failure)],
+                None,
+                false,
+            );
         }
     }
 }
@@ -159,9 +183,14 @@ pub(crate) struct DeliveryActor {
     span: tracing::Span,
     /// When the handler started.
     started: tokio::time::Instant,
+    /// Set for a claim that took longer than the lease it left: how long
+    /// the claim took and how much lease was left. It is given back
+    /// undelivered.
+    late: Option<(Duration, Duration)>,
 }
 
 impl DeliveryActor {
+    /// A delivery of the claimed message `reporter` carries.
     pub(crate) fn new(drain: Arc<DrainContext>, reporter: Reporter) -> Self {
         let message = reporter.message.clone();
         DeliveryActor {
@@ -175,6 +204,21 @@ impl DeliveryActor {
             max_active: None,
             result: None,
             started: tokio::time::Instant::now(),
+            late: None,
+        }
+    }
+
+    /// Give the claim back at once instead of delivering: the claim took
+    /// `took`, longer than the `left` of its lease it returned with.
+    pub(crate) fn too_late(
+        drain: Arc<DrainContext>,
+        reporter: Reporter,
+        took: Duration,
+        left: Duration,
+    ) -> Self {
+        DeliveryActor {
+            late: Some((took, left)),
+            ..Self::new(drain, reporter)
         }
     }
 
@@ -189,12 +233,21 @@ impl DeliveryActor {
     }
 
     fn lost(&mut self, failure: LeaseLost, ctx: &mut Context<Self>) {
+        // A loss after the handler returned says how it ended: its effect
+        // happened, and the message will be delivered again.
+        let failure = failure.after(self.reporter.handler.clone());
         self.stop_delivering(ctx);
         if let Some(heartbeat) = self.reporter.heartbeat.take() {
             heartbeat.do_send(StopHeartbeat);
         }
         self.span.in_scope(|| report_lease(&self.drain, &failure));
-        self.finish(Outcome::LeaseLost, vec![Notice::Lease(failure)], None, ctx);
+        self.finish(
+            Outcome::LeaseLost,
+            vec![Notice::Lease(failure)],
+            None,
+            false,
+            ctx,
+        );
     }
 
     fn delivered(&mut self, result: DeliveryResult, ctx: &mut Context<Self>) {
@@ -204,6 +257,7 @@ impl DeliveryActor {
         self.delivery = None;
         self.stop_delivering(ctx);
         self.phase = Phase::AwaitingLease;
+        self.reporter.handler = HandlerResult::of(&result);
         self.result = Some(result);
         // The handler's slot is free; the settlement writes still to come
         // do not need it.
@@ -223,17 +277,21 @@ impl DeliveryActor {
     /// and observers, then the outcome with its notices.
     fn settled(&mut self, settlement: Settlement, ctx: &mut Context<Self>) {
         let outcome = settlement.outcome();
+        let store_faulted = settlement.store_faulted();
         let (notices, retry_at) = self
             .span
             .in_scope(|| report_settlement(&self.drain, &self.message, settlement));
         telemetry::settled(&self.message, outcome, self.started, self.drain.now());
-        self.finish(outcome, notices, retry_at, ctx);
+        self.finish(outcome, notices, retry_at, store_faulted, ctx);
     }
 
     fn released(&mut self, release: Release, ctx: &mut Context<Self>) {
+        // A claim that came back too late means a slow store as much as a
+        // failed write does.
+        let store_faulted = release.store_faulted() || self.late.is_some();
         let outcome = self.span.in_scope(|| match release {
             Release::Released => {
-                telemetry::released(&self.message);
+                telemetry::released(&self.message, self.late.is_some());
                 Outcome::Released
             }
             Release::Failed(error) => {
@@ -245,7 +303,7 @@ impl DeliveryActor {
                 Outcome::LeaseLost
             }
         });
-        self.finish(outcome, Vec::new(), None, ctx);
+        self.finish(outcome, Vec::new(), None, store_faulted, ctx);
     }
 
     fn finish(
@@ -253,10 +311,12 @@ impl DeliveryActor {
         outcome: Outcome,
         notices: Vec<Notice>,
         retry_at: Option<DateTime<Utc>>,
+        store_faulted: bool,
         ctx: &mut Context<Self>,
     ) {
         self.phase = Phase::Done;
-        self.reporter.report(outcome, notices, retry_at);
+        self.reporter
+            .report(outcome, notices, retry_at, store_faulted);
         ctx.stop();
     }
 }
@@ -265,6 +325,12 @@ impl Actor for DeliveryActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        if let Some((took, left)) = self.late {
+            self.span
+                .in_scope(|| telemetry::claim_too_late(&self.message, took, left));
+            self.release(ctx);
+            return;
+        }
         let started_at = self.drain.now();
         self.active_until = after(started_at, self.drain.config.max_active);
         let heartbeat = HeartbeatActor::new(
@@ -355,6 +421,13 @@ impl Handler<Abort> for DeliveryActor {
             return;
         }
         self.stop_delivering(ctx);
+        self.release(ctx);
+    }
+}
+
+impl DeliveryActor {
+    /// Give the claim back unsettled, and report how that went.
+    fn release(&mut self, ctx: &mut Context<Self>) {
         self.phase = Phase::Releasing;
         if let Some(heartbeat) = self.reporter.heartbeat.take() {
             heartbeat.do_send(StopHeartbeat);
@@ -449,6 +522,7 @@ fn report_settlement(
             renewal,
             delivery_error,
             end,
+            ..
         } => (renewal, delivery_error, end),
     };
     let mut notices = Vec::new();

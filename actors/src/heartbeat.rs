@@ -182,10 +182,17 @@ impl HeartbeatActor {
 
     /// The deadline of the next renewal and whether `max_active` sets it, or
     /// the failure to report when it has passed already.
-    fn time_left(&self, reason: &str) -> Result<(DateTime<Utc>, bool), LeaseLost> {
+    fn time_left(&self, reason: &str) -> Result<(DateTime<Utc>, bool), Box<LeaseLost>> {
         let (deadline, active_first) = self.deadline();
         if self.drain.now() >= deadline {
-            return Err(self.deadline_failure(active_first, !active_first, reason, None));
+            // Over on this worker's clock: as good as confirmed, as the
+            // reference reports it (unless `max_active` ended it).
+            return Err(Box::new(self.deadline_failure(
+                active_first,
+                !active_first,
+                reason,
+                None,
+            )));
         }
         Ok((deadline, active_first))
     }
@@ -209,7 +216,7 @@ impl HeartbeatActor {
         let (deadline, active_first) =
             match self.time_left("the lease ran out before it was renewed") {
                 Ok(left) => left,
-                Err(failure) => return self.fail(failure),
+                Err(failure) => return self.fail(*failure),
             };
         self.phase = Phase::Renewing;
         let renewal = bounded_renewal(self.drain.clone(), self.message.clone(), deadline);
@@ -289,7 +296,7 @@ impl HeartbeatActor {
                 locked_until: self.locked_until,
                 renewal_error: self.first_error.take(),
             },
-            Err(failure) => HandOver::Lost(failure),
+            Err(failure) => HandOver::Lost(*failure),
         };
         self.hand_over(hand_over, ctx);
     }

@@ -41,8 +41,8 @@
 //!   fenced writes that end a delivery, returning what happened.
 //! - `messages`: the internal reports that travel up the tree.
 //! - `notices`: the public reports and notifications: [`DrainReport`],
-//!   [`Outcome`], [`LeaseLost`], [`OutcomeNotice`], [`SettlementFailed`],
-//!   [`DeadLetter`].
+//!   [`Outcome`], [`LeaseLost`] with [`HandlerResult`], [`OutcomeNotice`],
+//!   [`SettlementFailed`], [`DeadLetter`].
 //! - `context`: what the actors of one coordinator share, and the
 //!   [`DrainObserver`] hooks.
 //! - `recipient`: [`RecipientBus`] and [`RecipientJobs`], delivery to actors.
@@ -171,8 +171,8 @@ pub use coordinator::{
 };
 pub use error::{Error, LeaseLostError, MaxActiveDurationError, Result};
 pub use notices::{
-    DeadLetter, DrainReport, LeaseLost, LeaseOperation, LeaseState, Outcome, OutcomeNotice,
-    SettleOperation, SettlementFailed,
+    DeadLetter, DrainReport, HandlerResult, LeaseLost, LeaseOperation, LeaseState, Outcome,
+    OutcomeNotice, SettleOperation, SettlementFailed,
 };
 pub use recipient::{DeliverEvent, DeliverJob, RecipientBus, RecipientJobs};
 
@@ -180,8 +180,8 @@ pub use recipient::{DeliverEvent, DeliverJob, RecipientBus, RecipientJobs};
 pub mod prelude {
     pub use crate::{
         CoordinatorStatus, DeadLetter, DeliverEvent, DeliverJob, Drain, DrainCoordinator,
-        DrainObserver, DrainReport, GetStatus, LeaseLost, LeaseOperation, LeaseState,
-        OutcomeNotice, RecipientBus, RecipientJobs, Shutdown, Subscribe,
+        DrainObserver, DrainReport, GetStatus, HandlerResult, LeaseLost, LeaseOperation,
+        LeaseState, OutcomeNotice, RecipientBus, RecipientJobs, Shutdown, Subscribe,
     };
     pub use outbox::prelude::*;
 }

@@ -65,6 +65,9 @@ pub(crate) struct HandlerReturned {
 pub(crate) struct DeliveryEnded {
     /// The slot the delivery was started in.
     pub(crate) slot: u64,
+    /// A store call of the delivery failed for the store's sake (not a lost
+    /// claim) or did not answer: claiming backs off.
+    pub(crate) store_faulted: bool,
 }
 
 /// A delivery's one outcome and what subscribers should hear of it.

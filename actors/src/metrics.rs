@@ -16,8 +16,8 @@
 //! | `outbox_retried_total` | counter | messages | `kind`, `name` | failed and settled for a retry |
 //! | `outbox_dead_lettered_total` | counter | messages | `kind`, `name`, `abandoned` | dead-lettered; `abandoned="true"` when at claim, attempts used up |
 //! | `outbox_settlement_failed_total` | counter | messages | `kind`, `name`, `claim_lost` | the outcome could not be stored |
-//! | `outbox_released_total` | counter | messages | `kind`, `name` | claims given back unsettled at shutdown |
-//! | `outbox_release_failed_total` | counter | messages | `kind`, `name` | claims not given back at shutdown (the store failed or did not answer); claimable after their lease |
+//! | `outbox_released_total` | counter | messages | `kind`, `name` | claims given back unsettled: at shutdown, or because a claim came back with less lease left than it took |
+//! | `outbox_release_failed_total` | counter | messages | `kind`, `name` | claims not given back (the store failed or did not answer); claimable after their lease |
 //! | `outbox_claim_failed_total` | counter | claims | none | claims that failed or broke the store's contract; each stops its pass claiming |
 //! | `outbox_pass_refused_total` | counter | passes | none | passes refused before claiming because registered messages have no transport |
 //! | `outbox_lease_failures_total` | counter | notifications | `kind`, `name`, `state`, `operation` | every [`LeaseLost`] notification: `state` is `lost`, `recovered` or `degraded`, `operation` is `renew` or `max_active` |
@@ -54,9 +54,9 @@ pub const RETRIED: &str = "outbox_retried_total";
 pub const DEAD_LETTERED: &str = "outbox_dead_lettered_total";
 /// Counter: outcomes that could not be stored, label `claim_lost`.
 pub const SETTLEMENT_FAILED: &str = "outbox_settlement_failed_total";
-/// Counter: claims given back unsettled at shutdown.
+/// Counter: claims given back unsettled (at shutdown, or claimed too late).
 pub const RELEASED: &str = "outbox_released_total";
-/// Counter: claims not given back at shutdown.
+/// Counter: claims not given back.
 pub const RELEASE_FAILED: &str = "outbox_release_failed_total";
 /// Counter: claims that failed; each stops its pass claiming.
 pub const CLAIM_FAILED: &str = "outbox_claim_failed_total";
@@ -88,10 +88,13 @@ pub(crate) fn describe() {
             SETTLEMENT_FAILED,
             "Deliveries whose outcome could not be stored.",
         ),
-        (RELEASED, "Claims given back unsettled at shutdown."),
+        (
+            RELEASED,
+            "Claims given back unsettled: at shutdown, or claimed too late.",
+        ),
         (
             RELEASE_FAILED,
-            "Claims not given back at shutdown; claimable after their lease.",
+            "Claims not given back; claimable after their lease.",
         ),
         (
             CLAIM_FAILED,

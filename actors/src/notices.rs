@@ -110,10 +110,14 @@ pub enum Outcome {
         /// The claim was confirmed lost or its deadline passed.
         claim_lost: bool,
     },
-    /// The claim was lost or unconfirmed; the delivery was aborted and
-    /// nothing settled. The message is claimable again after its lease.
+    /// The claim was lost or unconfirmed before the handler's result could
+    /// be written: the delivery was aborted, or it finished but the lease
+    /// could not be confirmed for its settlement. Nothing settled; the
+    /// message is claimable again after its lease.
     LeaseLost,
-    /// Given back unsettled at shutdown; claimable again at once.
+    /// Given back unsettled, claimable again at once: at shutdown, or because
+    /// the claim took so long that less of its lease was left than the claim
+    /// itself had taken (a handler started on it would likely outlive it).
     Released,
 }
 
@@ -158,10 +162,72 @@ pub struct LeaseLost {
     pub operation: LeaseOperation,
     /// Lost, recovered or degraded.
     pub state: LeaseState,
-    /// `true` only when the store confirmed another token owns the message.
+    /// `true` when the claim is known to be gone: the store answered that
+    /// another token owns the message (or that the lease is over), or the
+    /// lease ran out on this worker's clock before a renewal or the first
+    /// settlement write could be made (as the reference reports it). `false`
+    /// when the claim could only not be confirmed: a renewal or write that
+    /// did not answer in time, failures until the deadline, `max_active`, or
+    /// a delivery that died.
     pub confirmed_lost: bool,
+    /// Whether the handler had finished when this was reported, and how (the
+    /// reference's `deliverySucceeded`). A finished handler whose lease is
+    /// lost means its effect happened but nothing was settled: the message
+    /// will be delivered again after its lease.
+    pub handler: HandlerResult,
     /// What went wrong.
     pub error: Error,
+}
+
+/// How far the handler of a delivery had got when a lease failure was
+/// reported.
+#[derive(Debug, Clone)]
+pub enum HandlerResult {
+    /// The handler had not returned: it was aborted (or its delivery died),
+    /// so its effect may or may not have happened.
+    Unfinished,
+    /// The handler succeeded: its effect happened, and unless the outcome
+    /// was settled, the message will be delivered again.
+    Succeeded,
+    /// The handler failed with this error.
+    Failed(DeliveryError),
+}
+
+impl HandlerResult {
+    /// `true` once the handler had returned, with either result.
+    pub fn finished(&self) -> bool {
+        !matches!(self, HandlerResult::Unfinished)
+    }
+
+    /// `true` when the handler had returned successfully (the reference's
+    /// `deliverySucceeded`).
+    pub fn succeeded(&self) -> bool {
+        matches!(self, HandlerResult::Succeeded)
+    }
+
+    /// The handler's error, when it had failed.
+    pub fn error(&self) -> Option<&DeliveryError> {
+        match self {
+            HandlerResult::Failed(error) => Some(error),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn of(result: &outbox::DeliveryResult) -> Self {
+        match result {
+            Ok(()) => HandlerResult::Succeeded,
+            Err(error) => HandlerResult::Failed(error.clone()),
+        }
+    }
+
+    /// For logs and metrics: `unfinished`, `succeeded` or `failed`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            HandlerResult::Unfinished => "unfinished",
+            HandlerResult::Succeeded => "succeeded",
+            HandlerResult::Failed(_) => "failed",
+        }
+    }
 }
 
 impl LeaseLost {
@@ -180,8 +246,15 @@ impl LeaseLost {
             operation,
             state,
             confirmed_lost,
+            handler: HandlerResult::Unfinished,
             error,
         }
+    }
+
+    /// The same failure, reported once the handler had ended with `handler`.
+    pub(crate) fn after(mut self, handler: HandlerResult) -> Self {
+        self.handler = handler;
+        self
     }
 }
 

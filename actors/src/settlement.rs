@@ -27,23 +27,30 @@ use crate::context::{DrainContext, after, until};
 use crate::error::{Error, LeaseLostError, MaxActiveDurationError};
 use crate::messages::HandOver;
 use crate::notices::{
-    DeadLetter, LeaseLost, LeaseOperation, LeaseState, Outcome, SettleOperation, SettlementFailed,
+    DeadLetter, HandlerResult, LeaseLost, LeaseOperation, LeaseState, Outcome, SettleOperation,
+    SettlementFailed,
 };
 
 /// What a settlement did.
 #[derive(Debug)]
 pub(crate) enum Settlement {
-    /// The claim was lost before or at the first write: nothing is settled.
+    /// The claim was lost before the first write could be made: nothing
+    /// was written.
     Lost(LeaseLost),
-    /// The outcome was written, or writing it failed for good.
+    /// The first write was made: the outcome was written, or writing it
+    /// failed for good.
     Written {
-        /// Renewals recovered, or the first write failed and the rest ran
-        /// under the last confirmed lease (degraded).
+        /// Renewals recovered; or the first write failed and the rest ran
+        /// under the last confirmed lease (degraded); or the first write was
+        /// refused or missed its deadline, losing the claim (lost).
         renewal: Option<LeaseLost>,
         /// The handler's error, when it failed.
         delivery_error: Option<DeliveryError>,
         /// What the writes ended in.
         end: End,
+        /// The first write failed without being refused, or never answered:
+        /// the store is failing, not the claim.
+        store_faulted: bool,
     },
 }
 
@@ -68,6 +75,18 @@ pub(crate) enum End {
 }
 
 impl Settlement {
+    /// Whether a write failed for the store's sake (an error other than a
+    /// lost claim, or no answer): the claimer then pauses claiming.
+    pub(crate) fn store_faulted(&self) -> bool {
+        matches!(
+            self,
+            Settlement::Written {
+                store_faulted: true,
+                ..
+            }
+        )
+    }
+
     /// The one outcome this settlement counts as.
     pub(crate) fn outcome(&self) -> Outcome {
         match self {
@@ -112,7 +131,9 @@ struct Unsettled {
 
 /// Why one settlement write did not apply.
 enum Unwritten {
-    /// The deadline passed before it was made or answered.
+    /// The deadline had passed before it could be made.
+    Expired,
+    /// It was made, but did not answer before the deadline.
     Deadline,
     Failed(outbox::Error),
 }
@@ -147,7 +168,7 @@ async fn write_once(
     let now = drain.now();
     let remaining = until(now, deadline);
     if remaining.is_zero() {
-        return Err(Unwritten::Deadline);
+        return Err(Unwritten::Expired);
     }
     let call = match write {
         Write::Delivered => drain.store.mark_delivered(MarkDelivered {
@@ -219,7 +240,7 @@ async fn retry_settlement(
         tokio::time::sleep(backoff.min(remaining).max(Duration::from_millis(1))).await;
         match write_once(drain, message, write, deadline).await {
             Ok(()) => return Ok(()),
-            Err(Unwritten::Deadline) => return Err(missed_deadline()),
+            Err(Unwritten::Expired | Unwritten::Deadline) => return Err(missed_deadline()),
             Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
                 return Err(Unsettled {
                     error: error.into(),
@@ -271,6 +292,15 @@ fn write_for(
 /// Everything after the handler returned: store its `result` under the
 /// claim token, within the lease the heartbeat handed over and before
 /// `active_until`.
+///
+/// The first write is the final extension as well as the acknowledgement.
+/// When it is refused or does not answer in time the claim is lost, and the
+/// handler's result could not be acknowledged: that is reported both ways,
+/// as a lost lease that says how the handler ended and as a failed
+/// settlement with the claim lost (counted `settlement_failed` and
+/// `lease_lost`, as the reference counts a failed acknowledgement). Only a
+/// lease that had already ended before the first write could be made, or
+/// one the heartbeat could not hand over, is a plain lease loss.
 pub(crate) async fn settle_delivery(
     drain: &DrainContext,
     message: &ClaimedMessage,
@@ -278,8 +308,9 @@ pub(crate) async fn settle_delivery(
     hand_over: HandOver,
     result: DeliveryResult,
 ) -> Settlement {
+    let handler = HandlerResult::of(&result);
     let (locked_until, renewal_error) = match hand_over {
-        HandOver::Lost(failure) => return Settlement::Lost(failure),
+        HandOver::Lost(failure) => return Settlement::Lost(failure.after(handler)),
         HandOver::Held {
             locked_until,
             renewal_error,
@@ -287,26 +318,64 @@ pub(crate) async fn settle_delivery(
     };
     let (write, delivery_error) = write_for(drain, message, result);
     let deadline = locked_until.min(active_until);
+    let active_first = active_until <= locked_until;
     let lease = |state, confirmed_lost, error: Error| {
         LeaseLost::new(message, LeaseOperation::Renew, state, confirmed_lost, error)
+            .after(handler.clone())
     };
-    let (renewal, settled) = match write_once(drain, message, &write, deadline).await {
+    // The first write failed and took the claim with it.
+    let lost = |failure: LeaseLost, error: Error| {
+        (
+            Some(failure),
+            Err(Unsettled {
+                error,
+                claim_lost: true,
+            }),
+        )
+    };
+    let first = write_once(drain, message, &write, deadline).await;
+    // A write that failed without being refused, or never answered: the
+    // store is in trouble, and claiming more would only queue behind it.
+    let store_faulted = match &first {
+        Err(Unwritten::Deadline) => true,
+        Err(Unwritten::Failed(error)) => !error.is_claim_lost(),
+        Ok(()) | Err(Unwritten::Expired) => false,
+    };
+    let (renewal, settled) = match first {
         Ok(()) => (
             renewal_error.map(|error| lease(LeaseState::Recovered, false, error)),
             Ok(()),
         ),
+        Err(Unwritten::Expired) => {
+            // Nothing was written: as a final extension found too late.
+            return Settlement::Lost(
+                deadline_failure(
+                    drain,
+                    message,
+                    active_first,
+                    !active_first,
+                    "the lease ran out before the delivery's outcome could be written",
+                    None,
+                )
+                .after(handler),
+            );
+        }
         Err(Unwritten::Deadline) => {
-            return Settlement::Lost(deadline_failure(
+            let failure = deadline_failure(
                 drain,
                 message,
-                active_until <= locked_until,
+                active_first,
                 false,
                 "the extension write did not complete before the lease deadline",
                 None,
-            ));
+            )
+            .after(handler.clone());
+            let error = failure.error.clone();
+            lost(failure, error)
         }
         Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
-            return Settlement::Lost(lease(LeaseState::Lost, true, error.into()));
+            let error = Error::from(error);
+            lost(lease(LeaseState::Lost, true, error.clone()), error)
         }
         Err(Unwritten::Failed(error)) if drain.now() < deadline => {
             // The last confirmed lease is still running: settle under it, the
@@ -318,12 +387,13 @@ pub(crate) async fn settle_delivery(
             )
         }
         Err(Unwritten::Failed(error)) => {
-            let failure = if active_until <= locked_until {
-                deadline_failure(drain, message, true, false, "", None)
+            let error = Error::from(error);
+            let failure = if active_first {
+                deadline_failure(drain, message, true, false, "", None).after(handler.clone())
             } else {
-                lease(LeaseState::Lost, false, error.into())
+                lease(LeaseState::Lost, false, error.clone())
             };
-            return Settlement::Lost(failure);
+            lost(failure, error)
         }
     };
 
@@ -366,6 +436,7 @@ pub(crate) async fn settle_delivery(
         renewal,
         delivery_error,
         end,
+        store_faulted,
     }
 }
 
@@ -378,6 +449,17 @@ pub(crate) enum Release {
     Failed(outbox::Error),
     /// The store did not answer within a lease.
     TimedOut,
+}
+
+impl Release {
+    /// Whether the store failed (rather than refused) the release.
+    pub(crate) fn store_faulted(&self) -> bool {
+        match self {
+            Release::Released => false,
+            Release::Failed(error) => !error.is_claim_lost(),
+            Release::TimedOut => true,
+        }
+    }
 }
 
 /// Give the claim on `message` back unsettled, bounded by a lease.
@@ -559,6 +641,7 @@ mod tests {
                     renewal: None,
                     delivery_error: None,
                     end: End::Delivered,
+                    store_faulted: false,
                 }
             ),
             "{settlement:?}"
@@ -590,6 +673,7 @@ mod tests {
                     delay,
                     retry_at: Some(retry_at),
                 },
+            store_faulted: false,
         } = settlement
         else {
             panic!("{settlement:?}")
@@ -626,8 +710,28 @@ mod tests {
         assert_eq!(store.status(&message.id).await, MessageStatus::DeadLettered);
     }
 
+    /// The lease lost and the acknowledgement failed, both said of one
+    /// first write that did not apply.
+    fn unacknowledged(settlement: Settlement) -> (LeaseLost, SettlementFailed) {
+        assert_eq!(
+            settlement.outcome(),
+            Outcome::SettlementFailed { claim_lost: true }
+        );
+        let Settlement::Written {
+            renewal: Some(lease),
+            end: End::Unsettled(failure),
+            ..
+        } = settlement
+        else {
+            panic!("{settlement:?}")
+        };
+        assert_eq!(lease.state, LeaseState::Lost);
+        assert!(failure.claim_lost);
+        (lease, failure)
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_claim_error_on_the_first_write_loses_the_lease() {
+    async fn a_claim_error_on_the_first_write_loses_the_lease_after_the_handler_finished() {
         let (drain, store, message) = claimed(3).await;
         store.fail_next(&[Fault::ClaimLost]);
         let settlement = settle_delivery(
@@ -638,15 +742,13 @@ mod tests {
             Ok(()),
         )
         .await;
-        assert_eq!(settlement.outcome(), Outcome::LeaseLost);
-        let Settlement::Lost(failure) = settlement else {
-            panic!("{settlement:?}")
-        };
-        assert_eq!(
-            (failure.operation, failure.state),
-            (LeaseOperation::Renew, LeaseState::Lost)
-        );
+        assert!(!settlement.store_faulted(), "refused, not failed");
+        let (failure, settlement) = unacknowledged(settlement);
+        assert_eq!(failure.operation, LeaseOperation::Renew);
         assert!(failure.confirmed_lost && failure.error.is_claim_lost());
+        assert!(failure.handler.finished() && failure.handler.succeeded());
+        assert!(settlement.delivery_succeeded && settlement.error.is_claim_lost());
+        assert_eq!(settlement.operation, SettleOperation::MarkDelivered);
         assert_eq!(store.writes().len(), 1, "a lost claim is not retried");
         assert_eq!(store.status(&message.id).await, MessageStatus::Claimed);
     }
@@ -715,21 +817,51 @@ mod tests {
     async fn a_first_write_past_the_lease_deadline_loses_the_lease() {
         let (drain, store, message) = claimed(3).await;
         store.fail_next(&[Fault::Hang]);
+        let result = Err(DeliveryError::msg("downstream said no"));
         let settlement = settle_delivery(
             &drain,
             &message,
             active_until(&drain),
             held(&message),
-            Ok(()),
+            result,
         )
         .await;
-        let Settlement::Lost(failure) = settlement else {
-            panic!("{settlement:?}")
-        };
+        assert!(settlement.store_faulted(), "no answer is the store's fault");
+        let (failure, settlement) = unacknowledged(settlement);
         assert_eq!(failure.operation, LeaseOperation::Renew);
         assert!(!failure.confirmed_lost);
         assert!(matches!(failure.error, Error::LeaseLost(_)), "{failure:?}");
+        let error = failure.handler.error().expect("the handler's error");
+        assert_eq!(error.to_string(), "downstream said no");
+        assert!(!failure.handler.succeeded());
+        assert!(!settlement.delivery_succeeded);
+        assert_eq!(settlement.operation, SettleOperation::MarkFailed);
         assert_eq!(drain.now(), message.locked_until, "bounded by the lease");
+        assert_eq!(store.writes().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_over_before_the_first_write_is_confirmed_lost_and_writes_nothing() {
+        let (drain, store, message) = claimed(3).await;
+        // Handed over with the lease ending now: the worker's clock says it
+        // is over, as the reference's final extension does.
+        let hand_over = HandOver::Held {
+            locked_until: drain.now(),
+            renewal_error: None,
+        };
+        let settlement =
+            settle_delivery(&drain, &message, active_until(&drain), hand_over, Ok(())).await;
+        assert_eq!(settlement.outcome(), Outcome::LeaseLost);
+        let Settlement::Lost(failure) = settlement else {
+            panic!("{settlement:?}")
+        };
+        assert_eq!(
+            (failure.operation, failure.state),
+            (LeaseOperation::Renew, LeaseState::Lost)
+        );
+        assert!(failure.confirmed_lost, "ran out on this worker's clock");
+        assert!(failure.handler.succeeded());
+        assert!(store.writes().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -739,10 +871,9 @@ mod tests {
         let active_until = after(drain.now(), Duration::from_secs(5));
         let settlement =
             settle_delivery(&drain, &message, active_until, held(&message), Ok(())).await;
-        let Settlement::Lost(failure) = settlement else {
-            panic!("{settlement:?}")
-        };
+        let (failure, _) = unacknowledged(settlement);
         assert_eq!(failure.operation, LeaseOperation::MaxActive);
+        assert!(failure.handler.succeeded());
         assert!(
             matches!(failure.error, Error::MaxActiveDuration(_)),
             "{failure:?}"
@@ -792,6 +923,10 @@ mod tests {
         )
         .await;
         assert_eq!(settlement.outcome(), Outcome::LeaseLost);
+        let Settlement::Lost(failure) = settlement else {
+            panic!("{settlement:?}")
+        };
+        assert!(failure.handler.succeeded(), "the handler had finished");
         assert!(store.writes().is_empty());
     }
 

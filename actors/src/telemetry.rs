@@ -145,10 +145,16 @@ pub(crate) fn lease(failure: &LeaseLost) {
         LeaseOperation::MaxActive => "max_active",
     };
     match failure.state {
+        LeaseState::Lost if failure.handler.finished() => tracing::warn!(target: "outbox",
+            event = "outbox.lease_lost", id = %failure.id, kind = failure.kind.as_str(),
+            name = %failure.name, operation, confirmed_lost = failure.confirmed_lost,
+            handler = failure.handler.as_str(), error = %failure.error,
+            "outbox claim lost after the handler finished; its result is not settled and the \
+             message will be delivered again"),
         LeaseState::Lost => tracing::warn!(target: "outbox", event = "outbox.lease_lost",
             id = %failure.id, kind = failure.kind.as_str(), name = %failure.name, operation,
-            confirmed_lost = failure.confirmed_lost, error = %failure.error,
-            "outbox claim lost; delivery aborted, nothing settled"),
+            confirmed_lost = failure.confirmed_lost, handler = failure.handler.as_str(),
+            error = %failure.error, "outbox claim lost; delivery aborted, nothing settled"),
         LeaseState::Recovered => tracing::info!(target: "outbox",
             event = "outbox.renewal_recovered", id = %failure.id, kind = failure.kind.as_str(),
             name = %failure.name, error = %failure.error, "outbox claim renewal recovered"),
@@ -176,24 +182,39 @@ pub(crate) fn settlement_failed(failure: &SettlementFailed) {
     metrics::settlement_failed(failure);
 }
 
-/// A claim was given back at shutdown. Call inside the delivery's span.
-pub(crate) fn released(message: &ClaimedMessage) {
-    tracing::info!(target: "outbox", event = "outbox.released", id = %message.id,
-        name = %message.name, "outbox claim released at shutdown");
+/// A claim was given back: at shutdown, or (`late`) because it came back
+/// too late to deliver. Call inside the delivery's span.
+pub(crate) fn released(message: &ClaimedMessage, late: bool) {
+    if late {
+        tracing::info!(target: "outbox", event = "outbox.released", id = %message.id,
+            name = %message.name, "outbox claim released undelivered: it came back too late");
+    } else {
+        tracing::info!(target: "outbox", event = "outbox.released", id = %message.id,
+            name = %message.name, "outbox claim released at shutdown");
+    }
     metrics::released(message);
 }
 
-/// A claim could not be given back at shutdown: the store failed with
+/// A claim took `took`, longer than the `left` of the lease it returned
+/// with: a handler started on it would likely outlive the lease. Call
+/// inside the delivery's span.
+pub(crate) fn claim_too_late(message: &ClaimedMessage, took: Duration, left: Duration) {
+    tracing::warn!(target: "outbox", event = "outbox.claim_too_late", id = %message.id,
+        name = %message.name, took_ms = took.as_millis() as u64, lease_left_ms = left.as_millis() as u64,
+        "outbox claim took longer than the lease it left; giving it back undelivered");
+}
+
+/// A claim could not be given back: the store failed with
 /// `error`, or (`None`) did not answer within a lease. Call inside the
 /// delivery's span.
 pub(crate) fn release_failed(message: &ClaimedMessage, error: Option<&outbox::Error>) {
     match error {
         Some(error) => tracing::warn!(target: "outbox", event = "outbox.release_failed",
             id = %message.id, %error,
-            "could not release outbox claim at shutdown; it is claimable after its lease"),
+            "could not release outbox claim; it is claimable after its lease"),
         None => tracing::warn!(target: "outbox", event = "outbox.release_failed",
             id = %message.id,
-            "outbox claim release timed out at shutdown; it is claimable after its lease"),
+            "outbox claim release timed out; it is claimable after its lease"),
     }
     metrics::release_failed(message);
 }
@@ -203,6 +224,13 @@ pub(crate) fn claim_failed(error: &Error) {
     tracing::warn!(target: "outbox", event = "outbox.claim_failed", %error,
         "outbox claim failed; this pass stops claiming");
     metrics::claim_failed();
+}
+
+/// A delivery's store call failed for the store's sake (or a claim came
+/// back too late): the pass claims again after `pause`.
+pub(crate) fn claiming_paused(pause: Duration) {
+    tracing::debug!(target: "outbox", event = "outbox.claiming_paused",
+        pause_ms = pause.as_millis() as u64, "outbox store faults; claiming paused");
 }
 
 /// A claim returned more messages than asked; the pass stops claiming.

@@ -304,13 +304,55 @@ fn max_active_reached_during_the_extension() {
         h.enqueue(ping(1, 4_000)).await;
         let started = h.clock.now();
         let r = h.drain().await;
-        assert_eq!((r.lease_lost, r.delivered, r.settlement_failed), (1, 0, 0));
+        // The write at 4 s was the acknowledgement as much as the extension.
+        assert_eq!((r.lease_lost, r.delivered, r.settlement_failed), (1, 0, 1));
         // The write at 4 s was cut off at `max_active`, 5 s.
         assert_eq!((h.clock.now() - started).num_seconds(), 5);
         let leases = h.leases();
         assert_eq!(leases[0].operation, LeaseOperation::MaxActive);
         assert!(!leases[0].confirmed_lost);
+        assert!(leases[0].handler.succeeded());
         assert_eq!(h.store.calls(Op::Deliver), 1);
+    });
+}
+
+#[test]
+fn a_lease_lost_after_the_handler_finished_says_so_and_settles_nothing() {
+    run(|| async {
+        let store = FaultStore::new();
+        // The renewal at 10 s never answers; the handler finishes at 15 s,
+        // and the hand-over waits for that renewal, lost at 30 s.
+        store.always(Op::Renew, Fault::Hang);
+        let h = Harness::start_with(store, config(), |b| b);
+        h.enqueue(ping(1, 15_000)).await;
+        let r = h.drain().await;
+        // No write was made: a plain lease loss, as a failed final
+        // extension is in the reference.
+        assert_eq!((r.lease_lost, r.settlement_failed, r.delivered), (1, 0, 0));
+        assert_eq!(h.store.calls(Op::Deliver), 0);
+        let leases = h.leases();
+        let [lost] = &leases[..] else {
+            panic!("{leases:?}")
+        };
+        assert_eq!(lost.state, LeaseState::Lost);
+        assert!(!lost.confirmed_lost, "a renewal without an answer");
+        assert!(lost.handler.finished() && lost.handler.succeeded());
+        assert_eq!(h.probe.aborted(), 0, "the handler was not cut off");
+    });
+}
+
+#[test]
+fn a_lease_lost_while_the_handler_runs_says_it_did_not_finish() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.fault(Op::Renew, 1, Fault::Claim);
+        let h = Harness::start_with(store, config(), |b| b);
+        h.enqueue(ping(1, 20_000)).await;
+        assert_eq!(h.drain().await.lease_lost, 1);
+        let leases = h.leases();
+        assert!(!leases[0].handler.finished(), "{:?}", leases[0].handler);
+        assert_eq!(leases[0].handler.error().map(ToString::to_string), None);
+        assert_eq!(h.probe.aborted(), 1);
     });
 }
 

@@ -7,19 +7,23 @@
 //!
 //! # Layout
 //!
-//! - `passes`, `lease`, `settlement`, `shutdown`, `registry`, `faults`: one
+//! - `passes`, `lease`, `settlement`, `outages`, `shutdown`, `registry`, `faults`: one
 //!   test per behaviour, against the scriptable fault store of `support`,
 //!   through the [`Harness`] below.
 //! - `telemetry`, and `telemetry_otel` with the `opentelemetry` feature:
 //!   spans, events and metrics.
 //! - `sqlite` and `postgres`, with the feature of the same name, sharing
 //!   `sql_support`: end to end on real databases.
+//! - `pg_restart`, with the `postgres` feature: PostgreSQL restarted as a
+//!   crash would mid-drain; it runs only under `scripts/with-postgres
+//!   --restartable`, on its own.
 //! - `actix_web`, with the `sqlite` feature: the actix-web example over HTTP.
 
 mod support;
 
 mod faults;
 mod lease;
+mod outages;
 mod passes;
 mod registry;
 mod settlement;
@@ -32,6 +36,8 @@ mod telemetry_otel;
 // `required-features` per module.
 #[cfg(feature = "sqlite")]
 mod actix_web;
+#[cfg(feature = "postgres")]
+mod pg_restart;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

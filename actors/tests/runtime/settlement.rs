@@ -5,23 +5,28 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use outbox::{Clock, DrainConfig, MessageStatus, NewMessage, OutboxStore};
-use outbox_actors::{DrainReport, Error, LeaseOperation, LeaseState, OutcomeNotice};
+use outbox_actors::{
+    DrainReport, Error, LeaseOperation, LeaseState, OutcomeNotice, SettleOperation,
+};
 
 use crate::support::{self, Fault, FaultStore, Op, run};
 use crate::{Counting, Harness, Ping, config, ping, report};
 
 #[test]
-fn confirmed_loss_at_the_extension_settles_nothing() {
+fn confirmed_loss_at_the_extension_settles_nothing_and_says_the_handler_succeeded() {
     run(|| async {
         let store = FaultStore::new();
         store.fault(Op::Deliver, 1, Fault::Claim);
         let h = Harness::start_with(store, config(), |b| b);
         h.enqueue(ping(1, 1_000)).await;
         let r = h.drain().await;
+        // A failed acknowledgement after the handler finished, with the
+        // claim lost: counted as the reference counts one.
         assert_eq!(
             r,
             report(|r| {
                 r.claimed = 1;
+                r.settlement_failed = 1;
                 r.lease_lost = 1;
             })
         );
@@ -37,7 +42,55 @@ fn confirmed_loss_at_the_extension_settles_nothing() {
             (LeaseOperation::Renew, LeaseState::Lost)
         );
         assert!(leases[0].confirmed_lost && leases[0].error.is_claim_lost());
-        assert!(h.recorder.outcomes().is_empty(), "no settlement failure");
+        assert!(
+            leases[0].handler.finished() && leases[0].handler.succeeded(),
+            "{:?}",
+            leases[0].handler
+        );
+        let outcomes = h.recorder.outcomes();
+        let [OutcomeNotice::SettlementFailed(failure)] = &outcomes[..] else {
+            panic!("{outcomes:?}")
+        };
+        assert!(failure.claim_lost && failure.delivery_succeeded && failure.error.is_claim_lost());
+    });
+}
+
+#[test]
+fn a_failed_handler_whose_extension_is_refused_says_how_it_failed() {
+    run(|| async {
+        let counting = Counting::default();
+        let observer = counting.clone();
+        let store = FaultStore::new();
+        store.fault(Op::Fail, 1, Fault::Claim);
+        let h = Harness::start_with(store, config(), move |b| b.observer(observer));
+        h.enqueue(Ping {
+            fail: Some("downstream said no".into()),
+            ..ping(1, 10)
+        })
+        .await;
+        let r = h.drain().await;
+        assert_eq!((r.settlement_failed, r.lease_lost, r.retried), (1, 1, 0));
+        let leases = h.leases();
+        let [lost] = &leases[..] else {
+            panic!("{leases:?}")
+        };
+        assert_eq!(lost.state, LeaseState::Lost);
+        assert!(lost.handler.finished() && !lost.handler.succeeded());
+        assert_eq!(
+            lost.handler.error().map(ToString::to_string).as_deref(),
+            Some("downstream said no")
+        );
+        let outcomes = h.recorder.outcomes();
+        let [OutcomeNotice::SettlementFailed(failure)] = &outcomes[..] else {
+            panic!("{outcomes:?}")
+        };
+        assert!(failure.claim_lost && !failure.delivery_succeeded);
+        assert_eq!(failure.operation, SettleOperation::MarkFailed);
+        // Every observer hears it once: the lease, the handler's error,
+        // and the acknowledgement that could not be stored.
+        assert_eq!(counting.leases.load(Ordering::SeqCst), 1);
+        assert_eq!(counting.errors.load(Ordering::SeqCst), 1);
+        assert_eq!(counting.settlements.load(Ordering::SeqCst), 1);
     });
 }
 
@@ -113,7 +166,7 @@ fn an_extension_that_misses_its_deadline_is_unconfirmed_loss() {
         h.enqueue(ping(1, 10)).await;
         let started = h.clock.now();
         let r = h.drain().await;
-        assert_eq!((r.settlement_failed, r.lease_lost), (0, 1));
+        assert_eq!((r.settlement_failed, r.lease_lost), (1, 1));
         assert_eq!((h.clock.now() - started).num_milliseconds(), 30_000);
         let leases = h.leases();
         assert_eq!(
@@ -121,6 +174,7 @@ fn an_extension_that_misses_its_deadline_is_unconfirmed_loss() {
             (LeaseOperation::Renew, LeaseState::Lost)
         );
         assert!(!leases[0].confirmed_lost);
+        assert!(leases[0].handler.succeeded(), "the handler had finished");
         assert_eq!(h.store.calls(Op::Deliver), 1);
     });
 }
