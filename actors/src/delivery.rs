@@ -513,20 +513,21 @@ fn report_settlement(
     message: &ClaimedMessage,
     settlement: Settlement,
 ) -> (Vec<Notice>, Option<DateTime<Utc>>) {
-    let (renewal, delivery_error, end) = match settlement {
+    let (renewal, lost, delivery_error, end) = match settlement {
         Settlement::Lost(failure) => {
             report_lease(drain, &failure);
             return (vec![Notice::Lease(failure)], None);
         }
         Settlement::Written {
             renewal,
+            lost,
             delivery_error,
             end,
             ..
-        } => (renewal, delivery_error, end),
+        } => (renewal, lost, delivery_error, end),
     };
     let mut notices = Vec::new();
-    if let Some(notice) = renewal {
+    for notice in renewal.into_iter().chain(lost) {
         report_lease(drain, &notice);
         notices.push(Notice::Lease(notice));
     }

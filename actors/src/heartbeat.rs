@@ -197,6 +197,21 @@ impl HeartbeatActor {
         Ok((deadline, active_first))
     }
 
+    /// When to renew next. Every `heartbeat`, unless less than that is left
+    /// of the lease (a claim that took long to answer): a tick after the
+    /// lease has ended would let the handler run past it while another
+    /// worker claims the message, so renew halfway to the end instead. When
+    /// `max_active` ends the delivery before the lease does, the delivery's
+    /// own timer stops it and an early renewal would gain nothing.
+    fn next_tick(&self) -> Duration {
+        let remaining = until(self.drain.now(), self.locked_until);
+        if remaining >= self.drain.heartbeat || self.active_until <= self.locked_until {
+            self.drain.heartbeat
+        } else {
+            (remaining / 2).max(Duration::from_millis(1))
+        }
+    }
+
     fn schedule(&mut self, delay: Duration, ctx: &mut Context<Self>) {
         self.phase = Phase::Waiting;
         self.tick = Some(ctx.run_later(delay, |act, ctx| act.renew(ctx)));
@@ -239,7 +254,7 @@ impl HeartbeatActor {
         let next = match renewal {
             Renewal::Succeeded(locked_until) => {
                 self.locked_until = locked_until;
-                Ok(self.drain.heartbeat)
+                Ok(self.next_tick())
             }
             Renewal::Deadline => Err(self.deadline_failure(
                 active_first,
@@ -312,7 +327,7 @@ impl Actor for HeartbeatActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        self.schedule(self.drain.heartbeat, ctx);
+        self.schedule(self.next_tick(), ctx);
     }
 }
 

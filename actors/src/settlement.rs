@@ -44,6 +44,10 @@ pub(crate) enum Settlement {
         /// under the last confirmed lease (degraded); or the first write was
         /// refused or missed its deadline, losing the claim (lost).
         renewal: Option<LeaseLost>,
+        /// The claim lost by a later attempt, after a first write that only
+        /// degraded the lease: subscribers hear of every lost claim, since a
+        /// second delivery is coming, and of how the handler had ended.
+        lost: Option<LeaseLost>,
         /// The handler's error, when it failed.
         delivery_error: Option<DeliveryError>,
         /// What the writes ended in.
@@ -397,6 +401,20 @@ pub(crate) async fn settle_delivery(
         }
     };
 
+    // Only the degraded branch can lose the claim in a later attempt; the
+    // other losses already carry their notice in `renewal`.
+    let lost = match (&renewal, &settled) {
+        (Some(degraded), Err(unsettled))
+            if degraded.state == LeaseState::Degraded && unsettled.claim_lost =>
+        {
+            Some(lease(
+                LeaseState::Lost,
+                unsettled.error.is_claim_lost(),
+                unsettled.error.clone(),
+            ))
+        }
+        _ => None,
+    };
     let end = match (settled, write) {
         (Err(unsettled), write) => End::Unsettled(SettlementFailed {
             id: message.id.clone(),
@@ -434,6 +452,7 @@ pub(crate) async fn settle_delivery(
     };
     Settlement::Written {
         renewal,
+        lost,
         delivery_error,
         end,
         store_faulted,
@@ -639,6 +658,7 @@ mod tests {
                 settlement,
                 Settlement::Written {
                     renewal: None,
+                    lost: None,
                     delivery_error: None,
                     end: End::Delivered,
                     store_faulted: false,
@@ -666,6 +686,7 @@ mod tests {
         assert_eq!(settlement.outcome(), Outcome::Retried);
         let Settlement::Written {
             renewal: None,
+            lost: None,
             delivery_error: Some(error),
             end:
                 End::Retried {
@@ -782,6 +803,39 @@ mod tests {
             [("mark_delivered", start), ("mark_delivered", second)]
         );
         assert_eq!(store.status(&message.id).await, MessageStatus::Delivered);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_refused_after_a_transient_error_is_heard_as_lost_after_the_handler() {
+        let (drain, store, message) = claimed(3).await;
+        store.fail_next(&[Fault::Transient, Fault::ClaimLost]);
+        let settlement = settle_delivery(
+            &drain,
+            &message,
+            active_until(&drain),
+            held(&message),
+            Ok(()),
+        )
+        .await;
+        assert_eq!(
+            settlement.outcome(),
+            Outcome::SettlementFailed { claim_lost: true }
+        );
+        let Settlement::Written {
+            renewal: Some(degraded),
+            lost: Some(lost),
+            end: End::Unsettled(failure),
+            ..
+        } = settlement
+        else {
+            panic!("{settlement:?}")
+        };
+        // The lease degraded at the first write and was lost at the second;
+        // subscribers hear both, and that the handler had succeeded.
+        assert_eq!(degraded.state, LeaseState::Degraded);
+        assert_eq!(lost.state, LeaseState::Lost);
+        assert!(lost.confirmed_lost && lost.handler.succeeded());
+        assert!(failure.claim_lost && failure.delivery_succeeded);
     }
 
     #[tokio::test(start_paused = true)]

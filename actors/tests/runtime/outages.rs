@@ -55,6 +55,32 @@ fn a_claim_that_took_less_than_the_lease_it_left_is_delivered() {
 }
 
 #[test]
+fn a_claim_left_with_less_than_a_heartbeat_renews_before_its_lease_ends() {
+    run(|| async {
+        let store = FaultStore::new();
+        // The claim answers after 14 s of its 30 s lease: 16 s are left,
+        // less than the 20 s heartbeat. A first renewal one heartbeat after
+        // the start (34 s) would come after the lease ended (30 s), with the
+        // handler still running while the message is claimable again.
+        store.fault(Op::Claim, 1, Fault::Delay(Duration::from_secs(14)));
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                heartbeat: Some(Duration::from_secs(20)),
+                ..config()
+            },
+            |b| b,
+        );
+        h.enqueue(ping(1, 25_000)).await;
+        let r = h.drain().await;
+        // Renewed halfway to the lease's end (22 s), then every heartbeat.
+        assert_eq!((r.claimed, r.delivered, r.lease_lost), (1, 1, 0));
+        assert_eq!(h.store.calls(Op::Renew), 1);
+        assert_eq!(h.probe.start_offsets(), [14_000]);
+    });
+}
+
+#[test]
 fn claiming_backs_off_while_settlements_fail() {
     run(|| async {
         let store = FaultStore::new();

@@ -579,10 +579,11 @@ impl World {
                 settlement_failed.len()
             ),
         );
-        // A claim not given back at shutdown counts as lost, without a
-        // lease-lost notice (the `outbox.release_failed` event tells of it).
+        // Every lost claim is heard as a lost lease, those lost while
+        // settling included, except a claim not given back at shutdown (the
+        // `outbox.release_failed` event tells of it).
         check(
-            lost == t.lease_lost - lost_while_settling - answered.release_failed,
+            lost == t.lease_lost - answered.release_failed,
             format!(
                 "subscribers heard {lost} lost leases ({lost_while_settling} lost while \
                  settling, {} releases failed)",
