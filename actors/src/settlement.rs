@@ -467,7 +467,7 @@ mod tests {
     }
 
     impl OutboxStore for FaultStore {
-        async fn enqueue(&self, message: NewMessage) -> outbox::Result<String> {
+        async fn enqueue(&self, message: NewMessage) -> outbox::Result<outbox::Enqueued> {
             self.inner.enqueue(message).await
         }
 

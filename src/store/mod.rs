@@ -35,7 +35,7 @@ use futures_util::future::BoxFuture;
 use crate::error::ErrorRecord;
 use crate::error::Result;
 use crate::kind::MessageStatus;
-use crate::message::{ClaimedMessage, NewMessage, OutboxMessage};
+use crate::message::{ClaimedMessage, Enqueued, NewMessage, OutboxMessage};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod fenced;
@@ -162,10 +162,13 @@ impl Wakeups {
 /// [`Error::Claim`](crate::Error::Claim), the one error the runtime treats
 /// as confirmed loss.
 pub trait OutboxStore: Send + Sync + 'static {
-    /// Store a new message; returns its id. An existing id is reported as
-    /// [`Error::DuplicateId`](crate::Error::DuplicateId) and the stored
-    /// message is left untouched.
-    fn enqueue(&self, message: NewMessage) -> impl Future<Output = Result<String>> + Send;
+    /// Store a new message. An id that is already stored is not an error:
+    /// the answer is [`Enqueued::AlreadyExists`], nothing is written, and the
+    /// stored message is left untouched; see [`Enqueued`] for what to do
+    /// with each answer. Invalid input is refused with
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) before anything is
+    /// written.
+    fn enqueue(&self, message: NewMessage) -> impl Future<Output = Result<Enqueued>> + Send;
 
     /// Claim eligible messages; see [`ClaimBatch`].
     fn claim_batch(&self, params: ClaimBatch) -> impl Future<Output = Result<ClaimedBatch>> + Send;
@@ -356,7 +359,7 @@ pub trait OutboxAdmin: Send + Sync + 'static {
 /// at run time. Implemented for every `OutboxStore`.
 pub trait DynOutboxStore: Send + Sync + 'static {
     /// See [`OutboxStore::enqueue`].
-    fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<String>>;
+    fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<Enqueued>>;
     /// See [`OutboxStore::claim_batch`].
     fn claim_batch(&self, params: ClaimBatch) -> BoxFuture<'_, Result<ClaimedBatch>>;
     /// See [`OutboxStore::renew_claim`].
@@ -376,7 +379,7 @@ pub trait DynOutboxStore: Send + Sync + 'static {
 }
 
 impl<S: OutboxStore> DynOutboxStore for S {
-    fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<String>> {
+    fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<Enqueued>> {
         Box::pin(OutboxStore::enqueue(self, message))
     }
     fn claim_batch(&self, params: ClaimBatch) -> BoxFuture<'_, Result<ClaimedBatch>> {

@@ -787,15 +787,27 @@ where
 
     /// The insert of `message` with its eight common binds, and the id it
     /// gets: id, kind, name, payload, trace, max attempts, available at, now.
+    /// `available_at` is the message's, else its `now`, else (when
+    /// `server_default`) NULL, for the statement to fill in the database's
+    /// time.
     pub(crate) fn insert(
         sql: &Arc<str>,
         message: &NewMessage,
+        server_default: bool,
     ) -> (
         String,
         sqlx::query::Query<'static, B::Db, <B::Db as Database>::Arguments>,
-    ) {
+    )
+    where
+        for<'q> Option<B::Time>: Encode<'q, B::Db>,
+    {
         let id = message.resolve_id();
         let now = message.now;
+        let available_at = match message.available_at {
+            Some(at) => Some(at),
+            None if server_default => None,
+            None => Some(now),
+        };
         let query = sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(id.as_str())
             .bind(message.kind.as_str())
@@ -803,7 +815,7 @@ where
             .bind(message.payload.as_str())
             .bind(trace_json(message.trace.as_ref()))
             .bind(i64::from(message.max_attempts))
-            .bind(B::Time::store(message.available_at.unwrap_or(now)))
+            .bind(available_at.map(B::Time::store))
             .bind(B::Time::store(now));
         (id, query)
     }
@@ -939,7 +951,7 @@ macro_rules! sql_store {
                 &self,
                 conn: &mut $conn,
                 payload: &E,
-            ) -> $crate::Result<String> {
+            ) -> $crate::Result<$crate::Enqueued> {
                 self.enqueue_in(conn, $crate::NewMessage::event(payload)?).await
             }
 
@@ -948,13 +960,13 @@ macro_rules! sql_store {
                 &self,
                 conn: &mut $conn,
                 payload: &J,
-            ) -> $crate::Result<String> {
+            ) -> $crate::Result<$crate::Enqueued> {
                 self.enqueue_in(conn, $crate::NewMessage::job(payload)?).await
             }
         }
 
         impl $crate::OutboxStore for $store {
-            async fn enqueue(&self, message: $crate::NewMessage) -> $crate::Result<String> {
+            async fn enqueue(&self, message: $crate::NewMessage) -> $crate::Result<$crate::Enqueued> {
                 self.enqueue_now(message).await
             }
 

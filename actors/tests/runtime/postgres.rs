@@ -140,7 +140,8 @@ async fn transactional_enqueue_through_the_runtime() {
     let id = outbox
         .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 2 })
         .await
-        .unwrap();
+        .unwrap()
+        .into_id();
     tx.commit().await.unwrap();
     let report = coordinator.send(Drain).await.unwrap().unwrap();
     assert_eq!((report.claimed, report.delivered), (1, 1), "{report}");
@@ -172,7 +173,7 @@ async fn commits_wake_the_coordinator_and_bursts_are_coalesced() {
     idle(&coordinator).await;
 
     let mut tx = pool.begin().await.unwrap();
-    let id = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap();
+    let id = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap().into_id();
     tx.commit().await.unwrap();
     assert_eq!(reports.finished(1).await[0].id, id);
     let before = idle(&coordinator).await;
@@ -241,7 +242,7 @@ async fn the_wake_up_listener_reconnects_after_its_backend_is_killed() {
     // Committed while the listener may still be down: the wake-up after it
     // reconnects finds the message.
     let mut tx = pool.begin().await.unwrap();
-    let first = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap();
+    let first = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap().into_id();
     tx.commit().await.unwrap();
     assert_eq!(reports.finished(1).await[0].id, first);
 
@@ -252,7 +253,7 @@ async fn the_wake_up_listener_reconnects_after_its_backend_is_killed() {
     })
     .await;
     let mut tx = pool.begin().await.unwrap();
-    let second = outbox.enqueue_in(&mut tx, ping(2)).await.unwrap();
+    let second = outbox.enqueue_in(&mut tx, ping(2)).await.unwrap().into_id();
     tx.commit().await.unwrap();
     assert_eq!(reports.finished(1).await[0].id, second);
     let end = idle(&coordinator).await;

@@ -34,8 +34,9 @@ pub(super) fn columns(prefix: &str) -> String {
 /// The rendered statements for one table.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// Insert one message (and notify, when the store does). Binds: `$1` id
-    /// ... `$8` now (see
+    /// Insert one message unless its id is taken (and notify, when the store
+    /// does and it inserted); returns a row when it inserted. A NULL
+    /// `available_at` is the database's time. Binds: `$1` id ... `$8` now (see
     /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$9` the
     /// channel.
     pub(super) insert: Arc<str>,
@@ -67,14 +68,17 @@ impl Statements {
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
              available_at, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, $7, $8, $8)"
+             VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, \
+               coalesce($7, statement_timestamp()), $8, $8) \
+             ON CONFLICT (id) DO NOTHING RETURNING 1"
         );
         let own = Statements {
             // NOTIFY in the inserting statement: delivered at commit, never
-            // for a rollback, and deduplicated within a transaction.
+            // for a rollback, and deduplicated within a transaction. Either
+            // form returns a row only when it inserted.
             insert: if notify {
                 format!(
-                    "WITH inserted AS ({insert} RETURNING 1) \
+                    "WITH inserted AS ({insert}) \
                      SELECT pg_notify($9, '') FROM inserted"
                 )
             } else {
