@@ -145,7 +145,12 @@ async fn postgres() -> Fixture<PostgresOutbox> {
         .await
         .unwrap_or_else(|e| panic!("cannot connect to DATABASE_URL: {e}"));
     let table = format!("cli_{:016x}", random());
-    let store = PostgresOutbox::builder(pool).table(&table).unwrap().build();
+    let store = PostgresOutbox::builder(pool)
+        .table(&table)
+        .unwrap()
+        // The fixtures settle messages at chosen times, as an operator later sees them.
+        .caller_clock(true)
+        .build();
     Fixture::migrated(url, table, store, TempDir::new())
 }
 

@@ -6,6 +6,17 @@
 //! conformance suite drives every store on a virtual clock, and every write
 //! to a claimed message is fenced by its claim token *and* a live lease.
 //!
+//! # Which clock
+//!
+//! [`MemoryOutbox`](crate::MemoryOutbox) and the SQLite store run on one
+//! machine and use the caller's `now` for everything. The PostgreSQL store
+//! is shared by workers on many machines and judges leases by the server's
+//! clock (claims, renewals, fenced writes, live-claim counts), so clock skew
+//! cannot hand a live lease to a second worker. Every store returns a
+//! claim's and a renewal's `locked_until` as `now + lease` on the caller's
+//! clock: a deadline the caller can keep with its own clock, which the
+//! store's lease outlasts.
+//!
 //! # Layout
 //!
 //! - `mod.rs` (this module): the port, [`OutboxStore`] and [`OutboxAdmin`],
@@ -62,7 +73,9 @@ pub(crate) mod sqlite;
 pub struct ClaimBatch {
     /// Most messages to select; at least 1.
     pub limit: usize,
-    /// The caller's clock.
+    /// The caller's clock, read before the call. A store that judges leases
+    /// by its own clock (PostgreSQL) uses it only for the deadline it
+    /// returns.
     pub now: DateTime<Utc>,
     /// Lease length; `locked_until = now + lease`.
     pub lease: Duration,
@@ -161,6 +174,13 @@ impl Wakeups {
 /// and its lease is live (`locked_until > now`); otherwise it fails with
 /// [`Error::Claim`](crate::Error::Claim), the one error the runtime treats
 /// as confirmed loss.
+///
+/// `now` is the caller's clock. The memory and SQLite stores judge leases
+/// by it; the PostgreSQL store judges them by the server's clock, so clock
+/// skew between machines cannot hand a live lease to a second worker (see
+/// "Which clock" on `PostgresOutbox`). Either way, the
+/// `locked_until` a claim or renewal returns is `now + lease` on the
+/// caller's clock, never later than the lease the store holds.
 pub trait OutboxStore: Send + Sync + 'static {
     /// Store a new message. An id that is already stored is not an error:
     /// the answer is [`Enqueued::AlreadyExists`], nothing is written, and the

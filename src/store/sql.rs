@@ -523,6 +523,13 @@ pub(crate) trait SqlBackend: FencedBackend {
 
     /// Runs after a requeue changed rows, to wake drains.
     fn after_requeue(&self) -> impl Future<Output = ()> + Send;
+
+    /// `true` when the store judges leases by the database's clock: the
+    /// shared statements then get NULL for `now` and read the time
+    /// themselves.
+    fn server_clock(&self) -> bool {
+        false
+    }
 }
 
 /// What every SQL store's core holds.
@@ -618,6 +625,7 @@ where
     for<'q> Option<&'q str>: Encode<'q, B::Db>,
     for<'q> Option<String>: Encode<'q, B::Db>,
     for<'q> i64: Encode<'q, B::Db>,
+    for<'q> Option<B::Time>: Encode<'q, B::Db>,
     for<'r> String: Decode<'r, B::Db> + sqlx::Type<B::Db>,
     for<'r> i64: Decode<'r, B::Db> + sqlx::Type<B::Db>,
     for<'a> &'a str: ColumnIndex<<B::Db as Database>::Row>,
@@ -675,8 +683,9 @@ where
     }
 
     pub(crate) async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats> {
+        let now = (!self.core.server_clock()).then(|| B::Time::store(now));
         let row = sqlx::query(AssertSqlSafe(self.core.parts().shared.stats.clone()))
-            .bind(B::Time::store(now))
+            .bind(now)
             .fetch_one(&self.core.parts().pool)
             .await
             .map_err(db("stats"))?;

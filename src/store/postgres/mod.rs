@@ -29,23 +29,9 @@
 //!   after errors, wakes once after every (re)connect because notifications
 //!   sent meanwhile are lost, and stops when the last [`Wakeups`](crate::Wakeups) is dropped.
 //!
-//! # Time and clock skew
+//! # Which clock
 //!
-//! Lease arithmetic uses the caller's `now` (the application's clock), never
-//! the database's, as the port requires; tests drive it on virtual time.
-//! Between nodes this means:
-//!
-//! - **Fencing is correct under any skew.** Every write checks the claim
-//!   token, which only the current claim holds; a node with a wrong clock can
-//!   at worst believe its own lease is shorter or longer than it is, and a
-//!   write under a superseded token matches no row whatever the clocks say.
-//! - **Skew decides when an expired claim may be taken over.** A node whose
-//!   clock runs ahead by `s` sees other nodes' leases end `s` early and may
-//!   re-claim a message while its first worker still renews it (the worker
-//!   then loses its claim, and the message is delivered twice). Workers renew
-//!   every `heartbeat`, so a lease has `lease - heartbeat` of slack: keep
-//!   clock skew well below that (NTP keeps it in milliseconds; the defaults
-//!   leave 20 s).
+//! The server's, for every lease; see "Which clock" on [`PostgresOutbox`].
 //!
 //! # Runtimes
 //!
@@ -106,6 +92,41 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgr
 /// # Ok(())
 /// # }
 /// ```
+///
+/// # Which clock: the server's
+///
+/// Workers on many machines share this table, and their clocks disagree. So
+/// by default every lease is computed and judged with PostgreSQL's own time
+/// (`statement_timestamp()`, the start of the statement, which is its own
+/// transaction), not the `now` the caller passes:
+///
+/// - a claim takes what is due and what has expired *on the server's clock*,
+///   and writes `claimed_at` and `locked_until = server time + lease`;
+/// - a renewal or settlement applies only while `locked_until` is after the
+///   server's time, and a renewal sets `locked_until = server time + lease`;
+///   `delivered_at`, `updated_at` and a release's `available_at` are the
+///   server's time;
+/// - [`stats`](crate::OutboxAdmin::stats) counts live and expired claims and
+///   due messages on the server's clock;
+/// - an enqueue without `available_at` is due at the server's time of the
+///   insert. Times the caller gives are kept as given, on its clock:
+///   `created_at`, an explicit `available_at`, a retry's `retry_at` (a
+///   caller ahead of the server by `s` sees them take effect `s` later), and
+///   the requeue and purge horizons of the admin operations.
+///
+/// So clock skew between workers can never hand a live lease to a second
+/// worker: only the server's clock says when a lease ends. A caller still
+/// needs a deadline on *its* clock, so a claim and a renewal return
+/// `claimed_at = now` and `locked_until = now + lease` with the caller's
+/// `now`, while the row holds the server's times. That deadline is safe
+/// under any skew: the caller read `now` before the statement ran, so the
+/// server's lease ends no earlier (in real time) than the caller's deadline;
+/// the runtime stops a delivery by then. A slow round trip only makes the
+/// caller's deadline earlier than it needs to be.
+///
+/// `caller_clock(true)` on the [builder](PostgresOutbox::builder) switches a
+/// store to the caller's `now`, as the memory and SQLite stores use, for
+/// tests on a virtual clock.
 #[derive(Clone)]
 pub struct PostgresOutbox {
     inner: SqlOutbox<Core>,
@@ -129,6 +150,7 @@ pub struct PostgresOutboxBuilder {
     table: TableName,
     settlement: SettlementMode,
     notify: bool,
+    caller_clock: bool,
 }
 
 impl PostgresOutboxBuilder {
@@ -146,11 +168,27 @@ impl PostgresOutboxBuilder {
         self
     }
 
+    /// Judge leases by the caller's `now` instead of the database's clock
+    /// (default `false`).
+    ///
+    /// By default claims, renewals, settlements and the live-claim counts
+    /// of [`stats`](crate::OutboxAdmin::stats) read the time from the
+    /// server, so clock skew between worker machines cannot hand a live
+    /// lease to a second worker; see [`PostgresOutbox`]. Turned on, the
+    /// store uses the `now` each call passes, as the memory and SQLite
+    /// stores do. That is for tests that drive the store on a virtual clock
+    /// (this crate's conformance suite does); with workers on more than one
+    /// machine it brings back the skew hazard.
+    pub fn caller_clock(mut self, caller_clock: bool) -> Self {
+        self.caller_clock = caller_clock;
+        self
+    }
+
     /// The store. Call [`PostgresOutbox::setup`] once before using a new table.
     pub fn build(self) -> PostgresOutbox {
         PostgresOutbox {
             inner: SqlOutbox::new(
-                Core::new(self.pool, self.table, self.notify),
+                Core::new(self.pool, self.table, self.notify, !self.caller_clock),
                 self.settlement,
             ),
             listener: Arc::new(ListenerShared::new()),
@@ -171,6 +209,7 @@ impl PostgresOutbox {
             table: TableName::default(),
             settlement: SettlementMode::default(),
             notify: true,
+            caller_clock: false,
         }
     }
 
@@ -273,16 +312,19 @@ struct Core {
     parts: SqlParts<sqlx::Postgres>,
     channel: String,
     notify: bool,
+    /// Leases are judged by the database's clock, not the caller's `now`.
+    server_clock: bool,
     sql: Statements,
 }
 
 impl Core {
-    fn new(pool: PgPool, table: TableName, notify: bool) -> Self {
+    fn new(pool: PgPool, table: TableName, notify: bool, server_clock: bool) -> Self {
         let (sql, shared) = Statements::new(&table, notify);
         Core {
             sql,
             channel: channel_of(&table),
             notify,
+            server_clock,
             parts: SqlParts {
                 pool,
                 table,
@@ -295,7 +337,7 @@ impl Core {
     /// (`ON CONFLICT DO NOTHING`), which would abort the caller's
     /// transaction; the statement returns a row only when it inserted.
     async fn insert(&self, conn: &mut PgConnection, message: NewMessage) -> Result<Enqueued> {
-        let (id, mut query) = Shared::insert(&self.sql.insert, &message, false);
+        let (id, mut query) = Shared::insert(&self.sql.insert, &message, self.server_clock);
         if self.notify {
             query = query.bind(&self.channel);
         }
@@ -311,13 +353,20 @@ impl Core {
         })
     }
 
+    /// The `now` to bind: the caller's, or NULL for the database's.
+    fn bound_now(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        (!self.server_clock).then_some(now)
+    }
+
     async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         check::claim_batch(&params)?;
         let ClaimBatch { limit, now, lease } = params;
         let locked_until = lease_end(now, lease)?;
+        let lease_micros = i64::try_from(lease.as_micros())
+            .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
         let rows = sqlx::query(AssertSqlSafe(self.sql.claim(limit)))
-            .bind(now)
-            .bind(locked_until)
+            .bind(self.bound_now(now))
+            .bind(lease_micros)
             .fetch_all(&self.parts.pool)
             .await
             .map_err(db("claim_batch"))?;
@@ -328,7 +377,20 @@ impl Core {
             let is_abandoned: bool = row.try_get("abandoned").map_err(db("claim_batch"))?;
             match decoded {
                 Ok((seq, message)) if is_abandoned => abandoned.push((seq, message)),
-                Ok((seq, message)) => claimed.push((seq, sql::claimed_view(message)?)),
+                Ok((seq, message)) => {
+                    let mut message = sql::claimed_view(message)?;
+                    if self.server_clock {
+                        // The lease began on the server no earlier than
+                        // the caller read `now`, so it ends no earlier than
+                        // `now + lease` on the caller's clock, whatever the
+                        // skew between the two: a deadline the caller can
+                        // keep with its own clock. The row keeps the
+                        // server's times.
+                        message.claimed_at = now;
+                        message.locked_until = locked_until;
+                    }
+                    claimed.push((seq, message));
+                }
                 Err(unreadable) => self.quarantine(row, unreadable, now).await?,
             }
         }
@@ -365,7 +427,7 @@ impl Core {
             );
         }
         let rows = sqlx::query(AssertSqlSafe(self.sql.abandoned.clone()))
-            .bind(now)
+            .bind(self.bound_now(now))
             .bind(ids)
             .bind(attempts)
             .bind(errors)
@@ -392,7 +454,7 @@ impl Core {
             "outbox row is unreadable; dead-lettered");
         sqlx::query(AssertSqlSafe(self.sql.quarantine.clone()))
             .bind(ErrorRecord::from_error(&unreadable).to_json())
-            .bind(now)
+            .bind(self.bound_now(now))
             .bind(seq)
             .bind(token)
             .execute(&self.parts.pool)
@@ -508,6 +570,10 @@ impl SqlBackend for Core {
         &self.parts
     }
 
+    fn server_clock(&self) -> bool {
+        self.server_clock
+    }
+
     /// PostgreSQL queues writers itself.
     async fn write_lock(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         None
@@ -536,15 +602,15 @@ impl FencedBackend for Core {
         let mut ids = Vec::with_capacity(n);
         let mut tokens = Vec::with_capacity(n);
         let mut nows = Vec::with_capacity(n);
-        let mut untils = Vec::with_capacity(n);
+        let mut leases = Vec::with_capacity(n);
         let mut availables = Vec::with_capacity(n);
         let mut errors = Vec::with_capacity(n);
         for row in rows {
             ops.push(row.op.code());
             ids.push(row.id.as_str());
             tokens.push(row.claim_token.as_str());
-            nows.push(row.now);
-            untils.push(row.op.locked_until());
+            nows.push(self.bound_now(row.now));
+            leases.push(row.op.lease_micros());
             availables.push(row.op.available_at());
             errors.push(row.error.as_deref());
         }
@@ -553,7 +619,7 @@ impl FencedBackend for Core {
             .bind(ids)
             .bind(tokens)
             .bind(nows)
-            .bind(untils)
+            .bind(leases)
             .bind(availables)
             .bind(errors)
             .fetch_all(&self.parts.pool)

@@ -521,7 +521,7 @@ fn fenced_row(row: &FencedWrite) -> serde_json::Value {
         serde_json::Value::from(micros(row.now)),
     ];
     match row.op {
-        FencedOp::Renew { locked_until } => fields.push(micros(locked_until).into()),
+        FencedOp::Renew { locked_until, .. } => fields.push(micros(locked_until).into()),
         FencedOp::Retry { available_at } => {
             fields.push(micros(available_at).into());
             fields.push(row.error.as_deref().into());
@@ -657,6 +657,7 @@ mod tests {
             row(
                 FencedOp::Renew {
                     locked_until: until,
+                    lease: std::time::Duration::from_secs(31),
                 },
                 &claims[2],
             ),
