@@ -964,6 +964,19 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
         .remove(0);
     // Real time: the server's clock is what is under test.
     tokio::time::sleep(Duration::from_millis(400)).await;
+    // The caller, an hour behind, believes its lease still runs: refused,
+    // and named as the server saw it.
+    let expired = outbox
+        .mark_delivered(MarkDelivered {
+            id: "short".into(),
+            claim_token: first.claim_token.clone(),
+            now: real() - hour,
+        })
+        .await;
+    match expired {
+        Err(Error::Claim(e)) => assert_eq!(e.reason, ClaimLoss::LeaseExpired),
+        other => panic!("{other:?}"),
+    }
     let second = outbox
         .claim_batch(ClaimBatch {
             limit: 1,
@@ -981,5 +994,8 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             now: real() - hour,
         })
         .await;
-    assert!(matches!(refused, Err(Error::Claim(_))), "{refused:?}");
+    match refused {
+        Err(Error::Claim(e)) => assert_eq!(e.reason, ClaimLoss::TokenMismatch),
+        other => panic!("{other:?}"),
+    }
 }

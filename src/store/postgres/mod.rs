@@ -353,6 +353,19 @@ impl Core {
         })
     }
 
+    /// The server's time, when the store judges leases by it, to name why
+    /// a fenced write missed; `None` on the caller's clock, or when it
+    /// cannot be read (the reason is then judged on the caller's clock).
+    async fn server_now(&self) -> Option<DateTime<Utc>> {
+        if !self.server_clock {
+            return None;
+        }
+        sqlx::query_scalar("SELECT statement_timestamp()")
+            .fetch_one(&self.parts.pool)
+            .await
+            .ok()
+    }
+
     /// The `now` to bind: the caller's, or NULL for the database's.
     fn bound_now(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         (!self.server_clock).then_some(now)
@@ -631,18 +644,30 @@ impl FencedBackend for Core {
             .filter(|row| !changed.contains(&row.id))
             .map(|row| row.id.clone())
             .collect();
-        let fences = if lost.is_empty() {
+        let (fences, server_now) = if lost.is_empty() {
             Default::default()
         } else {
-            Shared::fences(&self.parts, &self.sql.fences, lost).await
+            let fences = Shared::fences(&self.parts, &self.sql.fences, lost).await;
+            (fences, self.server_now().await)
         };
         Ok(rows
             .iter()
             .map(|row| {
                 if changed.contains(&row.id) {
-                    Ok(())
-                } else {
-                    sql::lost_claim(row, &fences)
+                    return Ok(());
+                }
+                match server_now {
+                    // The write judged the lease by the server's clock:
+                    // name the reason the same way, with the lease moved
+                    // onto the writer's clock.
+                    Some(server_now) => {
+                        let mut fences = fences.clone();
+                        if let Some((_, _, Some(until))) = fences.get_mut(&row.id) {
+                            *until = row.now + (*until - server_now);
+                        }
+                        sql::lost_claim(row, &fences)
+                    }
+                    None => sql::lost_claim(row, &fences),
                 }
             })
             .collect())
