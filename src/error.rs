@@ -52,15 +52,6 @@ pub enum Error {
         /// What the parameter must be instead.
         reason: String,
     },
-    /// A message with this id is already stored; the stored one is untouched.
-    #[error(
-        "an outbox message with id {id:?} already exists and was left untouched; \
-         use a fresh id, or none to have one generated"
-    )]
-    DuplicateId {
-        /// The id that is taken.
-        id: String,
-    },
     /// No message has this id.
     #[error("no outbox message has id {id:?}")]
     NotFound {

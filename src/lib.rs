@@ -82,7 +82,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> outbox::Result<()> {
 //! let store = MemoryOutbox::new();
-//! let id = store.enqueue(NewMessage::event(&OrderPlaced { order_id: 7 })?).await?;
+//! let id = store.enqueue(NewMessage::event(&OrderPlaced { order_id: 7 })?).await?.into_id();
 //!
 //! let batch = store
 //!     .claim_batch(ClaimBatch { limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30) })
@@ -115,7 +115,7 @@ pub use error::{
 };
 pub use kind::{MessageKind, MessageStatus};
 pub use limits::{MAX_DURATION, MIN_LEASE};
-pub use message::{ClaimedMessage, DEFAULT_MAX_ATTEMPTS, NewMessage, OutboxMessage};
+pub use message::{ClaimedMessage, DEFAULT_MAX_ATTEMPTS, Enqueued, NewMessage, OutboxMessage};
 pub use payload::{DecodedPayload, Event, Job, Payload, RawMessage};
 pub use registry::{Registry, RegistryBuilder};
 pub use retry::{RetryPolicy, ShouldRetry};
@@ -145,8 +145,8 @@ pub use transport::{
 /// The names most programs need: `use outbox::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        ClaimBatch, Clock, DeliveryContext, DeliveryError, DeliveryResult, DrainConfig, Event,
-        InProcessBus, InProcessJobs, Job, MemoryOutbox, NewMessage, OutboxAdmin, OutboxStore,
-        Registry, RetryPolicy,
+        ClaimBatch, Clock, DeliveryContext, DeliveryError, DeliveryResult, DrainConfig, Enqueued,
+        Event, InProcessBus, InProcessJobs, Job, MemoryOutbox, NewMessage, OutboxAdmin,
+        OutboxStore, Registry, RetryPolicy,
     };
 }

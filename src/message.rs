@@ -131,6 +131,51 @@ pub struct ClaimedMessage {
     pub locked_until: DateTime<Utc>,
 }
 
+/// What an enqueue did: stored the message, or found its id taken.
+///
+/// An enqueue never fails because the id is taken, and never aborts the
+/// caller's transaction over it: the message is simply not written, so the
+/// rest of the transaction (the business rows the message goes with) still
+/// commits. What to do with each:
+///
+/// - [`Enqueued::Inserted`]: the message is stored (inside a transaction:
+///   once it commits). Nothing more to do.
+/// - [`Enqueued::AlreadyExists`]: a message with this id was already stored,
+///   and it is left untouched (its name, payload, status, attempts). When ids
+///   name the business fact (an idempotency key, such as `order-7-placed`),
+///   this is the retry of an enqueue that already happened: treat it as done
+///   and commit. When the ids were meant to be fresh, two different messages
+///   collided: roll back, or enqueue again without an id (one is generated).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Enqueued {
+    /// The message was stored under this id.
+    Inserted(String),
+    /// A message with this id already existed; nothing was written.
+    AlreadyExists(String),
+}
+
+impl Enqueued {
+    /// The message's id, in either case.
+    pub fn id(&self) -> &str {
+        match self {
+            Enqueued::Inserted(id) | Enqueued::AlreadyExists(id) => id,
+        }
+    }
+
+    /// The message's id, in either case, by value.
+    pub fn into_id(self) -> String {
+        match self {
+            Enqueued::Inserted(id) | Enqueued::AlreadyExists(id) => id,
+        }
+    }
+
+    /// `true` when this call stored the message.
+    pub fn is_inserted(&self) -> bool {
+        matches!(self, Enqueued::Inserted(_))
+    }
+}
+
 /// A message to enqueue.
 ///
 /// Build one with [`NewMessage::event`] or [`NewMessage::job`] for registered

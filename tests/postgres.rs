@@ -15,7 +15,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use outbox::{
-    ClaimBatch, ClaimLoss, Error, MarkDelivered, MessageStatus, NewMessage, OutboxAdmin,
+    ClaimBatch, ClaimLoss, Enqueued, Error, MarkDelivered, MessageStatus, NewMessage, OutboxAdmin,
     OutboxStore, PostgresOutbox, SettlementMode,
 };
 use sql_support::{LEASE, event, secs, t0, unique};
@@ -49,12 +49,17 @@ async fn pool() -> PgPool {
     pool_named("outbox-tests").await
 }
 
+/// A store on the caller's clock: the suite passes every `now` (on a fixed
+/// clock far from the server's), so the contract is checked to the
+/// microsecond. The store's default, the server's clock, has tests of its
+/// own below.
 async fn store(pool: &PgPool, table: &str, mode: SettlementMode) -> PostgresOutbox {
     let outbox = PostgresOutbox::builder(pool.clone())
         .table(table)
         .unwrap()
         .settlement(mode)
         .unwrap()
+        .caller_clock(true)
         .build();
     outbox.setup().await.unwrap();
     outbox
@@ -211,8 +216,8 @@ async fn claim_is_answered_from_the_partial_indexes() {
     // a cached statement ends up with.
     let mut conn = pool.acquire().await.unwrap();
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "PREPARE claim_plan (timestamptz, timestamptz) AS {}; \
-         PREPARE settle_plan (text[], text[], text[], timestamptz[], timestamptz[], \
+        "PREPARE claim_plan (timestamptz, bigint) AS {}; \
+         PREPARE settle_plan (text[], text[], text[], timestamptz[], bigint[], \
            timestamptz[], text[]) AS {}",
         outbox.claim_statement(10),
         outbox.fenced_statement()
@@ -220,12 +225,26 @@ async fn claim_is_answered_from_the_partial_indexes() {
     .execute(&mut *conn)
     .await
     .unwrap();
-    let claim_args = "'2030-01-01 12:00:00+00', '2030-01-01 12:00:30+00'";
-    let settle_args = "array['deliver', 'deliver'], array['p0', 'p1'], array['t', 't'], \
-        array['2030-01-01 12:00:00+00', '2030-01-01 12:00:00+00']::timestamptz[], \
-        array[NULL, NULL]::timestamptz[], array[NULL, NULL]::timestamptz[], \
-        array[NULL, NULL]::text[]";
-    for mode in ["force_custom_plan", "force_generic_plan"] {
+    // On the caller's clock, and on the server's (a NULL `now`).
+    let runs = [
+        (
+            "'2030-01-01 12:00:00+00', 30000000",
+            "array['deliver', 'deliver'], array['p0', 'p1'], array['t', 't'], \
+             array['2030-01-01 12:00:00+00', '2030-01-01 12:00:00+00']::timestamptz[], \
+             array[NULL, NULL]::bigint[], array[NULL, NULL]::timestamptz[], \
+             array[NULL, NULL]::text[]",
+        ),
+        (
+            "NULL, 30000000",
+            "array['deliver', 'deliver'], array['p0', 'p1'], array['t', 't'], \
+             array[NULL, NULL]::timestamptz[], array[NULL, NULL]::bigint[], \
+             array[NULL, NULL]::timestamptz[], array[NULL, NULL]::text[]",
+        ),
+    ];
+    for ((claim_args, settle_args), mode) in runs
+        .iter()
+        .flat_map(|args| ["force_custom_plan", "force_generic_plan"].map(|mode| (*args, mode)))
+    {
         let explain = |statement: &str, args: &str| {
             format!("SET plan_cache_mode = {mode}; EXPLAIN EXECUTE {statement}({args})")
         };
@@ -312,7 +331,7 @@ async fn a_claim_statement_reuses_its_plan() {
         .unwrap();
     let mut tx = pool.begin().await.unwrap();
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "PREPARE reused (timestamptz, timestamptz) AS {}",
+        "PREPARE reused (timestamptz, bigint) AS {}",
         outbox.claim_statement(10)
     )))
     .execute(&mut *tx)
@@ -320,7 +339,7 @@ async fn a_claim_statement_reuses_its_plan() {
     .unwrap();
     // PostgreSQL plans the first five executions for their values, then
     // settles on one plan if that costs no more.
-    let run = "EXECUTE reused('2030-01-01 12:00:00+00', '2030-01-01 12:00:30+00')";
+    let run = "EXECUTE reused('2030-01-01 12:00:00+00', 30000000)";
     for _ in 0..6 {
         sqlx::raw_sql(AssertSqlSafe(run.to_owned()))
             .execute(&mut *tx)
@@ -338,7 +357,7 @@ async fn a_claim_statement_reuses_its_plan() {
     println!("{plan}");
     // A reused plan compares with the parameter, a fresh one with the value.
     assert!(
-        plan.contains("available_at <= $1"),
+        plan.contains("available_at <= COALESCE($1"),
         "planned afresh:\n{plan}"
     );
     tx.rollback().await.unwrap();
@@ -666,10 +685,10 @@ async fn payloads_round_trip_as_json_and_bad_text_is_refused() {
     assert_eq!(stored.created_at, now);
     assert_eq!(stored.max_attempts, u32::MAX);
 
-    match outbox.enqueue(event("exact", 2, t0())).await {
-        Err(Error::DuplicateId { id }) => assert_eq!(id, "exact"),
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(
+        outbox.enqueue(event("exact", 2, t0())).await.unwrap(),
+        Enqueued::AlreadyExists("exact".to_owned())
+    );
     let nul = NewMessage::new(
         outbox::MessageKind::Event,
         "nul",
@@ -677,7 +696,7 @@ async fn payloads_round_trip_as_json_and_bad_text_is_refused() {
     );
     match outbox.enqueue(nul).await {
         Err(Error::InvalidInput { field, reason }) => {
-            assert_eq!(field, "message");
+            assert_eq!(field, "payload");
             assert!(reason.contains("PostgreSQL"), "{reason}");
         }
         other => panic!("{other:?}"),
@@ -754,4 +773,229 @@ async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
     .await
     .unwrap();
     assert_eq!(row.get::<String, _>(0), "dead_lettered");
+}
+
+/// Input PostgreSQL would refuse is refused before it is sent, so the
+/// caller's transaction goes on and commits its business rows.
+#[tokio::test]
+async fn input_postgres_refuses_is_refused_without_aborting_the_transaction() {
+    let pool = pool().await;
+    let outbox = store(&pool, &unique("refused"), SettlementMode::default()).await;
+    let (orders, create_orders, insert_order) = orders();
+    sqlx::query(AssertSqlSafe(create_orders))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let raw = |json: &str| {
+        NewMessage::new(
+            outbox::MessageKind::Event,
+            "refused",
+            outbox::Payload::from_json(json).unwrap(),
+        )
+    };
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(insert_order.clone()))
+        .bind(1_i64)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let far_past = chrono::DateTime::<chrono::Utc>::MIN_UTC;
+    let cases = [
+        (raw("{}").with_id("nul\0id"), "id"),
+        (
+            NewMessage::new(
+                outbox::MessageKind::Event,
+                "nul\0name",
+                serde_json::json!({}).into(),
+            ),
+            "name",
+        ),
+        (raw(r#"{"s":"a\u0000b"}"#), "payload"),
+        (raw(r#"{"k\u0000":1}"#), "payload"),
+        (raw(r#"["\ud800"]"#), "payload"),
+        (raw(r#"["\udc00\ud800"]"#), "payload"),
+        (raw("{}").at(far_past), "now"),
+        (raw("{}").available_at(far_past), "available_at"),
+    ];
+    for (message, field) in cases {
+        match outbox.enqueue_in(&mut tx, message).await {
+            Err(Error::InvalidInput { field: f, reason }) => {
+                assert_eq!(f, field);
+                assert!(reason.contains("PostgreSQL"), "{reason}");
+            }
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    // Escaped backslashes and whole surrogate pairs are stored as they are.
+    let kept = outbox
+        .enqueue_in(
+            &mut tx,
+            raw(r#"{"path":"C:\\u0000","pair":"\ud83d\udce6"}"#).with_id("kept"),
+        )
+        .await
+        .unwrap();
+    assert!(kept.is_inserted());
+    sqlx::query(AssertSqlSafe(insert_order))
+        .bind(2_i64)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let committed: i64 =
+        sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {orders}")))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(committed, 2);
+    let stored = outbox.get_message("kept").await.unwrap().payload.to_value();
+    assert_eq!(stored["path"], "C:\\u0000");
+    assert_eq!(stored["pair"], "📦");
+}
+
+/// A store on the server's clock (the default), for table `table`.
+async fn server_clock_store(pool: &PgPool, table: &str) -> PostgresOutbox {
+    let outbox = PostgresOutbox::builder(pool.clone())
+        .table(table)
+        .unwrap()
+        .build();
+    outbox.setup().await.unwrap();
+    outbox
+}
+
+/// On the server's clock, callers an hour apart agree on every lease: the
+/// one behind can claim what is due, the one ahead cannot take a live
+/// lease over, renewals and settlements judge liveness by the server, and
+/// each caller gets its lease back as a deadline on its own clock.
+#[tokio::test]
+async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
+    let pool = pool().await;
+    let outbox = server_clock_store(&pool, &unique("server_clock")).await;
+    let real = chrono::Utc::now;
+    let hour = chrono::Duration::hours(1);
+    let lease = Duration::from_secs(30);
+
+    // Enqueued by a caller an hour ahead, with no `available_at`: due on the
+    // server's clock at once, not in an hour.
+    outbox
+        .enqueue(event("m", 1, real() + hour).with_id("m"))
+        .await
+        .unwrap();
+    let behind = real() - hour;
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            limit: 10,
+            now: behind,
+            lease,
+        })
+        .await
+        .unwrap();
+    assert_eq!(batch.claimed.len(), 1, "due by the server's clock");
+    let claimed = &batch.claimed[0];
+    // The caller's deadline is on its own clock...
+    assert_eq!(claimed.claimed_at, behind);
+    assert_eq!(
+        claimed.locked_until,
+        behind + chrono::Duration::from_std(lease).unwrap()
+    );
+    // ...and the row holds the server's.
+    let stored = outbox.get_message("m").await.unwrap();
+    let server_until = stored.locked_until.unwrap();
+    let expected = real() + chrono::Duration::from_std(lease).unwrap();
+    assert!(
+        (server_until - expected).num_seconds().abs() < 10,
+        "stored lease {server_until} is the server's, near {expected}"
+    );
+
+    // A caller an hour ahead sees no expired lease to take over.
+    let ahead = real() + hour;
+    let stolen = outbox
+        .claim_batch(ClaimBatch {
+            limit: 10,
+            now: ahead,
+            lease,
+        })
+        .await
+        .unwrap();
+    assert!(stolen.is_empty(), "{stolen:?}");
+    let stats = outbox.stats(ahead).await.unwrap();
+    assert_eq!((stats.live_claims, stats.expired_claims), (1, 0));
+
+    // The owner renews with a clock an hour ahead: still live on the server.
+    let renewed = outbox
+        .renew_claim(outbox::RenewClaim {
+            id: "m".into(),
+            claim_token: claimed.claim_token.clone(),
+            now: ahead,
+            lease,
+        })
+        .await
+        .unwrap();
+    assert_eq!(renewed, ahead + chrono::Duration::from_std(lease).unwrap());
+    outbox
+        .mark_delivered(MarkDelivered {
+            id: "m".into(),
+            claim_token: claimed.claim_token.clone(),
+            now: ahead,
+        })
+        .await
+        .unwrap();
+    let delivered = outbox.get_message("m").await.unwrap();
+    assert_eq!(delivered.status, MessageStatus::Delivered);
+    let at = delivered.delivered_at.unwrap();
+    assert!((at - real()).num_seconds().abs() < 10, "delivered at {at}");
+
+    // A short lease runs out on the server's clock even for a caller far
+    // behind: it can take the claim over, and the first token is refused.
+    outbox
+        .enqueue(event("short", 2, real()).with_id("short"))
+        .await
+        .unwrap();
+    let short = Duration::from_millis(200);
+    let first = outbox
+        .claim_batch(ClaimBatch {
+            limit: 1,
+            now: real(),
+            lease: short,
+        })
+        .await
+        .unwrap()
+        .claimed
+        .remove(0);
+    // Real time: the server's clock is what is under test.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The caller, an hour behind, believes its lease still runs: refused,
+    // and named as the server saw it.
+    let expired = outbox
+        .mark_delivered(MarkDelivered {
+            id: "short".into(),
+            claim_token: first.claim_token.clone(),
+            now: real() - hour,
+        })
+        .await;
+    match expired {
+        Err(Error::Claim(e)) => assert_eq!(e.reason, ClaimLoss::LeaseExpired),
+        other => panic!("{other:?}"),
+    }
+    let second = outbox
+        .claim_batch(ClaimBatch {
+            limit: 1,
+            now: real() - hour,
+            lease,
+        })
+        .await
+        .unwrap();
+    assert_eq!(second.claimed.len(), 1, "expired on the server's clock");
+    assert_eq!(second.claimed[0].attempts, 2);
+    let refused = outbox
+        .mark_delivered(MarkDelivered {
+            id: "short".into(),
+            claim_token: first.claim_token,
+            now: real() - hour,
+        })
+        .await;
+    match refused {
+        Err(Error::Claim(e)) => assert_eq!(e.reason, ClaimLoss::TokenMismatch),
+        other => panic!("{other:?}"),
+    }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use outbox::DEFAULT_BUSY_TIMEOUT;
 use outbox::{
-    ClaimBatch, ClaimLoss, Error, ListMessages, MarkDelivered, NewMessage, OutboxAdmin,
+    ClaimBatch, ClaimLoss, Enqueued, Error, ListMessages, MarkDelivered, NewMessage, OutboxAdmin,
     OutboxStore, RenewClaim, SettlementMode, SqliteOutbox,
 };
 use sql_support::{LEASE, event, secs, t0, unique};
@@ -554,15 +554,18 @@ async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
     let pool = pool(&dir).await;
     let outbox = store(&pool, "outbox", SettlementMode::default()).await;
     outbox.enqueue(event("dup", 1, t0())).await.unwrap();
-    match outbox.enqueue(event("dup", 2, t0())).await {
-        Err(Error::DuplicateId { id }) => assert_eq!(id, "dup"),
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(
+        outbox.enqueue(event("dup", 2, t0())).await.unwrap(),
+        Enqueued::AlreadyExists("dup".to_owned())
+    );
     let mut tx = pool.begin().await.unwrap();
-    assert!(matches!(
-        outbox.enqueue_in(&mut tx, event("dup", 3, t0())).await,
-        Err(Error::DuplicateId { .. })
-    ));
+    assert_eq!(
+        outbox
+            .enqueue_in(&mut tx, event("dup", 3, t0()))
+            .await
+            .unwrap(),
+        Enqueued::AlreadyExists("dup".to_owned())
+    );
     drop(tx);
     assert_eq!(
         outbox.get_message("dup").await.unwrap().payload.to_value()["n"],

@@ -527,7 +527,7 @@ fn report_settlement(
         } => (renewal, lost, delivery_error, end),
     };
     let mut notices = Vec::new();
-    for notice in renewal.into_iter().chain(lost) {
+    for notice in renewal.into_iter().chain(lost.map(|lost| *lost)) {
         report_lease(drain, &notice);
         notices.push(Notice::Lease(notice));
     }

@@ -47,7 +47,7 @@ pub(crate) enum Settlement {
         /// The claim lost by a later attempt, after a first write that only
         /// degraded the lease: subscribers hear of every lost claim, since a
         /// second delivery is coming, and of how the handler had ended.
-        lost: Option<LeaseLost>,
+        lost: Option<Box<LeaseLost>>,
         /// The handler's error, when it failed.
         delivery_error: Option<DeliveryError>,
         /// What the writes ended in.
@@ -407,11 +407,11 @@ pub(crate) async fn settle_delivery(
         (Some(degraded), Err(unsettled))
             if degraded.state == LeaseState::Degraded && unsettled.claim_lost =>
         {
-            Some(lease(
+            Some(Box::new(lease(
                 LeaseState::Lost,
                 unsettled.error.is_claim_lost(),
                 unsettled.error.clone(),
-            ))
+            )))
         }
         _ => None,
     };
@@ -568,7 +568,7 @@ mod tests {
     }
 
     impl OutboxStore for FaultStore {
-        async fn enqueue(&self, message: NewMessage) -> outbox::Result<String> {
+        async fn enqueue(&self, message: NewMessage) -> outbox::Result<outbox::Enqueued> {
             self.inner.enqueue(message).await
         }
 

@@ -145,7 +145,12 @@ async fn postgres() -> Fixture<PostgresOutbox> {
         .await
         .unwrap_or_else(|e| panic!("cannot connect to DATABASE_URL: {e}"));
     let table = format!("cli_{:016x}", random());
-    let store = PostgresOutbox::builder(pool).table(&table).unwrap().build();
+    let store = PostgresOutbox::builder(pool)
+        .table(&table)
+        .unwrap()
+        // The fixtures settle messages at chosen times, as an operator later sees them.
+        .caller_clock(true)
+        .build();
     Fixture::migrated(url, table, store, TempDir::new())
 }
 
@@ -185,13 +190,14 @@ impl<S: OutboxStore + OutboxAdmin> Fixture<S> {
             .enqueue(NewMessage::new(MessageKind::Event, name, payload.into()))
             .await
             .unwrap()
+            .into_id()
     }
 
     /// A message enqueued and claimed at `at`, under a lease of `lease`.
     async fn claimed(&self, name: &str, at: DateTime<Utc>, lease: Duration) -> ClaimedMessage {
         let message =
             NewMessage::new(MessageKind::Event, name, serde_json::json!({"n": 1}).into()).at(at);
-        let id = self.store.enqueue(message).await.unwrap();
+        let id = self.store.enqueue(message).await.unwrap().into_id();
         let mut batch = self
             .store
             .claim_batch(ClaimBatch {
@@ -761,7 +767,7 @@ async fn drain_once_print_writes_each_message_as_a_json_line<S: OutboxStore + Ou
         Payload::from_json(r#"{"day":"2026-05-01"}"#).unwrap(),
     )
     .with_max_attempts(2);
-    let job = f.store.enqueue(job).await.unwrap();
+    let job = f.store.enqueue(job).await.unwrap().into_id();
 
     let run = f.run(&["drain", "--once", "--print"]).ok();
     let lines: Vec<Value> = run
@@ -809,7 +815,7 @@ async fn drain_once_exec_retries_what_its_command_fails<S: OutboxStore + OutboxA
         Payload::from_json(r#"{"n":3}"#).unwrap(),
     )
     .with_max_attempts(1);
-    let last_chance = f.store.enqueue(last_chance).await.unwrap();
+    let last_chance = f.store.enqueue(last_chance).await.unwrap().into_id();
 
     let out = f.dir.path().join("delivered");
     std::fs::create_dir_all(&out).unwrap();

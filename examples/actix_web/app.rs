@@ -111,7 +111,9 @@ async fn place_order(
         .outbox
         .enqueue_event_in(&mut tx, &event)
         .await
-        .map_err(|e| internal(&e))?;
+        .map_err(|e| internal(&e))?
+        // A generated id is never taken.
+        .into_id();
     tx.commit().await.map_err(|e| internal(&e))?;
     Ok(HttpResponse::Created()
         .json(serde_json::json!({ "order_id": order_id, "message_id": message_id })))

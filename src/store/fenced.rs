@@ -29,8 +29,13 @@ use crate::error::{Error, Result};
 /// What a fenced write does to a message its token still owns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FencedOp {
-    /// `locked_until = ...`; still claimed.
-    Renew { locked_until: DateTime<Utc> },
+    /// `locked_until = now + lease`; still claimed. `locked_until` is on
+    /// the caller's clock; a store that keeps time itself adds `lease` to
+    /// its own.
+    Renew {
+        locked_until: DateTime<Utc>,
+        lease: Duration,
+    },
     /// Delivered at `now`.
     Deliver,
     /// Pending again from `available_at`, with `last_error`.
@@ -63,11 +68,14 @@ impl FencedOp {
         }
     }
 
-    /// The new `locked_until` of a renewal.
+    /// The lease of a renewal, in whole microseconds (the database's
+    /// resolution).
     #[cfg(feature = "postgres")]
-    pub(crate) fn locked_until(self) -> Option<DateTime<Utc>> {
+    pub(crate) fn lease_micros(self) -> Option<i64> {
         match self {
-            FencedOp::Renew { locked_until } => Some(locked_until),
+            FencedOp::Renew { lease, .. } => {
+                Some(i64::try_from(lease.as_micros()).unwrap_or(i64::MAX))
+            }
             _ => None,
         }
     }
@@ -101,7 +109,10 @@ impl FencedWrite {
         check::positive_lease(params.lease)?;
         let locked_until = lease_end(params.now, params.lease)?;
         let row = FencedWrite {
-            op: FencedOp::Renew { locked_until },
+            op: FencedOp::Renew {
+                locked_until,
+                lease: params.lease,
+            },
             id: params.id,
             claim_token: params.claim_token,
             now: params.now,

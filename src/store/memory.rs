@@ -15,7 +15,7 @@ use crate::error::{
     AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result,
 };
 use crate::kind::MessageStatus;
-use crate::message::{ClaimedMessage, NewMessage, OutboxMessage, new_claim_token};
+use crate::message::{ClaimedMessage, Enqueued, NewMessage, OutboxMessage, new_claim_token};
 
 /// An outbox held in process memory. Cheap to clone; clones share the data.
 ///
@@ -266,7 +266,7 @@ impl MemoryOutbox {
             .collect()
     }
 
-    fn enqueue_now(&self, message: NewMessage) -> Result<String> {
+    fn enqueue_now(&self, message: NewMessage) -> Result<Enqueued> {
         message.validate()?;
         let id: Arc<str> = Arc::from(message.resolve_id());
         let now = message.now;
@@ -294,7 +294,7 @@ impl MemoryOutbox {
         };
         let mut state = self.lock();
         if state.ids.contains_key(&id) {
-            return Err(Error::DuplicateId { id: id.to_string() });
+            return Ok(Enqueued::AlreadyExists(id.to_string()));
         }
         let seq = state.next_seq;
         state.next_seq += 1;
@@ -313,7 +313,7 @@ impl MemoryOutbox {
         state.counts[status_index(MessageStatus::Pending)] += 1;
         drop(state);
         self.wake.wake();
-        Ok(id.to_string())
+        Ok(Enqueued::Inserted(id.to_string()))
     }
 
     fn claim_now(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
@@ -587,7 +587,7 @@ impl MemoryOutbox {
 }
 
 impl OutboxStore for MemoryOutbox {
-    async fn enqueue(&self, message: NewMessage) -> Result<String> {
+    async fn enqueue(&self, message: NewMessage) -> Result<Enqueued> {
         self.enqueue_now(message)
     }
 

@@ -6,6 +6,17 @@
 //! conformance suite drives every store on a virtual clock, and every write
 //! to a claimed message is fenced by its claim token *and* a live lease.
 //!
+//! # Which clock
+//!
+//! [`MemoryOutbox`](crate::MemoryOutbox) and the SQLite store run on one
+//! machine and use the caller's `now` for everything. The PostgreSQL store
+//! is shared by workers on many machines and judges leases by the server's
+//! clock (claims, renewals, fenced writes, live-claim counts), so clock skew
+//! cannot hand a live lease to a second worker. Every store returns a
+//! claim's and a renewal's `locked_until` as `now + lease` on the caller's
+//! clock: a deadline the caller can keep with its own clock, which the
+//! store's lease outlasts.
+//!
 //! # Layout
 //!
 //! - `mod.rs` (this module): the port, [`OutboxStore`] and [`OutboxAdmin`],
@@ -37,7 +48,7 @@ use futures_util::future::BoxFuture;
 use crate::error::Result;
 use crate::error::{ErrorRecord, UnreadableMessage};
 use crate::kind::MessageStatus;
-use crate::message::{ClaimedMessage, NewMessage, OutboxMessage};
+use crate::message::{ClaimedMessage, Enqueued, NewMessage, OutboxMessage};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod connect;
@@ -66,7 +77,9 @@ pub(crate) mod sqlite;
 pub struct ClaimBatch {
     /// Most messages to select; at least 1.
     pub limit: usize,
-    /// The caller's clock.
+    /// The caller's clock, read before the call. A store that judges leases
+    /// by its own clock (PostgreSQL) uses it only for the deadline it
+    /// returns.
     pub now: DateTime<Utc>,
     /// Lease length; `locked_until = now + lease`.
     pub lease: Duration,
@@ -165,11 +178,21 @@ impl Wakeups {
 /// and its lease is live (`locked_until > now`); otherwise it fails with
 /// [`Error::Claim`](crate::Error::Claim), the one error the runtime treats
 /// as confirmed loss.
+///
+/// `now` is the caller's clock. The memory and SQLite stores judge leases
+/// by it; the PostgreSQL store judges them by the server's clock, so clock
+/// skew between machines cannot hand a live lease to a second worker (see
+/// "Which clock" on `PostgresOutbox`). Either way, the
+/// `locked_until` a claim or renewal returns is `now + lease` on the
+/// caller's clock, never later than the lease the store holds.
 pub trait OutboxStore: Send + Sync + 'static {
-    /// Store a new message; returns its id. An existing id is reported as
-    /// [`Error::DuplicateId`](crate::Error::DuplicateId) and the stored
-    /// message is left untouched.
-    fn enqueue(&self, message: NewMessage) -> impl Future<Output = Result<String>> + Send;
+    /// Store a new message. An id that is already stored is not an error:
+    /// the answer is [`Enqueued::AlreadyExists`], nothing is written, and the
+    /// stored message is left untouched; see [`Enqueued`] for what to do
+    /// with each answer. Invalid input is refused with
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) before anything is
+    /// written.
+    fn enqueue(&self, message: NewMessage) -> impl Future<Output = Result<Enqueued>> + Send;
 
     /// Claim eligible messages; see [`ClaimBatch`].
     fn claim_batch(&self, params: ClaimBatch) -> impl Future<Output = Result<ClaimedBatch>> + Send;
@@ -376,7 +399,7 @@ pub trait OutboxAdmin: Send + Sync + 'static {
 /// at run time. Implemented for every `OutboxStore`.
 pub trait DynOutboxStore: Send + Sync + 'static {
     /// See [`OutboxStore::enqueue`].
-    fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<String>>;
+    fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<Enqueued>>;
     /// See [`OutboxStore::claim_batch`].
     fn claim_batch(&self, params: ClaimBatch) -> BoxFuture<'_, Result<ClaimedBatch>>;
     /// See [`OutboxStore::renew_claim`].
@@ -396,7 +419,7 @@ pub trait DynOutboxStore: Send + Sync + 'static {
 }
 
 impl<S: OutboxStore> DynOutboxStore for S {
-    fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<String>> {
+    fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<Enqueued>> {
         Box::pin(OutboxStore::enqueue(self, message))
     }
     fn claim_batch(&self, params: ClaimBatch) -> BoxFuture<'_, Result<ClaimedBatch>> {

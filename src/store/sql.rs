@@ -533,6 +533,13 @@ pub(crate) trait SqlBackend: FencedBackend {
     /// Every column of `row` as text (`None` for `NULL`), to show a row
     /// that does not decode as it is stored.
     fn raw_columns(row: &<Self::Db as Database>::Row) -> BTreeMap<String, Option<String>>;
+
+    /// `true` when the store judges leases by the database's clock: the
+    /// shared statements then get NULL for `now` and read the time
+    /// themselves.
+    fn server_clock(&self) -> bool {
+        false
+    }
 }
 
 /// What every SQL store's core holds.
@@ -628,6 +635,7 @@ where
     for<'q> Option<&'q str>: Encode<'q, B::Db>,
     for<'q> Option<String>: Encode<'q, B::Db>,
     for<'q> i64: Encode<'q, B::Db>,
+    for<'q> Option<B::Time>: Encode<'q, B::Db>,
     for<'r> String: Decode<'r, B::Db> + sqlx::Type<B::Db>,
     for<'r> i64: Decode<'r, B::Db> + sqlx::Type<B::Db>,
     for<'a> &'a str: ColumnIndex<<B::Db as Database>::Row>,
@@ -685,8 +693,9 @@ where
     }
 
     pub(crate) async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats> {
+        let now = (!self.core.server_clock()).then(|| B::Time::store(now));
         let row = sqlx::query(AssertSqlSafe(self.core.parts().shared.stats.clone()))
-            .bind(B::Time::store(now))
+            .bind(now)
             .fetch_one(&self.core.parts().pool)
             .await
             .map_err(db("stats"))?;
@@ -799,15 +808,27 @@ where
 
     /// The insert of `message` with its eight common binds, and the id it
     /// gets: id, kind, name, payload, trace, max attempts, available at, now.
+    /// `available_at` is the message's, else its `now`, else (when
+    /// `server_default`) NULL, for the statement to fill in the database's
+    /// time.
     pub(crate) fn insert(
         sql: &Arc<str>,
         message: &NewMessage,
+        server_default: bool,
     ) -> (
         String,
         sqlx::query::Query<'static, B::Db, <B::Db as Database>::Arguments>,
-    ) {
+    )
+    where
+        for<'q> Option<B::Time>: Encode<'q, B::Db>,
+    {
         let id = message.resolve_id();
         let now = message.now;
+        let available_at = match message.available_at {
+            Some(at) => Some(at),
+            None if server_default => None,
+            None => Some(now),
+        };
         let query = sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(id.as_str())
             .bind(message.kind.as_str())
@@ -815,7 +836,7 @@ where
             .bind(message.payload.as_str())
             .bind(trace_json(message.trace.as_ref()))
             .bind(i64::from(message.max_attempts))
-            .bind(B::Time::store(message.available_at.unwrap_or(now)))
+            .bind(available_at.map(B::Time::store))
             .bind(B::Time::store(now));
         (id, query)
     }
@@ -991,7 +1012,7 @@ macro_rules! sql_store {
                 &self,
                 conn: &mut $conn,
                 payload: &E,
-            ) -> $crate::Result<String> {
+            ) -> $crate::Result<$crate::Enqueued> {
                 self.enqueue_in(conn, $crate::NewMessage::event(payload)?).await
             }
 
@@ -1000,13 +1021,13 @@ macro_rules! sql_store {
                 &self,
                 conn: &mut $conn,
                 payload: &J,
-            ) -> $crate::Result<String> {
+            ) -> $crate::Result<$crate::Enqueued> {
                 self.enqueue_in(conn, $crate::NewMessage::job(payload)?).await
             }
         }
 
         impl $crate::OutboxStore for $store {
-            async fn enqueue(&self, message: $crate::NewMessage) -> $crate::Result<String> {
+            async fn enqueue(&self, message: $crate::NewMessage) -> $crate::Result<$crate::Enqueued> {
                 self.enqueue_now(message).await
             }
 

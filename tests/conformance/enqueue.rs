@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 
 use outbox::{
-    Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, MarkFailed, MessageKind, MessageStatus, NewMessage,
-    OutboxAdmin, OutboxStats, OutboxStore, Payload, TraceCarrier,
+    Enqueued, ErrorRecord, MAX_ERROR_RECORD_BYTES, MarkFailed, MessageKind, MessageStatus,
+    NewMessage, OutboxAdmin, OutboxStats, OutboxStore, Payload, TraceCarrier,
 };
 use serde_json::json;
 
@@ -86,12 +86,22 @@ pub(crate) async fn enqueue_duplicate_id_leaves_stored_message_untouched<
         .with_id(id)
         .with_max_attempts(9)
         .at(at(3 * SECOND));
-        match store.enqueue(duplicate).await {
-            Err(Error::DuplicateId { id: taken }) => assert_eq!(taken, id),
-            other => panic!("expected a duplicate id error for {id}, got {other:?}"),
-        }
+        let enqueued = store.enqueue(duplicate).await.unwrap();
+        assert_eq!(enqueued, Enqueued::AlreadyExists(id.to_owned()));
+        assert_eq!(enqueued.id(), id);
+        assert!(!enqueued.is_inserted());
     }
     assert_eq!(everything(&store).await, before);
+
+    // The id stays taken after the stored message was claimed and delivered,
+    // and a fresh id is still inserted.
+    assert_eq!(
+        store
+            .enqueue(message("order-3", "order.placed", 4 * SECOND))
+            .await
+            .unwrap(),
+        Enqueued::Inserted("order-3".to_owned())
+    );
 }
 
 pub(crate) async fn enqueue_stores_every_field<S: OutboxStore + OutboxAdmin + Clone>(store: S) {

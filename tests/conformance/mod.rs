@@ -34,9 +34,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use outbox::{
-    ClaimBatch, ClaimedBatch, ClaimedMessage, Error, ErrorRecord, ListMessages, MarkDelivered,
-    MarkFailed, MessageKind, NewMessage, OutboxAdmin, OutboxMessage, OutboxStore, Payload,
-    ReleaseClaim, RenewClaim, Result,
+    ClaimBatch, ClaimedBatch, ClaimedMessage, Enqueued, Error, ErrorRecord, ListMessages,
+    MarkDelivered, MarkFailed, MessageKind, NewMessage, OutboxAdmin, OutboxMessage, OutboxStore,
+    Payload, ReleaseClaim, RenewClaim, Result,
 };
 use serde_json::json;
 
@@ -169,7 +169,10 @@ fn message(id: &str, name: &str, created: i64) -> NewMessage {
 }
 
 async fn put<S: OutboxStore>(store: &S, new: NewMessage) -> String {
-    store.enqueue(new).await.expect("enqueue")
+    match store.enqueue(new).await.expect("enqueue") {
+        Enqueued::Inserted(id) => id,
+        other => panic!("expected a fresh insert, got {other:?}"),
+    }
 }
 
 /// Enqueue `id` at `created`, available at `available`, with `max_attempts`.

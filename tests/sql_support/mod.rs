@@ -254,6 +254,77 @@ macro_rules! sql_conformance_suite {
         $(nothing_created: $nothing_created:path,)?
     ) => {
         #[tokio::test]
+        async fn a_duplicate_enqueue_keeps_the_transaction_and_its_business_rows() {
+            use outbox::{Enqueued, MessageKind, NewMessage, OutboxAdmin, Payload, SettlementMode};
+            use sqlx::AssertSqlSafe;
+
+            let (_database, pool) = $database().await;
+            let outbox = $open(&pool, &$tx_table, SettlementMode::default()).await;
+            let (orders, create_orders, insert_order) = $orders();
+            sqlx::query(AssertSqlSafe(create_orders))
+                .execute(&pool)
+                .await
+                .unwrap();
+            let order = |n: i64| NewMessage::new(
+                MessageKind::Event,
+                "order.placed",
+                Payload::from(serde_json::json!({ "order_id": n })),
+            );
+            assert_eq!(
+                outbox.enqueue(order(1).with_id("order-1")).await.unwrap(),
+                Enqueued::Inserted("order-1".to_owned())
+            );
+
+            // A business row, the duplicate, another business row and a fresh
+            // message, all in one transaction: every statement after the
+            // duplicate still runs, and the commit keeps them all.
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query(AssertSqlSafe(insert_order.clone()))
+                .bind(10_i64)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let duplicate = outbox
+                .enqueue_in(&mut tx, order(2).with_id("order-1"))
+                .await
+                .unwrap();
+            assert_eq!(duplicate, Enqueued::AlreadyExists("order-1".to_owned()));
+            assert_eq!(duplicate.id(), "order-1");
+            sqlx::query(AssertSqlSafe(insert_order.clone()))
+                .bind(11_i64)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let fresh = outbox
+                .enqueue_in(&mut tx, order(3).with_id("order-3"))
+                .await
+                .unwrap();
+            assert!(fresh.is_inserted());
+            tx.commit().await.unwrap();
+
+            let count = |sql: String| {
+                let pool = pool.clone();
+                async move {
+                    sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap()
+                }
+            };
+            assert_eq!(
+                count(format!("SELECT count(*) FROM {orders} WHERE id IN (10, 11)")).await,
+                2,
+                "both business rows committed"
+            );
+            let stored = outbox.get_message("order-1").await.unwrap();
+            assert_eq!(stored.payload.to_value()["order_id"], 1, "left untouched");
+            assert_eq!(
+                outbox.get_message("order-3").await.unwrap().payload.to_value()["order_id"],
+                3
+            );
+        }
+
+        #[tokio::test]
         async fn transactional_enqueue_commits_or_vanishes_with_the_business_rows() {
             use $crate::sql_support::OrderPlaced;
             use outbox::{
@@ -280,7 +351,8 @@ macro_rules! sql_conformance_suite {
             let rolled_back = outbox
                 .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 1 })
                 .await
-                .unwrap();
+                .unwrap()
+                .into_id();
             tx.rollback().await.unwrap();
             assert!(matches!(
                 outbox.get_message(&rolled_back).await,
@@ -325,7 +397,8 @@ macro_rules! sql_conformance_suite {
             let committed = outbox
                 .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 3 })
                 .await
-                .unwrap();
+                .unwrap()
+                .into_id();
             tx.commit().await.unwrap();
             let ids: Vec<i64> =
                 sqlx::query_scalar(AssertSqlSafe(format!("SELECT id FROM {orders}")))

@@ -34,7 +34,8 @@ fn abandoned_messages_are_dead_lettered_at_claim_and_observed() {
                     .at(h.clock.now()),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .into_id();
         // A worker claimed it and vanished.
         let taken = h
             .store
@@ -220,7 +221,8 @@ fn observers_that_panic_or_fail_change_nothing() {
                 .at(h.clock.now()),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .into_id();
         let fine = h.enqueue(ping(2, 1)).await;
         let r = h.drain().await;
         assert_eq!((r.claimed, r.delivered, r.dead_lettered), (2, 1, 1));

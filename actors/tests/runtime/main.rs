@@ -244,7 +244,7 @@ impl Harness {
 
     async fn enqueue(&self, ping: Ping) -> String {
         let message = NewMessage::event(&ping).unwrap().at(self.clock.now());
-        self.store.enqueue(message).await.unwrap()
+        self.store.enqueue(message).await.unwrap().into_id()
     }
 
     async fn drain(&self) -> DrainReport {

@@ -1,6 +1,7 @@
 //! The actor runtime end to end on PostgreSQL: transactional enqueue,
 //! wake-ups by `LISTEN`/`NOTIFY` (and their reconnection), four workers on
-//! one table, and connections killed in the middle of a pass.
+//! one table, two workers whose clocks disagree by more than a lease, and
+//! connections killed in the middle of a pass.
 //!
 //! Run with `scripts/with-postgres cargo test -p outbox-actors --features
 //! postgres --test runtime postgres::`; without `DATABASE_URL` every test fails and says so.
@@ -140,7 +141,8 @@ async fn transactional_enqueue_through_the_runtime() {
     let id = outbox
         .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 2 })
         .await
-        .unwrap();
+        .unwrap()
+        .into_id();
     tx.commit().await.unwrap();
     let report = coordinator.send(Drain).await.unwrap().unwrap();
     assert_eq!((report.claimed, report.delivered), (1, 1), "{report}");
@@ -172,7 +174,7 @@ async fn commits_wake_the_coordinator_and_bursts_are_coalesced() {
     idle(&coordinator).await;
 
     let mut tx = pool.begin().await.unwrap();
-    let id = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap();
+    let id = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap().into_id();
     tx.commit().await.unwrap();
     assert_eq!(reports.finished(1).await[0].id, id);
     let before = idle(&coordinator).await;
@@ -241,7 +243,7 @@ async fn the_wake_up_listener_reconnects_after_its_backend_is_killed() {
     // Committed while the listener may still be down: the wake-up after it
     // reconnects finds the message.
     let mut tx = pool.begin().await.unwrap();
-    let first = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap();
+    let first = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap().into_id();
     tx.commit().await.unwrap();
     assert_eq!(reports.finished(1).await[0].id, first);
 
@@ -252,7 +254,7 @@ async fn the_wake_up_listener_reconnects_after_its_backend_is_killed() {
     })
     .await;
     let mut tx = pool.begin().await.unwrap();
-    let second = outbox.enqueue_in(&mut tx, ping(2)).await.unwrap();
+    let second = outbox.enqueue_in(&mut tx, ping(2)).await.unwrap().into_id();
     tx.commit().await.unwrap();
     assert_eq!(reports.finished(1).await[0].id, second);
     let end = idle(&coordinator).await;
@@ -555,4 +557,175 @@ async fn status_of(admin: &PgPool, table: &str) -> HashMap<String, (String, i64)
     .iter()
     .map(|row| (row.get(0), (row.get(1), row.get(2))))
     .collect()
+}
+
+/// A system clock set off by `offset`: a machine whose clock is wrong.
+#[derive(Debug, Clone, Copy)]
+struct SkewedClock {
+    offset: chrono::Duration,
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        SystemClock.now() + self.offset
+    }
+}
+
+/// One run of one message by one worker, on the test's monotonic clock.
+#[derive(Debug, Clone)]
+struct Run {
+    id: String,
+    worker: usize,
+    started: Instant,
+    finished: Instant,
+}
+
+/// Two workers on one table, one clock 5 s ahead and one 5 s behind, with
+/// 3 s leases renewed every second: more skew than a lease lasts. PostgreSQL
+/// judges every lease by its own clock, so neither takes over a message the
+/// other still runs.
+#[test]
+fn skewed_clocks_never_run_one_message_twice_at_once() {
+    const MESSAGES: u64 = 400;
+    const CONCURRENCY: usize = 4;
+    let name = unique("skew");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (admin, outbox) = runtime.block_on(store(&name));
+    runtime.block_on(async {
+        let mut tx = admin.begin().await.unwrap();
+        for n in 0..MESSAGES {
+            outbox.enqueue_in(&mut tx, ping(n)).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    });
+
+    let runs = Arc::new(std::sync::Mutex::new(Vec::<Run>::new()));
+    let offsets = [5, -5];
+    let ready = Arc::new(Barrier::new(offsets.len()));
+    let started = Instant::now();
+    let workers: Vec<_> = offsets
+        .into_iter()
+        .enumerate()
+        .map(|(worker, offset)| {
+            let (name, runs, ready) = (name.clone(), runs.clone(), ready.clone());
+            let clock = SkewedClock {
+                offset: chrono::Duration::seconds(offset),
+            };
+            std::thread::spawn(move || {
+                actix_rt::System::new().block_on(drain_skewed(
+                    worker,
+                    name,
+                    clock,
+                    CONCURRENCY,
+                    runs,
+                    ready,
+                ))
+            })
+        })
+        .collect();
+    let statuses: Vec<CoordinatorStatus> = workers
+        .into_iter()
+        .map(|worker| worker.join().expect("a worker panicked"))
+        .collect();
+    let took = started.elapsed();
+
+    let mut runs = runs.lock().unwrap().clone();
+    runs.sort_by(|a, b| (&a.id, a.started).cmp(&(&b.id, b.started)));
+    let ids: HashSet<&str> = runs.iter().map(|r| r.id.as_str()).collect();
+    let delivered = ids.len() as u64;
+    let duplicates = runs.len() as u64 - delivered;
+    let overlaps = runs
+        .windows(2)
+        .filter(|w| w[0].id == w[1].id && w[1].started < w[0].finished)
+        .count();
+    let shares: Vec<usize> = (0..offsets.len())
+        .map(|worker| runs.iter().filter(|r| r.worker == worker).count())
+        .collect();
+    let lost: Vec<u64> = statuses.iter().map(|s| s.totals.lease_lost).collect();
+    println!(
+        "skewed clocks (+5 s, -5 s; lease 3 s, heartbeat 1 s, concurrency {CONCURRENCY} each): \
+         {MESSAGES} messages, delivered {delivered}, duplicates {duplicates}, overlaps \
+         {overlaps}; runs per worker {shares:?}, leases lost {lost:?}, in {took:?}"
+    );
+    assert_eq!(delivered, MESSAGES, "every message ran");
+    assert_eq!(overlaps, 0, "two runs of one message overlapped");
+    assert!(
+        duplicates <= 2 * CONCURRENCY as u64,
+        "{duplicates} duplicates"
+    );
+    for (worker, share) in shares.iter().enumerate() {
+        assert!(*share > 0, "worker {worker} ran nothing: {shares:?}");
+    }
+    let settled: i64 = runtime.block_on(async {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {name} WHERE status = 'delivered'"
+        )))
+        .fetch_one(&admin)
+        .await
+        .unwrap()
+    });
+    assert_eq!(settled, MESSAGES as i64);
+}
+
+/// One worker of [`skewed_clocks_never_run_one_message_twice_at_once`]:
+/// 50 ms handlers, drained until nothing is pending or claimed.
+async fn drain_skewed(
+    worker: usize,
+    table: String,
+    clock: SkewedClock,
+    concurrency: usize,
+    runs: Arc<std::sync::Mutex<Vec<Run>>>,
+    ready: Arc<Barrier>,
+) -> CoordinatorStatus {
+    let pool = pool_named(&format!("{table}-w{worker}"), 8).await;
+    let outbox = PostgresOutbox::builder(pool).table(&table).unwrap().build();
+    let bus = outbox::InProcessBus::new().on(
+        move |_: Arc<sql_support::Ping>, context: outbox::DeliveryContext| {
+            let runs = runs.clone();
+            async move {
+                let started = Instant::now();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                runs.lock().unwrap().push(Run {
+                    id: context.id().to_owned(),
+                    worker,
+                    started,
+                    finished: Instant::now(),
+                });
+                Ok(())
+            }
+        },
+    );
+    let config = DrainConfig {
+        concurrency,
+        lease: Duration::from_secs(3),
+        heartbeat: Some(Duration::from_secs(1)),
+        ..DrainConfig::default()
+    };
+    let coordinator = outbox_actors::DrainCoordinator::builder(outbox.clone())
+        .registry(sql_support::registry())
+        .event_bus(bus)
+        .config(config)
+        .clock(clock)
+        .start()
+        .unwrap();
+    status(&coordinator).await;
+    ready.wait();
+    let give_up = Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(Instant::now() < give_up, "worker {worker} never finished");
+        let report = coordinator.send(Drain).await.unwrap().unwrap();
+        let stats = outbox.stats(SystemClock.now()).await.unwrap();
+        if report.claimed == 0 && stats.pending + stats.claimed == 0 {
+            break;
+        }
+        if report.claimed == 0 {
+            // The other worker holds the rest; look again shortly.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    status(&coordinator).await
 }

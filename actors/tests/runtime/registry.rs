@@ -23,7 +23,8 @@ fn a_pass_refuses_to_start_without_a_transport_for_registered_messages() {
         let id = store
             .enqueue(NewMessage::event(&ping(1, 0)).unwrap().at(clock.now()))
             .await
-            .unwrap();
+            .unwrap()
+            .into_id();
         let coordinator = DrainCoordinator::builder(store.clone())
             .registry(registry())
             .clock(clock)
@@ -64,7 +65,7 @@ fn an_undecodable_payload_is_dead_lettered_at_once() {
             Payload::from_json(r#"{"n":"not a number","work_ms":0}"#).unwrap(),
         )
         .at(h.clock.now());
-        let id = h.store.enqueue(raw).await.unwrap();
+        let id = h.store.enqueue(raw).await.unwrap().into_id();
         let r = h.drain().await;
         assert_eq!((r.dead_lettered, r.retried), (1, 0));
         let message = h.message(&id).await;
@@ -92,7 +93,7 @@ fn an_unknown_name_is_retried_for_a_worker_that_knows_it() {
             Payload::from_json("{}").unwrap(),
         )
         .at(h.clock.now());
-        let id = h.store.enqueue(raw).await.unwrap();
+        let id = h.store.enqueue(raw).await.unwrap().into_id();
         assert_eq!(h.drain().await.retried, 1);
         let message = h.message(&id).await;
         assert_eq!(message.status, MessageStatus::Pending);
@@ -162,7 +163,8 @@ fn a_catch_all_delivers_unknown_names_as_stored_after_typed_ones() {
         let job = store
             .enqueue(raw(MessageKind::Job, "reindex", "{}"))
             .await
-            .unwrap();
+            .unwrap()
+            .into_id();
         let report = coordinator.send(Drain).await.unwrap().unwrap();
         assert_eq!((report.delivered, report.retried), (2, 1), "{report}");
         assert_eq!(
@@ -245,7 +247,7 @@ fn a_jobs_own_retry_policy_governs_its_retries() {
             .unwrap()
             .at(clock.now());
         assert_eq!(message.max_attempts, 2, "the job's budget");
-        let id = store.enqueue(message).await.unwrap();
+        let id = store.enqueue(message).await.unwrap().into_id();
         assert_eq!(coordinator.send(Drain).await.unwrap().unwrap().retried, 1);
         let pending = store.inner().get_message(&id).await.unwrap();
         assert_eq!(

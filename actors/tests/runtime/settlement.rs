@@ -222,7 +222,8 @@ fn a_failing_delivery_is_retried_then_dead_lettered() {
                 .at(h.clock.now()),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .into_id();
         assert_eq!(h.drain().await.retried, 1);
         assert_eq!(
             h.drain().await,

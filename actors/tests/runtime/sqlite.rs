@@ -105,7 +105,8 @@ async fn transactional_enqueue_through_the_runtime() {
     let id = outbox
         .enqueue_event_in(&mut tx, &OrderPlaced { order_id: 2 })
         .await
-        .unwrap();
+        .unwrap()
+        .into_id();
     tx.commit().await.unwrap();
     let report = coordinator.send(Drain).await.unwrap().unwrap();
     assert_eq!((report.claimed, report.delivered), (1, 1), "{report}");
@@ -131,7 +132,7 @@ async fn commits_wake_the_coordinator_and_bursts_are_coalesced() {
     let mut wakeups = outbox.wakeups().unwrap();
 
     let mut tx = pool.begin().await.unwrap();
-    let id = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap();
+    let id = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap().into_id();
     tx.commit().await.unwrap();
     assert_eq!(reports.finished(1).await[0].id, id);
     let before = idle(&coordinator).await;
@@ -191,7 +192,7 @@ impl Watched {
 }
 
 impl OutboxStore for Watched {
-    async fn enqueue(&self, message: NewMessage) -> outbox::Result<String> {
+    async fn enqueue(&self, message: NewMessage) -> outbox::Result<outbox::Enqueued> {
         let result = self.inner.enqueue(message).await;
         self.seen("enqueue", result)
     }

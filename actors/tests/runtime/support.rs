@@ -278,7 +278,7 @@ impl FaultStore {
 }
 
 impl OutboxStore for FaultStore {
-    async fn enqueue(&self, message: NewMessage) -> Result<String> {
+    async fn enqueue(&self, message: NewMessage) -> Result<outbox::Enqueued> {
         self.inner.enqueue(message).await
     }
 

@@ -129,6 +129,7 @@ impl<S: OutboxStore + Clone> Harness<S> {
             .enqueue(message.at(self.clock.now()))
             .await
             .unwrap()
+            .into_id()
     }
 
     async fn drain(&self) -> DrainReport {
@@ -520,7 +521,7 @@ fn the_pending_gauge_is_sampled_after_each_pass() {
 struct Uncounted(MemoryOutbox);
 
 impl OutboxStore for Uncounted {
-    async fn enqueue(&self, message: NewMessage) -> outbox::Result<String> {
+    async fn enqueue(&self, message: NewMessage) -> outbox::Result<outbox::Enqueued> {
         self.0.enqueue(message).await
     }
     async fn claim_batch(&self, params: ClaimBatch) -> outbox::Result<ClaimedBatch> {

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox::{
-    ClaimBatch, ClaimError, ClaimLoss, ClaimedBatch, Clock, Error, ListMessages, MarkDelivered,
-    MarkFailed, MemoryOutbox, MessageStatus, NewMessage, OutboxAdmin, OutboxMessage, OutboxStore,
-    ReleaseClaim, RenewClaim, Result, TokioClock, Wakeups,
+    ClaimBatch, ClaimError, ClaimLoss, ClaimedBatch, Clock, Enqueued, Error, ListMessages,
+    MarkDelivered, MarkFailed, MemoryOutbox, MessageStatus, NewMessage, OutboxAdmin, OutboxMessage,
+    OutboxStore, ReleaseClaim, RenewClaim, Result, TokioClock, Wakeups,
 };
 
 use crate::rng::mix;
@@ -385,7 +385,7 @@ impl SimStore {
 }
 
 impl OutboxStore for SimStore {
-    async fn enqueue(&self, message: NewMessage) -> Result<String> {
+    async fn enqueue(&self, message: NewMessage) -> Result<Enqueued> {
         self.inner.enqueue(message).await
     }
 

@@ -374,7 +374,7 @@ impl World {
                     + chrono::Duration::milliseconds(self.rng.below(20_000) as i64);
                 message = message.available_at(later);
             }
-            let id = self.store.enqueue(message).await.unwrap();
+            let id = self.store.enqueue(message).await.unwrap().into_id();
             self.ids.push(id);
         }
     }

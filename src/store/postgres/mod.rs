@@ -29,23 +29,9 @@
 //!   after errors, wakes once after every (re)connect because notifications
 //!   sent meanwhile are lost, and stops when the last [`Wakeups`](crate::Wakeups) is dropped.
 //!
-//! # Time and clock skew
+//! # Which clock
 //!
-//! Lease arithmetic uses the caller's `now` (the application's clock), never
-//! the database's, as the port requires; tests drive it on virtual time.
-//! Between nodes this means:
-//!
-//! - **Fencing is correct under any skew.** Every write checks the claim
-//!   token, which only the current claim holds; a node with a wrong clock can
-//!   at worst believe its own lease is shorter or longer than it is, and a
-//!   write under a superseded token matches no row whatever the clocks say.
-//! - **Skew decides when an expired claim may be taken over.** A node whose
-//!   clock runs ahead by `s` sees other nodes' leases end `s` early and may
-//!   re-claim a message while its first worker still renews it (the worker
-//!   then loses its claim, and the message is delivered twice). Workers renew
-//!   every `heartbeat`, so a lease has `lease - heartbeat` of slack: keep
-//!   clock skew well below that (NTP keeps it in milliseconds; the defaults
-//!   leave 20 s).
+//! The server's, for every lease; see "Which clock" on [`PostgresOutbox`].
 //!
 //! # Runtimes
 //!
@@ -72,7 +58,7 @@ use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts,
 use super::{ClaimBatch, ClaimedBatch};
 use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Backend, Error, Result};
-use crate::message::{NewMessage, OutboxMessage};
+use crate::message::{Enqueued, NewMessage, OutboxMessage};
 use listener::ListenerShared;
 use statements::{Statements, channel_of};
 
@@ -108,6 +94,41 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgr
 /// # Ok(())
 /// # }
 /// ```
+///
+/// # Which clock: the server's
+///
+/// Workers on many machines share this table, and their clocks disagree. So
+/// by default every lease is computed and judged with PostgreSQL's own time
+/// (`statement_timestamp()`, the start of the statement, which is its own
+/// transaction), not the `now` the caller passes:
+///
+/// - a claim takes what is due and what has expired *on the server's clock*,
+///   and writes `claimed_at` and `locked_until = server time + lease`;
+/// - a renewal or settlement applies only while `locked_until` is after the
+///   server's time, and a renewal sets `locked_until = server time + lease`;
+///   `delivered_at`, `updated_at` and a release's `available_at` are the
+///   server's time;
+/// - [`stats`](crate::OutboxAdmin::stats) counts live and expired claims and
+///   due messages on the server's clock;
+/// - an enqueue without `available_at` is due at the server's time of the
+///   insert. Times the caller gives are kept as given, on its clock:
+///   `created_at`, an explicit `available_at`, a retry's `retry_at` (a
+///   caller ahead of the server by `s` sees them take effect `s` later), and
+///   the requeue and purge horizons of the admin operations.
+///
+/// So clock skew between workers can never hand a live lease to a second
+/// worker: only the server's clock says when a lease ends. A caller still
+/// needs a deadline on *its* clock, so a claim and a renewal return
+/// `claimed_at = now` and `locked_until = now + lease` with the caller's
+/// `now`, while the row holds the server's times. That deadline is safe
+/// under any skew: the caller read `now` before the statement ran, so the
+/// server's lease ends no earlier (in real time) than the caller's deadline;
+/// the runtime stops a delivery by then. A slow round trip only makes the
+/// caller's deadline earlier than it needs to be.
+///
+/// `caller_clock(true)` on the [builder](PostgresOutbox::builder) switches a
+/// store to the caller's `now`, as the memory and SQLite stores use, for
+/// tests on a virtual clock.
 #[derive(Clone)]
 pub struct PostgresOutbox {
     inner: SqlOutbox<Core>,
@@ -131,6 +152,7 @@ pub struct PostgresOutboxBuilder {
     table: TableName,
     settlement: SettlementMode,
     notify: bool,
+    caller_clock: bool,
 }
 
 impl PostgresOutboxBuilder {
@@ -148,11 +170,27 @@ impl PostgresOutboxBuilder {
         self
     }
 
+    /// Judge leases by the caller's `now` instead of the database's clock
+    /// (default `false`).
+    ///
+    /// By default claims, renewals, settlements and the live-claim counts
+    /// of [`stats`](crate::OutboxAdmin::stats) read the time from the
+    /// server, so clock skew between worker machines cannot hand a live
+    /// lease to a second worker; see [`PostgresOutbox`]. Turned on, the
+    /// store uses the `now` each call passes, as the memory and SQLite
+    /// stores do. That is for tests that drive the store on a virtual clock
+    /// (this crate's conformance suite does); with workers on more than one
+    /// machine it brings back the skew hazard.
+    pub fn caller_clock(mut self, caller_clock: bool) -> Self {
+        self.caller_clock = caller_clock;
+        self
+    }
+
     /// The store. Call [`PostgresOutbox::setup`] once before using a new table.
     pub fn build(self) -> PostgresOutbox {
         PostgresOutbox {
             inner: SqlOutbox::new(
-                Core::new(self.pool, self.table, self.notify),
+                Core::new(self.pool, self.table, self.notify, !self.caller_clock),
                 self.settlement,
             ),
             listener: Arc::new(ListenerShared::new()),
@@ -173,6 +211,7 @@ impl PostgresOutbox {
             table: TableName::default(),
             settlement: SettlementMode::default(),
             notify: true,
+            caller_clock: false,
         }
     }
 
@@ -288,14 +327,28 @@ impl PostgresOutbox {
     /// Enqueue on the caller's connection, inside the caller's transaction
     /// when there is one (`&mut *tx`): rolled back, the message is gone;
     /// committed, the next claim sees it and listeners are notified.
-    pub async fn enqueue_in(&self, conn: &mut PgConnection, message: NewMessage) -> Result<String> {
+    ///
+    /// A taken id answers [`Enqueued::AlreadyExists`] and leaves the
+    /// transaction usable (`ON CONFLICT DO NOTHING`: no error is raised in
+    /// it), so the rows written before and after it still commit. Input
+    /// PostgreSQL would refuse (a NUL character in the id or name, `\u0000`
+    /// or a lone surrogate escape in the payload, a time before 4713 BC) is
+    /// refused here with [`Error::InvalidInput`] before anything is sent,
+    /// so it does not abort the transaction either.
+    pub async fn enqueue_in(
+        &self,
+        conn: &mut PgConnection,
+        message: NewMessage,
+    ) -> Result<Enqueued> {
         message.validate()?;
+        storable(&message)?;
         self.inner.core.insert(conn, message).await
     }
 
     /// Enqueue through the store's pool, in a transaction of its own.
-    async fn enqueue_now(&self, message: NewMessage) -> Result<String> {
+    async fn enqueue_now(&self, message: NewMessage) -> Result<Enqueued> {
         message.validate()?;
+        storable(&message)?;
         let mut conn = self
             .inner
             .core
@@ -315,16 +368,19 @@ struct Core {
     parts: SqlParts<sqlx::Postgres>,
     channel: String,
     notify: bool,
+    /// Leases are judged by the database's clock, not the caller's `now`.
+    server_clock: bool,
     sql: Statements,
 }
 
 impl Core {
-    fn new(pool: PgPool, table: TableName, notify: bool) -> Self {
+    fn new(pool: PgPool, table: TableName, notify: bool, server_clock: bool) -> Self {
         let (sql, shared) = Statements::new(&table, notify);
         Core {
             sql,
             channel: channel_of(&table),
             notify,
+            server_clock,
             parts: SqlParts {
                 pool,
                 table,
@@ -333,25 +389,53 @@ impl Core {
         }
     }
 
-    async fn insert(&self, conn: &mut PgConnection, message: NewMessage) -> Result<String> {
-        let (id, mut query) = Shared::insert(&self.sql.insert, &message);
+    /// Insert unless the id is taken. A taken id is not a unique violation
+    /// (`ON CONFLICT DO NOTHING`), which would abort the caller's
+    /// transaction; the statement returns a row only when it inserted.
+    async fn insert(&self, conn: &mut PgConnection, message: NewMessage) -> Result<Enqueued> {
+        let (id, mut query) = Shared::insert(&self.sql.insert, &message, self.server_clock);
         if self.notify {
             query = query.bind(&self.channel);
         }
-        query
-            .execute(conn)
+        let inserted = query
+            .fetch_optional(conn)
             .await
-            .map_err(|e| enqueue_error(&id, e))?;
-        Ok(id)
+            .map_err(enqueue_error)?
+            .is_some();
+        Ok(if inserted {
+            Enqueued::Inserted(id)
+        } else {
+            Enqueued::AlreadyExists(id)
+        })
+    }
+
+    /// The server's time, when the store judges leases by it, to name why
+    /// a fenced write missed; `None` on the caller's clock, or when it
+    /// cannot be read (the reason is then judged on the caller's clock).
+    async fn server_now(&self) -> Option<DateTime<Utc>> {
+        if !self.server_clock {
+            return None;
+        }
+        sqlx::query_scalar("SELECT statement_timestamp()")
+            .fetch_one(&self.parts.pool)
+            .await
+            .ok()
+    }
+
+    /// The `now` to bind: the caller's, or NULL for the database's.
+    fn bound_now(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        (!self.server_clock).then_some(now)
     }
 
     async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         check::claim_batch(&params)?;
         let ClaimBatch { limit, now, lease } = params;
         let locked_until = lease_end(now, lease)?;
+        let lease_micros = i64::try_from(lease.as_micros())
+            .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
         let rows = sqlx::query(AssertSqlSafe(self.sql.claim(limit)))
-            .bind(now)
-            .bind(locked_until)
+            .bind(self.bound_now(now))
+            .bind(lease_micros)
             .fetch_all(&self.parts.pool)
             .await
             .map_err(db("claim_batch"))?;
@@ -362,7 +446,20 @@ impl Core {
             let is_abandoned: bool = row.try_get("abandoned").map_err(db("claim_batch"))?;
             match decoded {
                 Ok((seq, message)) if is_abandoned => abandoned.push((seq, message)),
-                Ok((seq, message)) => claimed.push((seq, sql::claimed_view(message)?)),
+                Ok((seq, message)) => {
+                    let mut message = sql::claimed_view(message)?;
+                    if self.server_clock {
+                        // The lease began on the server no earlier than
+                        // the caller read `now`, so it ends no earlier than
+                        // `now + lease` on the caller's clock, whatever the
+                        // skew between the two: a deadline the caller can
+                        // keep with its own clock. The row keeps the
+                        // server's times.
+                        message.claimed_at = now;
+                        message.locked_until = locked_until;
+                    }
+                    claimed.push((seq, message));
+                }
                 Err(unreadable) => self.quarantine(row, unreadable, now).await?,
             }
         }
@@ -399,7 +496,7 @@ impl Core {
             );
         }
         let rows = sqlx::query(AssertSqlSafe(self.sql.abandoned.clone()))
-            .bind(now)
+            .bind(self.bound_now(now))
             .bind(ids)
             .bind(attempts)
             .bind(errors)
@@ -426,7 +523,7 @@ impl Core {
             "outbox row is unreadable; dead-lettered");
         sqlx::query(AssertSqlSafe(self.sql.quarantine.clone()))
             .bind(ErrorRecord::from_error(&unreadable).to_json())
-            .bind(now)
+            .bind(self.bound_now(now))
             .bind(seq)
             .bind(token)
             .execute(&self.parts.pool)
@@ -436,13 +533,93 @@ impl Core {
     }
 }
 
-fn enqueue_error(id: &str, e: sqlx::Error) -> Error {
+/// The earliest time a `timestamptz` holds: 4714-11-24 BC (year -4713).
+fn earliest_timestamptz() -> DateTime<Utc> {
+    use chrono::TimeZone;
+    Utc.with_ymd_and_hms(-4713, 11, 24, 0, 0, 0)
+        .single()
+        .expect("a valid date")
+}
+
+/// Refuse what PostgreSQL would refuse, before it is sent: a refused
+/// statement aborts the caller's transaction, and its commit then rolls
+/// back everything else the transaction wrote.
+fn storable(message: &NewMessage) -> Result<()> {
+    let nul = "contains a NUL character (\\0), which PostgreSQL cannot store in text; remove it";
+    if message.id.as_deref().is_some_and(|id| id.contains('\0')) {
+        return Err(Error::invalid("id", nul));
+    }
+    if message.name.contains('\0') {
+        return Err(Error::invalid("name", nul));
+    }
+    if let Some(reason) = jsonb_refuses(message.payload.as_str()) {
+        return Err(Error::invalid("payload", reason));
+    }
+    let earliest = earliest_timestamptz();
+    if message.now < earliest {
+        return Err(Error::invalid(
+            "now",
+            "is before 4713 BC, which PostgreSQL cannot store; use a real enqueue time",
+        ));
+    }
+    if message.available_at.is_some_and(|at| at < earliest) {
+        return Err(Error::invalid(
+            "available_at",
+            "is before 4713 BC, which PostgreSQL cannot store; leave it unset to make the \
+             message available now",
+        ));
+    }
+    Ok(())
+}
+
+/// Why `jsonb` would refuse this JSON text, if it would: `\u0000` in a
+/// string (jsonb strings cannot hold NUL), or a `\u` escape of half a
+/// surrogate pair.
+fn jsonb_refuses(json: &str) -> Option<&'static str> {
+    let bytes = json.as_bytes();
+    let hex = |at: usize| -> Option<u32> {
+        let digits = std::str::from_utf8(bytes.get(at..at + 4)?).ok()?;
+        u32::from_str_radix(digits, 16).ok()
+    };
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            0 => return Some(NUL_IN_JSON),
+            b'\\' if bytes.get(i + 1) == Some(&b'u') => {
+                let unit = hex(i + 2)?;
+                match unit {
+                    0 => return Some(NUL_IN_JSON),
+                    0xD800..=0xDBFF => {
+                        let low = (bytes.get(i + 6..i + 8) == Some(b"\\u"))
+                            .then(|| hex(i + 8))
+                            .flatten();
+                        if !matches!(low, Some(0xDC00..=0xDFFF)) {
+                            return Some(LONE_SURROGATE);
+                        }
+                        i += 12;
+                    }
+                    0xDC00..=0xDFFF => return Some(LONE_SURROGATE),
+                    _ => i += 6,
+                }
+            }
+            // Any other escape is two bytes; skipping both keeps an escaped
+            // backslash from being read as the start of an escape.
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+const NUL_IN_JSON: &str = "contains \"\\u0000\" (a NUL character), which PostgreSQL's jsonb cannot \
+     store; remove it or encode the bytes (for example as base64)";
+const LONE_SURROGATE: &str = "contains a \"\\u\" escape of half a UTF-16 surrogate pair, which \
+     PostgreSQL's jsonb refuses; send the whole pair or the character itself";
+
+fn enqueue_error(e: sqlx::Error) -> Error {
     let Some(database) = e.as_database_error() else {
         return Error::store("enqueue", e);
     };
-    if database.is_unique_violation() {
-        return Error::DuplicateId { id: id.to_owned() };
-    }
     match database.code().as_deref() {
         // Text PostgreSQL cannot store: a NUL character, or "\u0000" in jsonb.
         Some("22021" | "22P05" | "22P02") => Error::invalid(
@@ -460,6 +637,10 @@ impl SqlBackend for Core {
 
     fn parts(&self) -> &SqlParts<sqlx::Postgres> {
         &self.parts
+    }
+
+    fn server_clock(&self) -> bool {
+        self.server_clock
     }
 
     /// PostgreSQL queues writers itself.
@@ -513,15 +694,15 @@ impl FencedBackend for Core {
         let mut ids = Vec::with_capacity(n);
         let mut tokens = Vec::with_capacity(n);
         let mut nows = Vec::with_capacity(n);
-        let mut untils = Vec::with_capacity(n);
+        let mut leases = Vec::with_capacity(n);
         let mut availables = Vec::with_capacity(n);
         let mut errors = Vec::with_capacity(n);
         for row in rows {
             ops.push(row.op.code());
             ids.push(row.id.as_str());
             tokens.push(row.claim_token.as_str());
-            nows.push(row.now);
-            untils.push(row.op.locked_until());
+            nows.push(self.bound_now(row.now));
+            leases.push(row.op.lease_micros());
             availables.push(row.op.available_at());
             errors.push(row.error.as_deref());
         }
@@ -530,7 +711,7 @@ impl FencedBackend for Core {
             .bind(ids)
             .bind(tokens)
             .bind(nows)
-            .bind(untils)
+            .bind(leases)
             .bind(availables)
             .bind(errors)
             .fetch_all(&self.parts.pool)
@@ -542,18 +723,30 @@ impl FencedBackend for Core {
             .filter(|row| !changed.contains(&row.id))
             .map(|row| row.id.clone())
             .collect();
-        let fences = if lost.is_empty() {
+        let (fences, server_now) = if lost.is_empty() {
             Default::default()
         } else {
-            Shared::fences(&self.parts, &self.sql.fences, lost).await
+            let fences = Shared::fences(&self.parts, &self.sql.fences, lost).await;
+            (fences, self.server_now().await)
         };
         Ok(rows
             .iter()
             .map(|row| {
                 if changed.contains(&row.id) {
-                    Ok(())
-                } else {
-                    sql::lost_claim(row, &fences)
+                    return Ok(());
+                }
+                match server_now {
+                    // The write judged the lease by the server's clock:
+                    // name the reason the same way, with the lease moved
+                    // onto the writer's clock.
+                    Some(server_now) => {
+                        let mut fences = fences.clone();
+                        if let Some((_, _, Some(until))) = fences.get_mut(&row.id) {
+                            *until = row.now + (*until - server_now);
+                        }
+                        sql::lost_claim(row, &fences)
+                    }
+                    None => sql::lost_claim(row, &fences),
                 }
             })
             .collect())

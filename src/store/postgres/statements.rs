@@ -4,6 +4,19 @@ use std::sync::Arc;
 
 use crate::store::sql::{SharedStatements, TableName};
 
+/// The time a statement judges leases by: the caller's (`$1`, bound when
+/// the store runs on the caller's clock) or, when `$1` is NULL, the
+/// database's. `statement_timestamp()` rather than `clock_timestamp()`: it
+/// is one value for the whole statement and stable, so the claim's range
+/// tests still use their indexes; rather than `now()`: a statement inside a
+/// longer transaction still reads the time it runs, not the time the
+/// transaction began. Each claim and fenced write runs as a transaction of
+/// its own, where the two agree.
+const NOW: &str = "coalesce($1::timestamptz, statement_timestamp())";
+
+/// [`NOW`] for the row `v` of a fenced write batch.
+const ROW_NOW: &str = "coalesce(v.now, statement_timestamp())";
+
 /// Every column, each after `prefix`, in the order rows are read.
 pub(super) fn columns(prefix: &str) -> String {
     [
@@ -34,23 +47,25 @@ pub(super) fn columns(prefix: &str) -> String {
 /// The rendered statements for one table.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// Insert one message (and notify, when the store does). Binds: `$1` id
-    /// ... `$8` now (see
+    /// Insert one message unless its id is taken (and notify, when the store
+    /// does and it inserted); returns a row when it inserted. A NULL
+    /// `available_at` is the database's time. Binds: `$1` id ... `$8` now (see
     /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$9` the
     /// channel.
     pub(super) insert: Arc<str>,
     /// Claim, with `{limit}` to write out; see [`Statements::claim`].
     claim: Arc<str>,
-    /// Dead-letter rows out of attempts if they still are. Binds: now, then
-    /// arrays of ids, attempts and errors.
+    /// Dead-letter rows out of attempts if they still are. Binds: now (NULL
+    /// for the database's), then arrays of ids, attempts and errors.
     pub(super) abandoned: Arc<str>,
-    /// Dead-letter an unreadable row. Binds: error, now, seq, token.
+    /// Dead-letter an unreadable row. Binds: error, now (NULL for the
+    /// database's), seq, token.
     pub(super) quarantine: Arc<str>,
     /// Every fenced write. Binds seven arrays of equal length: `$1` op
     /// (`renew`, `deliver`, `retry`, `dead`, `release`), `$2` id, `$3`
-    /// token, `$4` now, `$5` new `locked_until` (renew), `$6` new
-    /// `available_at` (retry), `$7` `last_error` JSON; returns the ids it
-    /// changed.
+    /// token, `$4` now (NULL for the database's), `$5` lease in µs (renew),
+    /// `$6` new `available_at` (retry), `$7` `last_error` JSON; returns the
+    /// ids it changed.
     pub(super) fenced: Arc<str>,
     /// The fence columns of an array of ids.
     pub(super) fences: Arc<str>,
@@ -67,14 +82,17 @@ impl Statements {
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
              available_at, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, $7, $8, $8)"
+             VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, \
+               coalesce($7, statement_timestamp()), $8, $8) \
+             ON CONFLICT (id) DO NOTHING RETURNING 1"
         );
         let own = Statements {
             // NOTIFY in the inserting statement: delivered at commit, never
-            // for a rollback, and deduplicated within a transaction.
+            // for a rollback, and deduplicated within a transaction. Either
+            // form returns a row only when it inserted.
             insert: if notify {
                 format!(
-                    "WITH inserted AS ({insert} RETURNING 1) \
+                    "WITH inserted AS ({insert}) \
                      SELECT pg_notify($9, '') FROM inserted"
                 )
             } else {
@@ -88,19 +106,20 @@ impl Statements {
             claim: format!(
                 "WITH pending AS ( \
                    SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
-                   FROM {t} WHERE status = 'pending' AND available_at <= $1 \
+                   FROM {t} WHERE status = 'pending' AND available_at <= {NOW} \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  expired AS ( \
                    SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
-                   FROM {t} WHERE status = 'claimed' AND locked_until <= $1 \
+                   FROM {t} WHERE status = 'claimed' AND locked_until <= {NOW} \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  picked AS ( \
                    SELECT * FROM pending UNION ALL SELECT * FROM expired \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
                  claimed AS ( \
                    UPDATE {t} AS m SET status = 'claimed', attempts = m.attempts + 1, \
-                     claim_token = gen_random_uuid()::text, claimed_at = $1, locked_until = $2, \
-                     updated_at = $1 \
+                     claim_token = gen_random_uuid()::text, claimed_at = {NOW}, \
+                     locked_until = {NOW} + $2::bigint * interval '1 microsecond', \
+                     updated_at = {NOW} \
                    FROM picked WHERE m.id = picked.id AND NOT picked.abandoned \
                    RETURNING {m_all}) \
                  SELECT false AS abandoned, * FROM claimed \
@@ -111,17 +130,19 @@ impl Statements {
             .into(),
             abandoned: format!(
                 "UPDATE {t} AS m SET status = 'dead_lettered', claim_token = NULL, \
-                   claimed_at = NULL, locked_until = NULL, last_error = v.error, updated_at = $1 \
+                   claimed_at = NULL, locked_until = NULL, last_error = v.error, \
+                   updated_at = {NOW} \
                  FROM unnest($2::text[], $3::bigint[], $4::text[]) AS v(id, attempts, error) \
                  WHERE m.id = v.id AND m.attempts = v.attempts AND m.attempts >= m.max_attempts \
-                   AND ((m.status = 'pending' AND m.available_at <= $1) \
-                     OR (m.status = 'claimed' AND m.locked_until <= $1)) \
+                   AND ((m.status = 'pending' AND m.available_at <= {NOW}) \
+                     OR (m.status = 'claimed' AND m.locked_until <= {NOW})) \
                  RETURNING {m_all}"
             )
             .into(),
             quarantine: format!(
                 "UPDATE {t} SET status = 'dead_lettered', claim_token = NULL, claimed_at = NULL, \
-                   locked_until = NULL, last_error = $1, updated_at = $2 \
+                   locked_until = NULL, last_error = $1, \
+                   updated_at = coalesce($2::timestamptz, statement_timestamp()) \
                  WHERE seq = $3 AND status IN ('pending', 'claimed') \
                    AND claim_token IS NOT DISTINCT FROM $4"
             )
@@ -136,20 +157,21 @@ impl Statements {
                      WHEN 'dead' THEN 'dead_lettered' ELSE 'pending' END, \
                    attempts = CASE v.op WHEN 'release' THEN greatest(m.attempts - 1, 0) \
                      ELSE m.attempts END, \
-                   available_at = CASE v.op WHEN 'retry' THEN v.available WHEN 'release' THEN v.now \
+                   available_at = CASE v.op WHEN 'retry' THEN v.available WHEN 'release' THEN {ROW_NOW} \
                      ELSE m.available_at END, \
                    claim_token = CASE v.op WHEN 'renew' THEN m.claim_token END, \
                    claimed_at = CASE v.op WHEN 'renew' THEN m.claimed_at END, \
-                   locked_until = CASE v.op WHEN 'renew' THEN v.until END, \
+                   locked_until = CASE v.op WHEN 'renew' \
+                     THEN {ROW_NOW} + v.lease * interval '1 microsecond' END, \
                    last_error = CASE WHEN v.op IN ('retry', 'dead') THEN v.error \
                      ELSE m.last_error END, \
-                   delivered_at = CASE v.op WHEN 'deliver' THEN v.now ELSE m.delivered_at END, \
-                   updated_at = v.now \
+                   delivered_at = CASE v.op WHEN 'deliver' THEN {ROW_NOW} ELSE m.delivered_at END, \
+                   updated_at = {ROW_NOW} \
                  FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], \
-                   $5::timestamptz[], $6::timestamptz[], $7::text[]) \
-                   AS v(op, id, token, now, until, available, error) \
+                   $5::bigint[], $6::timestamptz[], $7::text[]) \
+                   AS v(op, id, token, now, lease, available, error) \
                  WHERE m.id = v.id AND coalesce(m.status, '') = 'claimed' \
-                   AND m.claim_token = v.token AND m.locked_until > v.now \
+                   AND m.claim_token = v.token AND m.locked_until > {ROW_NOW} \
                  RETURNING m.id"
             )
             .into(),
@@ -167,8 +189,9 @@ impl Statements {
                    (SELECT count(*) FROM {t} WHERE status = 'claimed'), \
                    (SELECT count(*) FROM {t} WHERE status = 'delivered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'dead_lettered'), \
-                   (SELECT count(*) FROM {t} WHERE status = 'claimed' AND locked_until > $1), \
-                   (SELECT min(available_at) FROM {t} WHERE status = 'pending' AND available_at <= $1)"
+                   (SELECT count(*) FROM {t} WHERE status = 'claimed' AND locked_until > {NOW}), \
+                   (SELECT min(available_at) FROM {t} \
+                     WHERE status = 'pending' AND available_at <= {NOW})"
             )
             .into(),
             requeue_one: format!(
@@ -201,7 +224,8 @@ impl Statements {
     /// cannot see a bound `LIMIT` when it plans a statement for reuse and
     /// assumes a tenth of the table, so it planned every claim afresh. With
     /// the limit written out, each size of claim is a prepared statement of
-    /// its own whose plan is reused. Binds: `$1` now, `$2` lease end. Rows
+    /// its own whose plan is reused. Binds: `$1` now (NULL for the
+    /// database's), `$2` the lease in µs. Rows
     /// out of attempts come back with `abandoned = true`, untouched.
     pub(super) fn claim(&self, limit: usize) -> String {
         self.claim.replace("{limit}", &limit.to_string())

@@ -75,7 +75,7 @@ use super::{ClaimBatch, ClaimedBatch, Wakeups};
 use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::kind::MessageStatus;
-use crate::message::NewMessage;
+use crate::message::{Enqueued, NewMessage};
 use statements::{FencedWrites, Statements};
 
 mod admin;
@@ -293,7 +293,7 @@ impl SqliteOutbox {
         &self,
         conn: &mut SqliteConnection,
         message: NewMessage,
-    ) -> Result<String> {
+    ) -> Result<Enqueued> {
         message.validate()?;
         self.arm_wakeup(conn).await?;
         self.inner.core.insert(conn, message).await
@@ -316,17 +316,19 @@ impl SqliteOutbox {
     }
 
     /// Enqueue through the store's own pool, in a transaction of its own.
-    async fn enqueue_now(&self, message: NewMessage) -> Result<String> {
+    async fn enqueue_now(&self, message: NewMessage) -> Result<Enqueued> {
         message.validate()?;
         let core = &self.inner.core;
-        let id = {
+        let enqueued = {
             let _write = core.write.lock().await;
             let mut conn = core.parts.pool.acquire().await.map_err(db("enqueue"))?;
             core.insert(&mut conn, message).await?
         };
         // Autocommit: the row is committed now.
-        core.wake.wake();
-        Ok(id)
+        if enqueued.is_inserted() {
+            core.wake.wake();
+        }
+        Ok(enqueued)
     }
 
     fn subscribe(&self) -> Option<Wakeups> {
@@ -366,16 +368,17 @@ impl Core {
         }
     }
 
-    async fn insert(&self, conn: &mut SqliteConnection, message: NewMessage) -> Result<String> {
-        let (id, query) = Shared::insert(&self.sql.insert, &message);
-        query
-            .execute(conn)
-            .await
-            .map_err(|e| match e.as_database_error() {
-                Some(d) if d.is_unique_violation() => Error::DuplicateId { id: id.clone() },
-                _ => Error::store("enqueue", e),
-            })?;
-        Ok(id)
+    /// Insert unless the id is taken. A taken id is not a constraint
+    /// violation (`ON CONFLICT DO NOTHING`), so the caller's transaction
+    /// goes on as if the statement had not run.
+    async fn insert(&self, conn: &mut SqliteConnection, message: NewMessage) -> Result<Enqueued> {
+        let (id, query) = Shared::insert(&self.sql.insert, &message, false);
+        let done = query.execute(conn).await.map_err(db("enqueue"))?;
+        Ok(if done.rows_affected() == 0 {
+            Enqueued::AlreadyExists(id)
+        } else {
+            Enqueued::Inserted(id)
+        })
     }
 
     async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
@@ -571,7 +574,7 @@ fn fenced_row(row: &FencedWrite) -> serde_json::Value {
         serde_json::Value::from(micros(row.now)),
     ];
     match row.op {
-        FencedOp::Renew { locked_until } => fields.push(micros(locked_until).into()),
+        FencedOp::Renew { locked_until, .. } => fields.push(micros(locked_until).into()),
         FencedOp::Retry { available_at } => {
             fields.push(micros(available_at).into());
             fields.push(row.error.as_deref().into());
@@ -707,6 +710,7 @@ mod tests {
             row(
                 FencedOp::Renew {
                     locked_until: until,
+                    lease: std::time::Duration::from_secs(31),
                 },
                 &claims[2],
             ),

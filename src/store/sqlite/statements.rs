@@ -13,7 +13,8 @@ pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, a
 /// The rendered statements for one table.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// Insert one message. Binds: `?1` id ... `?8` now (see
+    /// Insert one message unless its id is taken (then nothing changes).
+    /// Binds: `?1` id ... `?8` now (see
     /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)).
     pub(super) insert: Arc<str>,
     /// Claim. Binds: `?1` now and `?2` lease end (µs since the epoch), `?3`
@@ -37,7 +38,8 @@ impl Statements {
             insert: format!(
                 "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
                  available_at, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8)"
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8) \
+                 ON CONFLICT (id) DO NOTHING"
             )
             .into(),
             // Each arm is answered from its own partial index, in claim
