@@ -4,6 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use outbox::TableName;
+use outbox::kit::redact_url;
 use outbox::{
     ListMessages, MessagePage, OutboxAdmin, OutboxMessage, OutboxStats, PostgresOutbox,
     PurgeMessages, RequeueDeadLetters, Result, SqliteOutbox,
@@ -55,21 +56,6 @@ fn backend(url: &str) -> Result<Backend, Failure> {
     }
 }
 
-/// `url` with its password, if any, replaced by `***`, for messages.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
-    };
-    match rest[..at].split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-        None => url.to_owned(),
-    }
-}
-
 impl Store {
     /// Open the outbox `table` in the database at `url`, for `access`.
     pub(crate) async fn open(url: &str, table: &str, access: Access) -> Result<Store, Failure> {
@@ -92,7 +78,7 @@ impl Store {
                     .map_err(|e| {
                         let failure = Failure::operational(format!(
                             "cannot open the database {}: {e}",
-                            redact(url)
+                            redact_url(url)
                         ));
                         if access == Access::Create {
                             failure.hint("check that the file's directory exists and is writable")
@@ -292,15 +278,5 @@ mod tests {
         assert_eq!(backend("PostgreSQL://u@h/db").unwrap(), Backend::Postgres);
         assert!(backend("mysql://u@h/db").is_err());
         assert!(backend("app.db").is_err());
-    }
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact("postgres://app:s3cret@db:5432/app?sslmode=require"),
-            "postgres://app:***@db:5432/app?sslmode=require"
-        );
-        assert_eq!(redact("postgres://app@db/app"), "postgres://app@db/app");
-        assert_eq!(redact("sqlite://data/app.db"), "sqlite://data/app.db");
     }
 }

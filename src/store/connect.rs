@@ -26,8 +26,9 @@ fn is_sqlite(url: &str) -> bool {
     scheme(url).as_deref() == Some("sqlite")
 }
 
-/// `url` with its password, if any, replaced by `***`, for messages.
-pub(crate) fn redact(url: &str) -> String {
+/// `url` with its password, if any, replaced by `***`: a database URL as
+/// it may be shown in an error message or a log line.
+pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -47,7 +48,10 @@ pub(crate) fn redact(url: &str) -> String {
 /// command on it would then fail for want of a table).
 pub(crate) fn check_sqlite_url(url: &str) -> Result<(), Error> {
     if is_postgres(url) {
-        return Err(UrlError::PostgresUrlForSqlite { url: redact(url) }.into());
+        return Err(UrlError::PostgresUrlForSqlite {
+            url: redact_url(url),
+        }
+        .into());
     }
     let Some(rest) = url.strip_prefix("sqlite:").or_else(|| {
         // The scheme is case-insensitive.
@@ -83,7 +87,7 @@ pub(crate) fn check_postgres_url(url: &str) -> Result<(), Error> {
 /// A URL the driver could not parse.
 pub(crate) fn malformed(url: &str, backend: Backend, error: impl std::fmt::Display) -> Error {
     UrlError::Malformed {
-        url: redact(url),
+        url: redact_url(url),
         backend,
         reason: error.to_string(),
     }
@@ -100,7 +104,7 @@ pub(crate) fn connect_failed(url: &str, error: &sqlx::Error, backend: Backend) -
         other => other.to_string(),
     };
     Error::Connect {
-        url: redact(url),
+        url: redact_url(url),
         reason,
         backend,
     }
@@ -122,6 +126,16 @@ pub(crate) fn missing_table(error: &sqlx::Error) -> Option<String> {
 #[cfg(all(test, feature = "sqlite", feature = "postgres"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/app?sslmode=require"),
+            "postgres://app:***@db:5432/app?sslmode=require"
+        );
+        assert_eq!(redact_url("postgres://app@db/app"), "postgres://app@db/app");
+        assert_eq!(redact_url("sqlite://data/app.db"), "sqlite://data/app.db");
+    }
 
     #[test]
     fn urls_for_the_other_store_are_named() {

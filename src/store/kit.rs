@@ -9,6 +9,7 @@
 //! - [`new_message_id`] and [`new_claim_token`]: the ids and tokens the
 //!   bundled stores generate.
 //! - [`page`]: a page of a listing out of one row more than asked for.
+//! - [`redact_url`]: a database URL without its password, for messages.
 //!
 //! Applications need none of this; the store port itself (the
 //! [`OutboxStore`](crate::OutboxStore) and [`OutboxAdmin`](crate::OutboxAdmin)
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+pub use super::connect::redact_url;
 use super::{MessagePage, Wakeups};
 use crate::error::{Error, Result};
 use crate::message::OutboxMessage;
