@@ -46,7 +46,9 @@ use crate::telemetry;
 ///
 /// If a pass is running, this joins the one follow-up pass that starts when
 /// it ends (however many Drains arrive meanwhile) and answers with that
-/// report.
+/// report. A pass that spent its whole batch starts the next by itself, so
+/// the report covers the pass this `Drain` ran or joined, not the passes
+/// chained after it: [`GetStatus`] has the totals.
 #[derive(Debug, Clone, Copy, Default, Message)]
 #[rtype(result = "Result<DrainReport>")]
 pub struct Drain;
