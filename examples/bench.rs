@@ -27,6 +27,16 @@
 //! by the messages (the connections are closed before the count is read,
 //! since a backend publishes its counts when it goes idle or exits).
 //!
+//! By default the runtime side sends `Drain` in a loop, one pass answering
+//! each (`--batch` messages a pass, all of them unless given). With
+//! `--schedule EVERY` (`500ms`, `5s`, ...) it sends no `Drain` at all: the
+//! coordinator runs on that schedule (`every`, `--batch` 100 unless given),
+//! and the run is timed from its start until every message is delivered.
+//! A schedule's first pass starts at once and each pass that spent its
+//! batch on full claims starts the next, so this measures how fast a
+//! backlog drains on a schedule, to put beside the `Drain` loop with the
+//! same `--batch`.
+//!
 //! The last line printed is one JSON object.
 
 #[global_allocator]
@@ -39,9 +49,10 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use outbox::{
     ClaimBatch, Clock, DeliveryContext, DrainConfig, Event, InProcessBus, MarkDelivered,
-    MemoryOutbox, MessageKind, NewMessage, OutboxStore, Registry, SharedStore, SystemClock,
+    MemoryOutbox, MessageKind, NewMessage, OutboxAdmin, OutboxStore, Registry, SharedStore,
+    SystemClock,
 };
-use outbox_actors::{Drain, DrainCoordinator};
+use outbox_actors::{Drain, DrainCoordinator, GetStatus, Shutdown};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -70,6 +81,8 @@ struct Args {
     only: Option<String>,
     /// Delivery arbiters for the runtime (0: the coordinator's thread).
     arbiters: usize,
+    /// Drain on this schedule instead of sending `Drain` in a loop.
+    schedule: Option<Duration>,
 }
 
 /// The stores this build can measure.
@@ -89,6 +102,7 @@ fn parse_args() -> Result<Args, String> {
         batch: None,
         only: None,
         arbiters: 0,
+        schedule: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -108,10 +122,11 @@ fn parse_args() -> Result<Args, String> {
             "--arbiters" => {
                 args.arbiters = value()?.parse().map_err(|e| format!("--arbiters: {e}"))?
             }
+            "--schedule" => args.schedule = Some(parse_every(&value()?)?),
             "--help" | "-h" => {
                 return Err(format!(
                     "usage: bench [--store {}] [--messages N] [--concurrency N] [--batch N] \
-                     [--only runtime|baseline] [--arbiters N]",
+                     [--only runtime|baseline] [--arbiters N] [--schedule EVERY]",
                     STORES.join("|")
                 ));
             }
@@ -137,6 +152,15 @@ fn parse_args() -> Result<Args, String> {
         return Err("--messages and --concurrency must be at least 1".into());
     }
     Ok(args)
+}
+
+/// A duration as `DrainConfig` reads `every` (`"500ms"`, `"2s"`).
+fn parse_every(value: &str) -> Result<Duration, String> {
+    let config: DrainConfig = serde_json::from_value(serde_json::json!({ "every": value }))
+        .map_err(|e| format!("--schedule: {e}"))?;
+    config
+        .every
+        .ok_or_else(|| "--schedule needs a duration".to_owned())
 }
 
 fn tick(n: u64) -> NewMessage {
@@ -225,26 +249,34 @@ struct RuntimeSettings {
     concurrency: usize,
     batch_size: usize,
     arbiters: usize,
+    /// `Some`: no `Drain` loop, the coordinator drains on this schedule.
+    schedule: Option<Duration>,
 }
 
 /// Drain every message with the actor runtime; returns the time taken.
 /// Must run inside an actix system.
-async fn drain_with_runtime(store: impl OutboxStore, settings: RuntimeSettings) -> Duration {
-    let coordinator = DrainCoordinator::builder(store)
+async fn drain_with_runtime(
+    store: impl OutboxStore + OutboxAdmin + Clone,
+    settings: RuntimeSettings,
+) -> Duration {
+    let coordinator = DrainCoordinator::builder(store.clone())
         .registry(registry())
         .event_bus(bus())
         .config(DrainConfig {
             batch_size: settings.batch_size,
             concurrency: settings.concurrency,
             delivery_arbiters: settings.arbiters,
+            every: settings.schedule,
             ..DrainConfig::default()
         })
         .wake_on_insert(false)
         .start()
         .expect("a valid configuration");
     let started = Instant::now();
-    let mut delivered = 0;
-    while delivered < settings.messages {
+    if settings.schedule.is_some() {
+        return drain_on_schedule(coordinator, store, started, settings.messages).await;
+    }
+    loop {
         let report = coordinator
             .send(Drain)
             .await
@@ -254,10 +286,64 @@ async fn drain_with_runtime(store: impl OutboxStore, settings: RuntimeSettings) 
             report.delivered, report.claimed,
             "every message delivered: {report}"
         );
-        assert!(report.claimed > 0, "the store ran dry after {delivered}");
-        delivered += report.delivered;
+        // A pass that spent its batch starts the next by itself, so a Drain
+        // answers for the pass it joined, not for every pass since the last
+        // one: count from the totals.
+        let totals = coordinator
+            .send(GetStatus)
+            .await
+            .expect("coordinator")
+            .totals;
+        if totals.delivered >= settings.messages {
+            break started.elapsed();
+        }
+        assert!(
+            report.claimed > 0,
+            "the store ran dry after {}",
+            totals.delivered
+        );
     }
-    started.elapsed()
+}
+
+/// Wait, sending no `Drain`, until the coordinator on its schedule has
+/// delivered `messages`; returns the time since `started`. The wait polls
+/// the coordinator's totals every 5 ms (a status answer is a field read;
+/// at most 5 ms late, and rare enough not to compete with the drain for the
+/// coordinator's thread), then, untimed, checks the store holds nothing more to deliver and
+/// stops the coordinator so no tick touches the store afterwards.
+async fn drain_on_schedule(
+    coordinator: actix::Addr<DrainCoordinator>,
+    store: impl OutboxAdmin,
+    started: Instant,
+    messages: u64,
+) -> Duration {
+    let elapsed = loop {
+        let status = coordinator.send(GetStatus).await.expect("coordinator");
+        if status.totals.delivered >= messages {
+            break started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let status = coordinator.send(GetStatus).await.expect("coordinator");
+    assert_eq!(
+        (status.totals.claimed, status.totals.delivered),
+        (messages, messages),
+        "every message delivered once: {:?}",
+        status.totals
+    );
+    let stats = store.stats(SystemClock.now()).await.expect("stats");
+    assert_eq!(
+        (stats.pending, stats.claimed, stats.delivered),
+        (0, 0, messages),
+        "the store is empty"
+    );
+    coordinator
+        .send(Shutdown {
+            grace: Duration::ZERO,
+        })
+        .await
+        .expect("coordinator");
+    elapsed
 }
 
 /// What one side of a run measured.
@@ -813,17 +899,26 @@ fn main() {
         batch,
         only,
         arbiters,
+        schedule,
     } = args;
     let sides = (
         only.as_deref() != Some("runtime"),
         only.as_deref() != Some("baseline"),
     );
-    let batch_size = batch.unwrap_or(messages as usize).max(concurrency);
+    // A `Drain` loop measures passes as large as asked (all at once unless
+    // told); a schedule measures how passes of a production-sized batch
+    // follow one another.
+    let default_batch = match schedule {
+        Some(_) => DrainConfig::default().batch_size,
+        None => messages as usize,
+    };
+    let batch_size = batch.unwrap_or(default_batch).max(concurrency);
     let settings = RuntimeSettings {
         messages,
         concurrency,
         batch_size,
         arbiters,
+        schedule,
     };
 
     let (baseline_side, runtime_side) = match store_name.as_str() {
@@ -846,9 +941,13 @@ fn main() {
             .map(|c| format!(", {c:.4} commits/message"))
             .unwrap_or_default()
     };
+    let driven_by = schedule.map_or_else(
+        || "a Drain loop".to_owned(),
+        |every| format!("schedule {every:?}"),
+    );
     println!(
-        "{store_name}: {messages} messages, concurrency {concurrency}, batch {batch_size}: \
-         runtime {:.0}/s ({:.2?}{}), baseline {:.0}/s ({:.2?}{})",
+        "{store_name}: {messages} messages, concurrency {concurrency}, batch {batch_size}, \
+         {driven_by}: runtime {:.0}/s ({:.2?}{}), baseline {:.0}/s ({:.2?}{})",
         runtime_per_sec,
         runtime_side.elapsed,
         commits(runtime_side),
@@ -864,6 +963,8 @@ fn main() {
         store: store_name,
         messages,
         concurrency,
+        batch: batch_size,
+        schedule_ms: schedule.map(|every| every.as_millis() as u64),
         runtime_per_sec: runtime_per_sec.round(),
         baseline_per_sec: baseline_per_sec.round(),
         ratio: round(runtime_per_sec / baseline_per_sec, 3),
@@ -882,6 +983,10 @@ struct Summary {
     store: String,
     messages: u64,
     concurrency: usize,
+    /// `batch_size` of the runtime's passes.
+    batch: usize,
+    /// The schedule the runtime drained on, or `None` for a `Drain` loop.
+    schedule_ms: Option<u64>,
     runtime_per_sec: f64,
     baseline_per_sec: f64,
     /// `runtime_per_sec / baseline_per_sec`.

@@ -13,7 +13,9 @@
 //! when the budget is spent, a claim returns nothing, or claiming fails, and
 //! every delivery it started has reported. A [`Refill`] (sent when new
 //! messages may be due) makes it claim again after an empty claim, as long
-//! as the pass is still open.
+//! as the pass is still open. When it is done it tells the coordinator
+//! whether the budget was spent (so more is likely waiting and the next pass
+//! should start at once) and how long claiming should still back off.
 //!
 //! Outages: claiming waits while more deliveries are still settling than
 //! the concurrency (their writes queue behind the store; claiming more would
@@ -357,10 +359,23 @@ impl Claimer {
     fn finish_if_done(&mut self, ctx: &mut Context<Self>) {
         let done_claiming = self.phase != Phase::Claiming || self.budget == 0;
         if !self.claiming && done_claiming && self.active.is_empty() {
+            // The budget can only reach zero through a claim that came back
+            // with all it asked for (a claim's limit never exceeds what is
+            // left), so a spent budget means the store still had rows when
+            // the pass stopped asking. A shutdown or a failed claim ends the
+            // chain whatever the budget.
+            let spent = self.budget == 0 && self.phase == Phase::Claiming && self.error.is_none();
+            // What is left of a store-fault pause: the next pass waits it out
+            // rather than hitting a failing store again at once.
+            let pause = self.paused_until.map_or(Duration::ZERO, |paused| {
+                paused.saturating_duration_since(tokio::time::Instant::now())
+            });
             self.coordinator.done.do_send(ClaimerDone {
                 pass: self.pass,
                 claimed: self.claimed,
                 error: self.error.take(),
+                spent,
+                pause,
             });
             ctx.stop();
         }

@@ -8,6 +8,15 @@
 //! from the outcome messages of its deliveries; and fans notifications out
 //! to subscribers.
 //!
+//! A pass that spent its whole budget (its last claim came back full) is
+//! followed at once by the next one, and so on while claims come back full:
+//! a backlog drains at the speed of the store and the handlers, whatever
+//! the schedule. Only a pass that ended on an empty or short claim waits
+//! for a `Drain`, a tick, a wake-up or a due time, so an empty store never
+//! spins. Passes of such a chain still never overlap; Drains that arrive
+//! during one join the next pass of the chain and get its report; a
+//! shutdown ends the chain.
+//!
 //! A pass ends only when its slowest delivery ends. So that one slow handler
 //! does not hold back messages committed meanwhile, every `Drain`, tick and
 //! wake-up that arrives during a pass also lets the running pass claim again
@@ -37,7 +46,9 @@ use crate::telemetry;
 ///
 /// If a pass is running, this joins the one follow-up pass that starts when
 /// it ends (however many Drains arrive meanwhile) and answers with that
-/// report.
+/// report. A pass that spent its whole batch starts the next by itself, so
+/// the report covers the pass this `Drain` ran or joined, not the passes
+/// chained after it: [`GetStatus`] has the totals.
 #[derive(Debug, Clone, Copy, Default, Message)]
 #[rtype(result = "Result<DrainReport>")]
 pub struct Drain;
@@ -105,6 +116,10 @@ struct Pass {
     claimed: Option<u64>,
     /// Why claiming stopped early; the pass then ends in an error.
     error: Option<Error>,
+    /// It spent its budget on full claims: the next pass starts at once.
+    spent: bool,
+    /// How long the next pass should wait for a store that faulted.
+    pause: Duration,
     /// Who waits for its report.
     waiters: Vec<Waiter>,
 }
@@ -240,6 +255,8 @@ impl DrainCoordinator {
             finished: 0,
             claimed: None,
             error: None,
+            spent: false,
+            pause: Duration::ZERO,
             waiters,
         });
     }
@@ -331,6 +348,15 @@ impl DrainCoordinator {
             ctx.stop();
         } else if let Some(waiters) = self.follow_up.take() {
             self.start_pass(waiters, ctx);
+        } else if pass.spent {
+            // More is likely waiting: no tick or wake-up may come for it
+            // (a backlog left by a crash, or enqueued by another process).
+            if pass.pause.is_zero() {
+                self.start_pass(Vec::new(), ctx);
+            } else {
+                let at = after(self.drain.now(), pass.pause);
+                self.revisit(at, ctx);
+            }
         }
     }
 
@@ -538,6 +564,8 @@ impl Handler<ClaimerDone> for DrainCoordinator {
             pass.claimed = Some(done.claimed);
             pass.report.claimed = done.claimed;
             pass.error = done.error;
+            pass.spent = done.spent;
+            pass.pause = done.pause;
         }
         self.end_pass_if_done(ctx);
     }

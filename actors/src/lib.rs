@@ -27,7 +27,7 @@
 //!
 //! - `coordinator`: [`DrainCoordinator`], long-lived, one per outbox. Runs
 //!   passes on [`Drain`], on its schedule and on store wake-ups (never two at
-//!   once), tallies [`DrainReport`]s, fans out notifications to
+//!   once, and back to back while claims come back full), tallies [`DrainReport`]s, fans out notifications to
 //!   [`Subscribe`]rs, and handles [`Shutdown`].
 //! - `claimer`: one per pass; claims only as many messages as there are free
 //!   delivery slots and refills a slot as soon as it frees.

@@ -107,4 +107,9 @@ pub(crate) struct ClaimerDone {
     pub(crate) claimed: u64,
     /// Why it stopped claiming early, if it did.
     pub(crate) error: Option<Error>,
+    /// It selected its whole budget, its last claim coming back full, and
+    /// claimed without error to the end: more messages are likely due.
+    pub(crate) spent: bool,
+    /// How long claiming should still wait after store faults.
+    pub(crate) pause: std::time::Duration,
 }

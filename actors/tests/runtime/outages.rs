@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use outbox::{DrainConfig, MessageStatus};
+use outbox_actors::GetStatus;
 
 use crate::support::{Fault, FaultStore, Op, run};
 use crate::{Harness, config, ping, report};
@@ -140,5 +141,37 @@ fn claiming_picks_up_at_once_after_a_clean_settlement() {
         // cleanly at once, which ends the backoff: the fourth is claimed
         // straight after, though the first is still retrying its writes.
         assert_eq!(h.probe.start_offsets(), [0, 1, 202, 203]);
+    });
+}
+
+#[test]
+fn a_full_pass_that_ended_in_a_store_fault_pause_is_followed_after_the_pause() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.always(Op::Deliver, Fault::Transient);
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                concurrency: 2,
+                batch_size: 2,
+                ..config()
+            },
+            |b| b,
+        );
+        for n in 0..4 {
+            h.enqueue(ping(n, 1)).await;
+        }
+        let r = h.drain().await;
+        assert_eq!((r.claimed, r.settlement_failed), (2, 2));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        // Both settlements give up after their writes at 1, 101 and 301 ms;
+        // the two failures pause claiming for 100 ms, then 200 ms. The pass
+        // spent its batch, so the next follows by itself, but only once the
+        // pause is over (501 ms, revisits round up to 10 ms), not at 301 ms.
+        assert_eq!(h.probe.start_offsets(), [0, 0, 510, 510]);
+        let status = h.coordinator.send(GetStatus).await.unwrap();
+        // The third pass, after the second's pause, found nothing claimable.
+        assert_eq!((status.passes, status.running), (3, false));
+        assert_eq!(status.totals.settlement_failed, 4);
     });
 }

@@ -1,5 +1,6 @@
 //! Passes: claiming into free slots, refilling them, coalescing and
-//! scheduling passes, wake-ups, arbiters and configuration checks.
+//! scheduling passes, chaining passes while claims come back full,
+//! wake-ups, arbiters and configuration checks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -7,8 +8,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use outbox::{
-    DrainConfig, Error as CoreError, Event, InProcessBus, MessageStatus, NewMessage, OutboxStore,
-    Registry,
+    Clock, DrainConfig, Error as CoreError, Event, InProcessBus, MessageStatus, NewMessage,
+    OutboxAdmin, OutboxStore, Registry,
 };
 use outbox_actors::{Drain, DrainCoordinator, DrainReport, Error, GetStatus, Shutdown};
 use serde::{Deserialize, Serialize};
@@ -87,14 +88,15 @@ fn the_schedule_skips_ticks_while_a_pass_runs() {
             h.enqueue(ping(n, 3_500)).await;
         }
         tokio::time::sleep(Duration::from_secs(10)).await;
-        // Passes start at 0 s, 4 s and 8 s (ticks at 1-3 s and 5-7 s found a
-        // pass running): two finished, the third is running.
+        // Each pass spends its batch of one on a full claim, so the next
+        // starts as it ends, at 3.5 s and 7 s; the ticks at 1-9 s all found
+        // a pass running and started none: two finished, the third is running.
         let status = h.coordinator.send(GetStatus).await.unwrap();
         assert_eq!(status.passes, 2);
         assert!(status.running);
         assert_eq!(h.probe.max_in_flight.load(Ordering::SeqCst), 1);
         let starts = h.probe.start_offsets();
-        assert_eq!(starts, [0, 4_000, 8_000]);
+        assert_eq!(starts, [0, 3_500, 7_000]);
         // A Drain can still be sent at any time.
         assert_eq!(h.drain().await.delivered, 1);
     });
@@ -136,10 +138,10 @@ fn the_next_handlers_run_while_earlier_deliveries_settle_within_the_batch() {
         }
         // Two handlers at a time; the second pair runs while the first pair
         // settles (5 s each). The pass holds no more claims than its batch,
-        // so the last pair waits for the next pass.
+        // so the last pair waits for the next pass, which its full claims
+        // start as it ends.
         assert_eq!(h.drain().await.delivered, 4);
-        assert_eq!(h.probe.start_offsets(), [0, 0, 10, 10]);
-        assert_eq!(h.drain().await.delivered, 2);
+        tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(h.probe.start_offsets(), [0, 0, 10, 10, 5_020, 5_020]);
         assert_eq!(h.probe.max_in_flight.load(Ordering::SeqCst), 2);
     });
@@ -278,9 +280,11 @@ fn slots_freed_together_are_refilled_by_one_claim() {
             h.enqueue(ping(n, 1_000)).await;
         }
         assert_eq!(h.drain().await.delivered, 8);
+        settle().await;
         // The first four deliveries end at the same instant: one claim for
         // their four slots, not one for the first slot and one for the rest.
-        assert_eq!(h.store.calls(Op::Claim), 2);
+        // The third is the empty claim of the pass the full batch started.
+        assert_eq!(h.store.calls(Op::Claim), 3);
     });
 }
 
@@ -420,5 +424,183 @@ fn a_busy_handler_does_not_stall_deliveries_on_other_arbiters() {
             })
             .await
             .unwrap();
+    });
+}
+
+/// A store holding `messages` pings of `work_ms`, all due at the epoch.
+async fn backlog(messages: u32, work_ms: u64) -> FaultStore {
+    let store = FaultStore::new();
+    for n in 0..messages {
+        store
+            .enqueue(
+                NewMessage::event(&ping(n, work_ms))
+                    .unwrap()
+                    .at(crate::support::epoch()),
+            )
+            .await
+            .unwrap();
+    }
+    store
+}
+
+const HOUR: Duration = Duration::from_secs(3_600);
+
+#[test]
+fn a_backlog_drains_on_full_claims_without_waiting_for_the_schedule() {
+    run(|| async {
+        let store = backlog(100, 10).await;
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                concurrency: 2,
+                batch_size: 10,
+                every: Some(HOUR),
+                ..config()
+            },
+            |b| b,
+        );
+        // The schedule starts one pass at once; no tick and no Drain come
+        // after it. Ten passes of ten (five rounds of two 10 ms handlers
+        // each) follow one another, then an eleventh finds the store empty.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let stats = h.store.inner().stats(h.clock.now()).await.unwrap();
+        assert_eq!(stats.count(MessageStatus::Delivered), 100, "{stats:?}");
+        let status = h.coordinator.send(GetStatus).await.unwrap();
+        assert_eq!(
+            (status.passes, status.running, status.totals.delivered),
+            (11, false, 100),
+            "{status:?}"
+        );
+        assert_eq!(status.last_report, Some(DrainReport::default()));
+        assert_eq!(h.probe.max_in_flight.load(Ordering::SeqCst), 2);
+        let starts = h.probe.start_offsets();
+        assert_eq!(starts.last(), Some(&490), "back to back: {starts:?}");
+        // And the chain stopped there: nothing more until the next tick.
+        let claims = h.store.calls(Op::Claim);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(h.store.calls(Op::Claim), claims);
+        assert_eq!(h.coordinator.send(GetStatus).await.unwrap().passes, 11);
+    });
+}
+
+#[test]
+fn an_empty_store_or_a_short_claim_starts_no_follow_up() {
+    run(|| async {
+        let h = Harness::start(DrainConfig {
+            concurrency: 4,
+            batch_size: 10,
+            every: Some(HOUR),
+            ..config()
+        });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let status = h.coordinator.send(GetStatus).await.unwrap();
+        assert_eq!((status.passes, status.running), (1, false));
+        assert_eq!(h.store.calls(Op::Claim), 1, "an empty store never spins");
+
+        for n in 0..3 {
+            h.enqueue(ping(n, 10)).await;
+        }
+        assert_eq!(h.drain().await.delivered, 3);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        // A claim of three for four slots came back short; the claim for the
+        // freed slots came back empty; no pass followed.
+        let status = h.coordinator.send(GetStatus).await.unwrap();
+        assert_eq!((status.passes, status.running), (2, false));
+        assert_eq!(h.store.calls(Op::Claim), 3);
+    });
+}
+
+#[test]
+fn one_due_message_with_a_batch_of_one_ends_the_chain_on_the_next_empty_claim() {
+    run(|| async {
+        let h = Harness::start(DrainConfig {
+            batch_size: 1,
+            ..config()
+        });
+        h.enqueue(ping(1, 10)).await;
+        assert_eq!(h.drain().await.delivered, 1);
+        // Its one claim was full, so one more pass looks; it finds nothing.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let status = h.coordinator.send(GetStatus).await.unwrap();
+        assert_eq!((status.passes, status.running), (2, false));
+        assert_eq!(status.last_report, Some(DrainReport::default()));
+        assert_eq!(h.store.calls(Op::Claim), 2);
+    });
+}
+
+#[test]
+fn a_drain_during_a_chain_joins_its_next_pass_and_gets_that_report() {
+    run(|| async {
+        let store = backlog(30, 100).await;
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                concurrency: 5,
+                batch_size: 10,
+                ..config()
+            },
+            |b| b,
+        );
+        // The Drain's own pass, then (started by its full claims) the
+        // second; a Drain sent meanwhile joins the third.
+        assert_eq!(h.drain().await.delivered, 10);
+        settle().await;
+        let status = h.coordinator.send(GetStatus).await.unwrap();
+        assert_eq!((status.passes, status.running), (1, true));
+        let third = h.drain().await;
+        assert_eq!(third.delivered, 10);
+        // The third's full claims started a fourth, which found nothing.
+        settle().await;
+        let status = h.coordinator.send(GetStatus).await.unwrap();
+        assert_eq!((status.passes, status.running), (4, false));
+        assert_eq!(status.totals.delivered, 30);
+        assert_eq!(h.probe.max_in_flight.load(Ordering::SeqCst), 5);
+    });
+}
+
+#[test]
+fn shutdown_in_the_middle_of_a_chain_ends_it() {
+    run(|| async {
+        let store = backlog(100, 1_000).await;
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                concurrency: 2,
+                batch_size: 10,
+                every: Some(HOUR),
+                ..config()
+            },
+            |b| b,
+        );
+        // Passes of 5 s back to back: the third started at 10 s and has
+        // started six handlers by 12.5 s, two of them still running.
+        tokio::time::sleep(Duration::from_millis(12_500)).await;
+        let status = h.coordinator.send(GetStatus).await.unwrap();
+        assert_eq!((status.passes, status.running), (2, true));
+        let shutdown = h
+            .coordinator
+            .send(Shutdown {
+                grace: Duration::from_secs(10),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            shutdown,
+            report(|r| {
+                r.claimed = 6;
+                r.delivered = 6;
+            })
+        );
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let stats = h.store.inner().stats(h.clock.now()).await.unwrap();
+        assert_eq!(
+            (
+                stats.count(MessageStatus::Delivered),
+                stats.count(MessageStatus::Pending)
+            ),
+            (26, 74)
+        );
+        assert_eq!(h.probe.start_offsets().len(), 26);
+        assert!(h.coordinator.send(GetStatus).await.is_err(), "stopped");
     });
 }
