@@ -37,6 +37,12 @@
 //! backlog drains on a schedule, to put beside the `Drain` loop with the
 //! same `--batch`.
 //!
+//! Memory is measured as peak resident set size (`VmHWM` in
+//! `/proc/self/status`, Linux only): the process's peak, and each side's own,
+//! its peak reset before the side fills its store (writing `5` to
+//! `/proc/self/clear_refs`), so a side's figure covers its fill and its
+//! drain. Where the peak cannot be reset, only the process's peak is given.
+//!
 //! The last line printed is one JSON object.
 
 #[global_allocator]
@@ -352,6 +358,8 @@ struct Side {
     elapsed: Duration,
     /// Committed transactions per message (PostgreSQL only).
     commits_per_message: Option<f64>,
+    /// Peak RSS while this side filled and drained its store, in MiB.
+    peak_rss_mib: Option<f64>,
 }
 
 impl Side {
@@ -359,8 +367,42 @@ impl Side {
         Side {
             elapsed,
             commits_per_message: None,
+            peak_rss_mib: None,
         }
     }
+}
+
+/// The process's peak resident set size so far (`VmHWM`), in MiB; `None`
+/// where `/proc/self/status` has no such line (not Linux).
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Resets the peak to the current RSS (Linux 4.0 and later), so that what
+/// one side allocated does not count against the next; `false` if it could
+/// not.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// Runs one side if `run` is set, with the peak reset first, and records
+/// the side's peak.
+fn measured_if(run: bool, side: impl FnOnce() -> Side) -> Option<Side> {
+    run.then(|| {
+        let fresh = reset_peak_rss();
+        let mut side = side();
+        side.peak_rss_mib = if fresh { peak_rss_mib() } else { None };
+        side
+    })
 }
 
 fn memory_sides(
@@ -369,7 +411,7 @@ fn memory_sides(
     settings: RuntimeSettings,
     (run_baseline, run_runtime): (bool, bool),
 ) -> (Option<Side>, Option<Side>) {
-    let baseline_side = run_baseline.then(|| {
+    let baseline_side = measured_if(run_baseline, || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -380,7 +422,7 @@ fn memory_sides(
             Side::timed(baseline(Arc::new(store), messages, concurrency).await)
         })
     });
-    let runtime_side = run_runtime.then(|| {
+    let runtime_side = measured_if(run_runtime, || {
         actix::System::new().block_on(async move {
             let store = MemoryOutbox::new();
             fill(&store, messages).await;
@@ -553,7 +595,7 @@ fn sqlite_sides(
     settings: RuntimeSettings,
     (run_baseline, run_runtime): (bool, bool),
 ) -> (Option<Side>, Option<Side>) {
-    let baseline_side = run_baseline.then(|| {
+    let baseline_side = measured_if(run_baseline, || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -566,7 +608,7 @@ fn sqlite_sides(
             Side::timed(elapsed)
         })
     });
-    let runtime_side = run_runtime.then(|| {
+    let runtime_side = measured_if(run_runtime, || {
         actix::System::new().block_on(async move {
             let database = sqlite::TempDatabase::new("runtime");
             let store = sqlite::filled(&database, messages).await;
@@ -849,7 +891,7 @@ fn postgres_sides(
     settings: RuntimeSettings,
     (run_baseline, run_runtime): (bool, bool),
 ) -> (Option<Side>, Option<Side>) {
-    let baseline_side = run_baseline.then(|| {
+    let baseline_side = measured_if(run_baseline, || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -864,10 +906,11 @@ fn postgres_sides(
             Side {
                 elapsed,
                 commits_per_message: Some(commits),
+                peak_rss_mib: None,
             }
         })
     });
-    let runtime_side = run_runtime.then(|| {
+    let runtime_side = measured_if(run_runtime, || {
         actix::System::new().block_on(async move {
             let mut commits = postgres::Commits::connect().await;
             let store = postgres::filled("runtime", messages).await;
@@ -878,6 +921,7 @@ fn postgres_sides(
             Side {
                 elapsed,
                 commits_per_message: Some(commits),
+                peak_rss_mib: None,
             }
         })
     });
@@ -928,8 +972,18 @@ fn main() {
         "postgres" => postgres_sides(messages, settings, sides),
         _ => memory_sides(messages, concurrency, settings, sides),
     };
+    // A side's peak was reset before it ran; the process's is the larger of
+    // what is left and every side's own.
+    let peak_rss = [runtime_side, baseline_side]
+        .iter()
+        .flatten()
+        .filter_map(|side| side.peak_rss_mib)
+        .chain(peak_rss_mib())
+        .reduce(f64::max);
     let (Some(runtime_side), Some(baseline_side)) = (runtime_side, baseline_side) else {
-        println!("runtime {runtime_side:?}, baseline {baseline_side:?}");
+        println!(
+            "runtime {runtime_side:?}, baseline {baseline_side:?}, peak RSS {peak_rss:.1?} MiB"
+        );
         return;
     };
 
@@ -945,15 +999,22 @@ fn main() {
         || "a Drain loop".to_owned(),
         |every| format!("schedule {every:?}"),
     );
+    let rss = |side: Side| {
+        side.peak_rss_mib
+            .map(|mib| format!(", peak RSS {mib:.1} MiB"))
+            .unwrap_or_default()
+    };
     println!(
         "{store_name}: {messages} messages, concurrency {concurrency}, batch {batch_size}, \
-         {driven_by}: runtime {:.0}/s ({:.2?}{}), baseline {:.0}/s ({:.2?}{})",
+         {driven_by}: runtime {:.0}/s ({:.2?}{}{}), baseline {:.0}/s ({:.2?}{}{})",
         runtime_per_sec,
         runtime_side.elapsed,
         commits(runtime_side),
+        rss(runtime_side),
         baseline_per_sec,
         baseline_side.elapsed,
         commits(baseline_side),
+        rss(baseline_side),
     );
     let round = |x: f64, places: i32| {
         let scale = 10f64.powi(places);
@@ -970,6 +1031,9 @@ fn main() {
         ratio: round(runtime_per_sec / baseline_per_sec, 3),
         commits_per_message: runtime_side.commits_per_message.map(|c| round(c, 4)),
         baseline_commits_per_message: baseline_side.commits_per_message.map(|c| round(c, 4)),
+        peak_rss_mib: peak_rss.map(|mib| round(mib, 1)),
+        runtime_peak_rss_mib: runtime_side.peak_rss_mib.map(|mib| round(mib, 1)),
+        baseline_peak_rss_mib: baseline_side.peak_rss_mib.map(|mib| round(mib, 1)),
     };
     println!(
         "{}",
@@ -995,4 +1059,10 @@ struct Summary {
     commits_per_message: Option<f64>,
     /// The baseline's, for comparison (PostgreSQL).
     baseline_commits_per_message: Option<f64>,
+    /// The process's peak RSS (`VmHWM`), MiB.
+    peak_rss_mib: Option<f64>,
+    /// The runtime side's peak RSS over its fill and drain, MiB.
+    runtime_peak_rss_mib: Option<f64>,
+    /// The baseline side's, MiB.
+    baseline_peak_rss_mib: Option<f64>,
 }

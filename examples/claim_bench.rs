@@ -1,21 +1,29 @@
-//! Claim throughput of the in-memory store, and how a claim's cost depends
-//! on what else is stored.
+//! How a claim's cost depends on what else is stored, and the claim
+//! throughput of the in-memory store.
 //!
-//! Enqueues one million pending messages, then claims and settles 100 000 of
-//! them in claims of 100 (claim, then `mark_delivered` each). It also times a
-//! claim of 100 with a thousand pending, with a million pending, and with a
-//! hundred thousand live claims in front of the due messages: a claim walks
-//! an index, not the whole store, so the three should cost about the same.
+//! Enqueues one million pending messages and times a claim of 100 with a
+//! thousand pending, with a million pending, and with a hundred thousand
+//! live claims in front of the due messages: a claim walks an index, not the
+//! whole store, so the three should cost about the same. On the memory store
+//! it also claims and settles 100 000 of them in claims of 100 (claim, then
+//! `mark_delivered` each); the SQL stores' throughput is `examples/bench`'s.
 //!
 //! ```text
 //! cargo run --release --example claim_bench
+//! cargo run --release --example claim_bench -- --store sqlite
+//! WITH_POSTGRES_DURABLE=1 scripts/with-postgres cargo run --release --features postgres \
+//!     --example claim_bench -- --store postgres
 //! ```
+//!
+//! SQLite runs on fresh files in the temporary directory, PostgreSQL on
+//! fresh tables in `DATABASE_URL`, removed afterwards.
 //!
 //! The last line of output is one JSON object with the figures.
 
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
+use futures_util::future::join_all;
 use outbox::{
     ClaimBatch, MarkDelivered, MemoryOutbox, MessageKind, NewMessage, OutboxAdmin, OutboxStore,
     Payload, ReleaseClaim,
@@ -32,20 +40,29 @@ fn at(ms: i64) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap() + chrono::Duration::milliseconds(ms)
 }
 
+/// Messages per transaction while filling a SQL store.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const FILL_CHUNK: usize = 10_000;
+
+/// The `i`th message, created `i` milliseconds after the first.
+fn message(i: usize) -> NewMessage {
+    let payload = Payload::from_json(format!(r#"{{"order":{i}}}"#)).expect("valid JSON");
+    NewMessage::new(MessageKind::Event, "order.placed", payload).at(at(i as i64))
+}
+
 /// A store with `count` pending messages, created a millisecond apart.
 async fn filled(count: usize) -> MemoryOutbox {
     let store = MemoryOutbox::new();
     for i in 0..count {
-        let payload = Payload::from_json(format!(r#"{{"order":{i}}}"#)).expect("valid JSON");
-        let message = NewMessage::new(MessageKind::Event, "order.placed", payload).at(at(i as i64));
-        store.enqueue(message).await.expect("enqueue");
+        store.enqueue(message(i)).await.expect("enqueue");
     }
     store
 }
 
 /// Median time of a claim of 100 at `now`. Each claim is given back so the
-/// store keeps its size (a released message goes to the back of the queue).
-async fn claim_cost(store: &MemoryOutbox, now: DateTime<Utc>) -> Duration {
+/// store keeps its size (a released message goes to the back of the queue);
+/// the releases run together, so a SQL store writes them in few statements.
+async fn claim_cost(store: &impl OutboxStore, now: DateTime<Utc>) -> Duration {
     let mut samples = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
         let params = ClaimBatch {
@@ -57,13 +74,15 @@ async fn claim_cost(store: &MemoryOutbox, now: DateTime<Utc>) -> Duration {
         let batch = store.claim_batch(params).await.expect("claim");
         samples.push(started.elapsed());
         assert_eq!(batch.claimed.len(), CLAIM, "the store ran dry");
-        for message in batch.claimed {
-            let release = ReleaseClaim {
+        let releases = batch.claimed.into_iter().map(|message| {
+            store.release_claim(ReleaseClaim {
                 id: message.id,
                 claim_token: message.claim_token,
                 now,
-            };
-            store.release_claim(release).await.expect("release");
+            })
+        });
+        for released in join_all(releases).await {
+            released.expect("release");
         }
     }
     samples.sort();
@@ -74,56 +93,114 @@ fn micros(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6 * 100.0).round() / 100.0
 }
 
+/// The stores this build can measure.
+const STORES: &[&str] = &[
+    "memory",
+    #[cfg(feature = "sqlite")]
+    "sqlite",
+    #[cfg(feature = "postgres")]
+    "postgres",
+];
+
+fn store_arg() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let store = match args.as_slice() {
+        [] => "memory".to_owned(),
+        [flag, store] if flag == "--store" => store.clone(),
+        _ => {
+            eprintln!("usage: claim_bench [--store {}]", STORES.join("|"));
+            std::process::exit(2);
+        }
+    };
+    if !STORES.contains(&store.as_str()) {
+        eprintln!(
+            "unknown store {store:?}; this build knows: {} (the SQL stores need their cargo \
+             features: --features sqlite, --features postgres)",
+            STORES.join(", ")
+        );
+        std::process::exit(2);
+    }
+    store
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let started = Instant::now();
-    let store = filled(PENDING).await;
+    match store_arg().as_str() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => sqlite::run().await,
+        #[cfg(feature = "postgres")]
+        "postgres" => postgres::run().await,
+        _ => {
+            let started = Instant::now();
+            let store = filled(PENDING).await;
+            let small = filled(1_000).await;
+            measure("memory", started, store, small, true).await;
+        }
+    }
+}
+
+/// Times the claims on `store` (a million pending) and `small` (a
+/// thousand), filled since `started`; settles 100 000 first if `settle`.
+async fn measure<S: OutboxStore + OutboxAdmin>(
+    name: &str,
+    started: Instant,
+    store: S,
+    small: S,
+    settle: bool,
+) {
     let enqueue_secs = started.elapsed().as_secs_f64();
     println!(
-        "enqueued {PENDING} messages in {enqueue_secs:.2} s ({:.0} messages/s)",
-        PENDING as f64 / enqueue_secs
+        "enqueued {} messages in {enqueue_secs:.2} s ({:.0} messages/s)",
+        PENDING + 1_000,
+        (PENDING + 1_000) as f64 / enqueue_secs
     );
     // Every message is due from here on.
     let now = at(PENDING as i64 + 1_000);
 
     let at_1m = claim_cost(&store, now).await;
-    let small = filled(1_000).await;
     let at_1k = claim_cost(&small, now).await;
     println!(
-        "claim of {CLAIM}: {:.2} µs with 1 000 pending, {:.2} µs with 1 000 000 pending",
+        "{name}: claim of {CLAIM}: {:.2} µs with 1 000 pending, {:.2} µs with 1 000 000 pending",
         micros(at_1k),
         micros(at_1m)
     );
 
-    let started = Instant::now();
-    let mut claims = 0usize;
-    let mut settled = 0usize;
-    while settled < SETTLED {
-        let params = ClaimBatch {
-            limit: CLAIM,
-            now,
-            lease: LEASE,
-        };
-        let batch = store.claim_batch(params).await.expect("claim");
-        claims += 1;
-        assert_eq!(batch.claimed.len(), CLAIM, "the store ran dry");
-        for message in batch.claimed {
-            let delivered = MarkDelivered {
-                id: message.id,
-                claim_token: message.claim_token,
+    let mut throughput = String::new();
+    if settle {
+        let started = Instant::now();
+        let mut claims = 0usize;
+        let mut settled = 0usize;
+        while settled < SETTLED {
+            let params = ClaimBatch {
+                limit: CLAIM,
                 now,
+                lease: LEASE,
             };
-            store.mark_delivered(delivered).await.expect("deliver");
-            settled += 1;
+            let batch = store.claim_batch(params).await.expect("claim");
+            claims += 1;
+            assert_eq!(batch.claimed.len(), CLAIM, "the store ran dry");
+            for message in batch.claimed {
+                let delivered = MarkDelivered {
+                    id: message.id,
+                    claim_token: message.claim_token,
+                    now,
+                };
+                store.mark_delivered(delivered).await.expect("deliver");
+                settled += 1;
+            }
         }
+        let settle_secs = started.elapsed().as_secs_f64();
+        let claims_per_sec = claims as f64 / settle_secs;
+        let messages_per_sec = settled as f64 / settle_secs;
+        println!(
+            "claimed and delivered {settled} messages in {claims} claims in {settle_secs:.2} s \
+             ({claims_per_sec:.0} claims/s, {messages_per_sec:.0} messages/s)"
+        );
+        throughput = format!(
+            "\"settled\":{settled},\"claims_per_sec\":{claims_per_sec:.0},\
+             \"messages_per_sec\":{messages_per_sec:.0},"
+        );
     }
-    let settle_secs = started.elapsed().as_secs_f64();
-    let claims_per_sec = claims as f64 / settle_secs;
-    let messages_per_sec = settled as f64 / settle_secs;
-    println!(
-        "claimed and delivered {settled} messages in {claims} claims in {settle_secs:.2} s \
-         ({claims_per_sec:.0} claims/s, {messages_per_sec:.0} messages/s)"
-    );
 
     // Live claims sit in front of every due message; a claim must not walk them.
     let mut held = 0usize;
@@ -153,12 +230,135 @@ async fn main() {
 
     let ratio = at_1m.as_secs_f64() / at_1k.as_secs_f64();
     println!(
-        "{{\"store\":\"memory\",\"pending\":{PENDING},\"settled\":{settled},\
-         \"claims_per_sec\":{claims_per_sec:.0},\"messages_per_sec\":{messages_per_sec:.0},\
+        "{{\"store\":\"{name}\",\"pending\":{PENDING},{throughput}\
          \"claim100_us_at_1k\":{},\"claim100_us_at_1m\":{},\"ratio_1m_vs_1k\":{ratio:.2},\
          \"claim100_us_behind_100k_live\":{}}}",
         micros(at_1k),
         micros(at_1m),
         micros(behind_live)
     );
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    //! Fresh database files in the temporary directory.
+
+    use std::path::PathBuf;
+
+    use outbox::SqliteOutbox;
+
+    use super::*;
+
+    /// A database file, removed on drop with its WAL and shared-memory files.
+    struct TempDatabase(PathBuf);
+
+    impl Drop for TempDatabase {
+        fn drop(&mut self) {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut name = self.0.clone().into_os_string();
+                name.push(suffix);
+                let _ = std::fs::remove_file(PathBuf::from(name));
+            }
+        }
+    }
+
+    async fn filled(count: usize) -> (TempDatabase, SqliteOutbox) {
+        let database = TempDatabase(std::env::temp_dir().join(format!(
+            "outbox-claim-bench-{}-{count}.db",
+            std::process::id()
+        )));
+        let store = SqliteOutbox::connect(&format!("sqlite://{}", database.0.display()))
+            .await
+            .expect("open the bench database");
+        let mut i = 0;
+        while i < count {
+            let mut tx = store.pool().begin().await.expect("begin");
+            for _ in 0..FILL_CHUNK.min(count - i) {
+                store
+                    .enqueue_in(&mut tx, message(i))
+                    .await
+                    .expect("enqueue");
+                i += 1;
+            }
+            tx.commit().await.expect("commit");
+        }
+        (database, store)
+    }
+
+    pub(super) async fn run() {
+        let started = Instant::now();
+        let (_large, store) = filled(PENDING).await;
+        let (_small, small) = filled(1_000).await;
+        measure("sqlite", started, store, small, false).await;
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    //! Fresh tables in `DATABASE_URL`, dropped afterwards.
+
+    use outbox::PostgresOutbox;
+    use sqlx::AssertSqlSafe;
+    use sqlx::postgres::PgPoolOptions;
+
+    use super::*;
+
+    async fn filled(url: &str, count: usize) -> PostgresOutbox {
+        let pool = PgPoolOptions::new()
+            .connect(url)
+            .await
+            .expect("connect to DATABASE_URL");
+        let store = PostgresOutbox::builder(pool)
+            .table(&format!("claim_bench_{}_{count}", std::process::id()))
+            .expect("a valid table name")
+            .notify(false)
+            .build();
+        drop_table(&store).await;
+        store.setup().await.expect("create the bench table");
+        let mut i = 0;
+        while i < count {
+            let mut tx = store.pool().begin().await.expect("begin");
+            for _ in 0..FILL_CHUNK.min(count - i) {
+                store
+                    .enqueue_in(&mut tx, message(i))
+                    .await
+                    .expect("enqueue");
+                i += 1;
+            }
+            tx.commit().await.expect("commit");
+        }
+        let analyze = format!("ANALYZE {}", store.table().quoted());
+        sqlx::raw_sql(AssertSqlSafe(analyze))
+            .execute(store.pool())
+            .await
+            .expect("analyze");
+        store
+    }
+
+    async fn drop_table(store: &PostgresOutbox) {
+        let table = store.table().to_string();
+        let drop = format!(
+            "DROP TABLE IF EXISTS \"{table}\"; DROP TABLE IF EXISTS \"{table}_migrations\""
+        );
+        sqlx::raw_sql(AssertSqlSafe(drop))
+            .execute(store.pool())
+            .await
+            .expect("drop the bench table");
+    }
+
+    pub(super) async fn run() {
+        let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+            eprintln!(
+                "--store postgres needs DATABASE_URL; run it under scripts/with-postgres \
+                 for a throwaway cluster"
+            );
+            std::process::exit(2)
+        });
+        let started = Instant::now();
+        let store = filled(&url, PENDING).await;
+        let small = filled(&url, 1_000).await;
+        measure("postgres", started, store.clone(), small.clone(), false).await;
+        drop_table(&store).await;
+        drop_table(&small).await;
+    }
 }
