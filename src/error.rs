@@ -520,6 +520,8 @@ impl std::error::Error for ConfigError {}
 pub struct DeliveryError {
     type_name: &'static str,
     error: Arc<dyn std::error::Error + Send + Sync + 'static>,
+    /// No retry can succeed: the runtime dead-letters at once.
+    permanent: bool,
 }
 
 impl DeliveryError {
@@ -528,7 +530,17 @@ impl DeliveryError {
         DeliveryError {
             type_name: "message",
             error: Arc::new(MessageError(message.to_string())),
+            permanent: false,
         }
+    }
+
+    /// Mark this error as one no retry can fix (a broker that refuses the
+    /// credentials, an unknown destination, a message too large): the
+    /// runtime dead-letters the message at once, keeping this error as its
+    /// `last_error`, instead of spending the remaining attempts.
+    pub fn permanent(mut self) -> Self {
+        self.permanent = true;
+        self
     }
 
     /// Turn a caught panic into a delivery error.
@@ -541,6 +553,7 @@ impl DeliveryError {
         DeliveryError {
             type_name: "panic",
             error: Arc::new(MessageError(format!("handler panicked: {text}"))),
+            permanent: false,
         }
     }
 
@@ -568,6 +581,12 @@ impl DeliveryError {
         )
     }
 
+    /// `true` when retrying cannot help: the error was marked
+    /// [`permanent`](Self::permanent), or the payload did not decode.
+    pub fn is_permanent(&self) -> bool {
+        self.permanent || self.is_undecodable()
+    }
+
     /// `true` for a panic caught in a handler.
     pub fn is_panic(&self) -> bool {
         self.type_name == "panic"
@@ -584,6 +603,7 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for DeliveryError {
         DeliveryError {
             type_name: std::any::type_name::<E>(),
             error: Arc::new(error),
+            permanent: false,
         }
     }
 }

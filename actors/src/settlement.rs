@@ -275,7 +275,7 @@ fn write_for(
         Err(error) => {
             let failed_at = drain.now();
             let policy = drain.retry_policy(message);
-            let retry = !error.is_undecodable()
+            let retry = !error.is_permanent()
                 && policy.allows_retry(message.attempts, message.max_attempts, &error);
             let retry_delay = if retry {
                 policy.delay(message.attempts, &message.id)
@@ -728,6 +728,31 @@ mod tests {
         };
         assert!(!dead_letter.abandoned);
         assert_eq!((dead_letter.attempts, dead_letter.max_attempts), (1, 1));
+        assert_eq!(store.status(&message.id).await, MessageStatus::DeadLettered);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permanent_error_is_dead_lettered_with_attempts_left() {
+        let (drain, store, message) = claimed(3).await;
+        let result = Err(DeliveryError::msg("no such stream").permanent());
+        let settlement = settle_delivery(
+            &drain,
+            &message,
+            active_until(&drain),
+            held(&message),
+            result,
+        )
+        .await;
+        let Settlement::Written {
+            end: End::DeadLettered(dead_letter),
+            delivery_error: Some(error),
+            ..
+        } = settlement
+        else {
+            panic!("{settlement:?}")
+        };
+        assert!(error.is_permanent());
+        assert_eq!((dead_letter.attempts, dead_letter.max_attempts), (1, 3));
         assert_eq!(store.status(&message.id).await, MessageStatus::DeadLettered);
     }
 
