@@ -5,6 +5,7 @@
 //! SQLite path as a host name, and a pool that cannot connect only says it
 //! timed out.
 
+use super::kit::redact_url;
 use crate::error::{Backend, Error, UrlError};
 
 /// The scheme of `url`, lowercased, if it has one.
@@ -24,22 +25,6 @@ fn is_postgres(url: &str) -> bool {
 
 fn is_sqlite(url: &str) -> bool {
     scheme(url).as_deref() == Some("sqlite")
-}
-
-/// `url` with its password, if any, replaced by `***`: a database URL as
-/// it may be shown in an error message or a log line.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
-    };
-    match rest[..at].split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-        None => url.to_owned(),
-    }
 }
 
 #[cfg(feature = "sqlite")]

@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-pub use super::connect::redact_url;
 use super::{MessagePage, Wakeups};
 use crate::error::{Error, Result};
 use crate::message::OutboxMessage;
@@ -146,5 +145,21 @@ pub mod check {
             ));
         }
         Ok(())
+    }
+}
+
+/// `url` with its password, if any, replaced by `***`: a database URL as
+/// it may be shown in an error message or a log line.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    match rest[..at].split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+        None => url.to_owned(),
     }
 }

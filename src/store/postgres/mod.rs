@@ -272,7 +272,7 @@ impl PostgresOutbox {
             }
             Ok(Err(e)) => Err(connect::connect_failed(url, &e, Backend::Postgres)),
             Err(_) => Err(Error::Connect {
-                url: connect::redact_url(url),
+                url: super::kit::redact_url(url),
                 reason: format!(
                     "no connection within {}",
                     humantime::format_duration(timeout)

@@ -1,0 +1,53 @@
+//! Publish outbox messages to a broker.
+//!
+//! Each transport here implements [`outbox::EventBus`] and
+//! [`outbox::JobDispatcher`], so a drain publishes under the same leases,
+//! retries, dead letters and notifications as an in-process handler: a
+//! message is settled as delivered only once the broker acknowledged it.
+//! Delivery is at-least-once, so every transport hands the broker the outbox
+//! message id to deduplicate on; each transport's docs say what window that
+//! covers.
+//!
+//! What every transport shares lives here: how a message name becomes a
+//! destination ([`NameMap`]), the headers a published message carries
+//! ([`headers`]), and how broker failures are classified ([`BrokerError`]).
+
+mod error;
+mod naming;
+
+pub use error::{BrokerError, FailureClass};
+pub use naming::NameMap;
+
+use outbox::ClaimedMessage;
+
+/// Header carrying the outbox message id.
+pub const HEADER_ID: &str = "Outbox-Message-Id";
+/// Header carrying the message name as enqueued.
+pub const HEADER_NAME: &str = "Outbox-Name";
+/// Header carrying the kind: `event` or `job`.
+pub const HEADER_KIND: &str = "Outbox-Kind";
+/// Header carrying the delivery attempt, starting at 1.
+pub const HEADER_ATTEMPT: &str = "Outbox-Attempt";
+/// W3C trace context header, when the message was enqueued inside a trace.
+pub const HEADER_TRACEPARENT: &str = "traceparent";
+/// W3C trace state header, when the enqueuing trace had one.
+pub const HEADER_TRACESTATE: &str = "tracestate";
+
+/// The headers every transport puts on a published message, in this order:
+/// id, name, kind, attempt, then `traceparent` and `tracestate` when the
+/// message carries a trace context.
+pub fn headers(message: &ClaimedMessage) -> Vec<(&'static str, String)> {
+    let mut headers = vec![
+        (HEADER_ID, message.id.clone()),
+        (HEADER_NAME, message.name.clone()),
+        (HEADER_KIND, message.kind.to_string()),
+        (HEADER_ATTEMPT, message.attempts.to_string()),
+    ];
+    if let Some(trace) = &message.trace {
+        headers.push((HEADER_TRACEPARENT, trace.traceparent.clone()));
+        if let Some(state) = &trace.tracestate {
+            headers.push((HEADER_TRACESTATE, state.clone()));
+        }
+    }
+    headers
+}
