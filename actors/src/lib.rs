@@ -159,11 +159,6 @@ mod telemetry;
 
 pub use outbox;
 
-// The README's examples are compiled and run with the other doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;
-
 pub use context::{DrainObserver, ObserverResult};
 pub use coordinator::{
     CoordinatorStatus, Drain, DrainCoordinator, DrainCoordinatorBuilder, GetStatus, Shutdown,
