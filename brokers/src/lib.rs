@@ -12,6 +12,8 @@
 //! destination ([`NameMap`]), the headers a published message carries
 //! ([`headers`]), and how broker failures are classified ([`BrokerError`]).
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
 mod error;
 mod naming;
 
