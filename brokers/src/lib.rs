@@ -16,6 +16,8 @@
 pub mod amqp;
 mod error;
 mod naming;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use error::{BrokerError, FailureClass};
 pub use naming::NameMap;
