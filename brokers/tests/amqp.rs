@@ -130,9 +130,11 @@ fn redeliveries_carry_the_same_message_id_for_consumers_to_dedup_on() {
         let ids = enqueue(&store, "orders.placed", N).await;
         let (bus, stats) = counting(transport(&name).await, true);
         let coordinator = coordinator(&store, bus);
-        wait_for("every message delivered", Duration::from_secs(60), || async {
-            count(&store, MessageStatus::Delivered).await == N
-        })
+        wait_for(
+            "every message delivered",
+            Duration::from_secs(60),
+            || async { count(&store, MessageStatus::Delivered).await == N },
+        )
         .await;
         shutdown(coordinator).await;
         assert_eq!(stats.acked(), 2 * N as u64);
@@ -183,9 +185,11 @@ fn a_restarted_rabbitmq_loses_nothing_and_the_drain_resumes_by_itself() {
         wait_for("a publish to fail", limit, || async { stats.failed() > 0 }).await;
         let delivered_before_start = count(&store, MessageStatus::Delivered).await;
         ctl("start", "rabbitmq");
-        wait_for("every message delivered", Duration::from_secs(180), || async {
-            count(&store, MessageStatus::Delivered).await == N
-        })
+        wait_for(
+            "every message delivered",
+            Duration::from_secs(180),
+            || async { count(&store, MessageStatus::Delivered).await == N },
+        )
         .await;
         shutdown(coordinator).await;
 

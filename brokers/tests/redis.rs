@@ -10,7 +10,7 @@ use harness::{
     coordinator, count, counting, ctl, enqueue, serial, service_url, settled, shutdown, unique,
     wait_for,
 };
-use outbox::{MemoryOutbox, MessageStatus};
+use outbox::{MemoryOutbox, MessageStatus, OutboxAdmin};
 use outbox_brokers::redis::{RedisConfig, RedisTransport};
 use outbox_brokers::{FailureClass, NameMap};
 use redis::aio::MultiplexedConnection;
@@ -67,11 +67,15 @@ fn redeliveries_inside_the_window_add_nothing_and_outside_it_add_a_copy() {
     let _serial = serial();
     harness::run(|| async {
         const N: usize = 200;
-        for (window, copies) in [(Duration::from_secs(3600), 1), (Duration::from_millis(1), 2)] {
+        for (window, copies) in [
+            (Duration::from_secs(3600), 1),
+            (Duration::from_millis(1), 2),
+        ] {
             let prefix = format!("test:{}:", unique());
             let store = MemoryOutbox::new();
             let ids = enqueue(&store, "orders.placed", N).await;
-            let (bus, stats) = counting(transport(config(&prefix).dedup_window(window)).await, true);
+            let (bus, stats) =
+                counting(transport(config(&prefix).dedup_window(window)).await, true);
             let coordinator = coordinator(&store, bus);
             let limit = Duration::from_secs(60);
             wait_for("every message delivered", limit, || async {
@@ -113,9 +117,11 @@ fn a_restarted_redis_loses_nothing_and_the_drain_resumes_by_itself() {
         wait_for("a publish to fail", limit, || async { stats.failed() > 0 }).await;
         let delivered_while_down = count(&store, MessageStatus::Delivered).await;
         ctl("start", "redis");
-        wait_for("every message delivered", Duration::from_secs(120), || async {
-            count(&store, MessageStatus::Delivered).await == N
-        })
+        wait_for(
+            "every message delivered",
+            Duration::from_secs(120),
+            || async { count(&store, MessageStatus::Delivered).await == N },
+        )
         .await;
         shutdown(coordinator).await;
 
@@ -140,7 +146,11 @@ fn a_restarted_redis_loses_nothing_and_the_drain_resumes_by_itself() {
         );
         assert!(stats.failed() > 0, "the outage was seen");
         assert_eq!(lost, 0);
-        assert_eq!(entries.len(), N, "the dedup window absorbed every redelivery");
+        assert_eq!(
+            entries.len(),
+            N,
+            "the dedup window absorbed every redelivery"
+        );
         assert_eq!(count(&store, MessageStatus::DeadLettered).await, 0);
     });
 }
@@ -220,5 +230,62 @@ fn connect_errors_are_classified() {
         .await
         .expect_err("nothing listens on port 1");
         assert_eq!(unreachable.class, FailureClass::Transient, "{unreachable}");
+    });
+}
+
+/// Puts `maxmemory` back to unlimited, even when the test fails.
+struct MaxMemoryReset;
+
+impl Drop for MaxMemoryReset {
+    fn drop(&mut self) {
+        let mut connection = redis::Client::open(service_url("REDIS_URL"))
+            .and_then(|client| client.get_connection())
+            .expect("connect to reset maxmemory");
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("0")
+            .query(&mut connection)
+            .expect("reset maxmemory");
+    }
+}
+
+#[test]
+fn oom_is_transient_back_pressure_and_the_message_goes_out_once_memory_frees() {
+    let _serial = serial();
+    harness::run(|| async {
+        let prefix = format!("test:{}:", unique());
+        let transport = transport(config(&prefix)).await;
+        let mut connection = client().await;
+        let reset = MaxMemoryReset;
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("1")
+            .query_async(&mut connection)
+            .await
+            .expect("CONFIG SET maxmemory");
+        let store = MemoryOutbox::new();
+        let ids = enqueue(&store, "orders.placed", 1).await;
+        let (bus, stats) = counting(transport, false);
+        let coordinator = coordinator(&store, bus);
+        wait_for("a refused publish", Duration::from_secs(30), || async {
+            stats.failed() >= 2
+        })
+        .await;
+        let message = store.get_message(&ids[0]).await.expect("message exists");
+        assert_ne!(
+            message.status,
+            MessageStatus::DeadLettered,
+            "retried, not dead-lettered"
+        );
+        let error = message.last_error.expect("the refusal is recorded");
+        assert!(error.message.contains("OOM"), "{error:?}");
+
+        drop(reset);
+        let message = settled(&store, &ids[0], Duration::from_secs(30)).await;
+        shutdown(coordinator).await;
+        assert_eq!(message.status, MessageStatus::Delivered);
+        assert_eq!(entries(&format!("{prefix}orders.placed")).await.len(), 1);
     });
 }

@@ -14,8 +14,8 @@ use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
 use outbox::{
     Delivery, DeliveryError, DeliveryResult, DrainConfig, EventBus, MemoryOutbox, MessageKind,
-    MessageStatus, NewMessage, OutboxAdmin, OutboxMessage, OutboxStore, Payload, Registry, RetryPolicy,
-    TraceCarrier,
+    MessageStatus, NewMessage, OutboxAdmin, OutboxMessage, OutboxStore, Payload, Registry,
+    RetryPolicy, TraceCarrier,
 };
 use outbox_actors::{DrainCoordinator, Shutdown};
 
@@ -53,7 +53,10 @@ pub fn ctl(action: &str, service: &str) {
         .args([action, service])
         .status()
         .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
-    assert!(status.success(), "`{script} {action} {service}` failed: {status}");
+    assert!(
+        status.success(),
+        "`{script} {action} {service}` failed: {status}"
+    );
 }
 
 /// Wait, up to `limit`, for `check` to hold; polls every 20 ms.
