@@ -100,9 +100,9 @@ impl AmqpConfig {
         self
     }
 
-    /// How long a publish waits for the broker's confirm before it fails as
-    /// transient (and is retried with the message's backoff). Keep it well
-    /// under the claim lease.
+    /// How long a publish waits for the broker's confirm, and connecting
+    /// for the connection, before it fails as transient (and is retried with
+    /// the message's backoff). Keep it well under the claim lease.
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
         self
@@ -297,8 +297,25 @@ impl AmqpTransport {
     }
 }
 
-/// Open a connection and a confirm-mode channel, and check the exchange.
+/// Open a connection and a confirm-mode channel, and check the exchange,
+/// within the confirm timeout: a host that drops packets must not hold the
+/// session lock (and every publish behind it) for the system's TCP timeout.
 async fn open(url: &str, config: &AmqpConfig, generation: u64) -> Result<Session, BrokerError> {
+    match tokio::time::timeout(config.confirm_timeout, open_now(url, config, generation)).await {
+        Ok(session) => session,
+        Err(_) => Err(BrokerError::new(
+            BROKER,
+            "connect",
+            FailureClass::Transient,
+            format!(
+                "no connection to the broker within {:?}",
+                config.confirm_timeout
+            ),
+        )),
+    }
+}
+
+async fn open_now(url: &str, config: &AmqpConfig, generation: u64) -> Result<Session, BrokerError> {
     let properties = ConnectionProperties::default()
         .with_connection_name(LongString::from(config.connection_name.clone()));
     let connection = Connection::connect(url, properties)
