@@ -12,10 +12,11 @@ use harness::{
 };
 use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox::{MemoryOutbox, MessageStatus};
+use outbox::{MemoryOutbox, MessageStatus, OutboxAdmin};
 use outbox_brokers::amqp::{AmqpConfig, AmqpTransport};
 use outbox_brokers::{FailureClass, NameMap};
 
@@ -288,5 +289,72 @@ fn a_missing_exchange_is_a_connect_error_not_a_retry_loop() {
             .await
             .expect_err("nothing listens on port 1");
         assert_eq!(unreachable.class, FailureClass::Transient, "{unreachable}");
+    });
+}
+
+#[test]
+fn a_nack_is_retried_and_the_message_goes_out_once_a_queue_takes_it() {
+    let _serial = serial();
+    harness::run(|| async {
+        let name = format!("outbox.test.{}", unique());
+        let (connection, channel) = channel().await;
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        channel
+            .exchange_declare(&name, ExchangeKind::Topic, durable, FieldTable::default())
+            .await
+            .expect("declare the exchange");
+        // A queue that refuses every message: the broker nacks the publish.
+        let mut full = FieldTable::default();
+        full.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
+        full.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        let refusing = format!("{name}.full");
+        channel
+            .queue_declare(&refusing, QueueDeclareOptions::default(), full)
+            .await
+            .expect("declare the refusing queue");
+        channel
+            .queue_bind(
+                &refusing,
+                &name,
+                "outbox.#",
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind the refusing queue");
+
+        let store = MemoryOutbox::new();
+        let ids = enqueue(&store, "orders.placed", 1).await;
+        let (bus, stats) = counting(transport(&name).await, false);
+        let coordinator = coordinator(&store, bus);
+        wait_for("a nacked publish", Duration::from_secs(30), || async {
+            stats.failed() >= 2
+        })
+        .await;
+        let message = store.get_message(&ids[0]).await.expect("message exists");
+        assert_ne!(message.status, MessageStatus::DeadLettered, "retried");
+        let error = message.last_error.expect("the nack is recorded");
+        assert!(error.message.contains("nacked"), "{error:?}");
+
+        // Bind a queue that takes messages, then remove the refusing one
+        // (in this order, so the message is never unroutable).
+        topology(&name).await;
+        channel
+            .queue_delete(&refusing, QueueDeleteOptions::default())
+            .await
+            .expect("delete the refusing queue");
+        let _ = connection.close(200, "done").await;
+        let message = settled(&store, &ids[0], Duration::from_secs(30)).await;
+        shutdown(coordinator).await;
+        assert_eq!(message.status, MessageStatus::Delivered);
+        let received = consume(&name).await;
+        assert_eq!(received.len(), 1);
+        assert_eq!(received[0].message_id, ids[0]);
     });
 }
