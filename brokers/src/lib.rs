@@ -12,8 +12,12 @@
 //! destination ([`NameMap`]), the headers a published message carries
 //! ([`headers`]), and how broker failures are classified ([`BrokerError`]).
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
 mod error;
 mod naming;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use error::{BrokerError, FailureClass};
 pub use naming::NameMap;

@@ -1,0 +1,291 @@
+//! The Redis Streams transport against a real `redis-server`
+//! (`REDIS_URL`, and `WITH_SERVICES_CTL` to stop and start it).
+
+mod harness;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use harness::{
+    coordinator, count, counting, ctl, enqueue, serial, service_url, settled, shutdown, unique,
+    wait_for,
+};
+use outbox::{MemoryOutbox, MessageStatus, OutboxAdmin};
+use outbox_brokers::redis::{RedisConfig, RedisTransport};
+use outbox_brokers::{FailureClass, NameMap};
+use redis::aio::MultiplexedConnection;
+use redis::streams::StreamRangeReply;
+
+async fn client() -> MultiplexedConnection {
+    redis::Client::open(service_url("REDIS_URL"))
+        .expect("REDIS_URL is a Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to REDIS_URL")
+}
+
+/// A stream's entries as field maps, oldest first.
+async fn entries(stream: &str) -> Vec<HashMap<String, String>> {
+    let mut connection = client().await;
+    let reply: StreamRangeReply = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut connection)
+        .await
+        .expect("XRANGE");
+    reply
+        .ids
+        .iter()
+        .map(|entry| {
+            entry
+                .map
+                .keys()
+                .map(|field| {
+                    let value: String = entry.get(field).expect("a string field");
+                    (field.clone(), value)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn config(prefix: &str) -> RedisConfig {
+    RedisConfig::new()
+        .streams(NameMap::new(prefix))
+        .dedup_prefix(format!("{prefix}dedup:"))
+}
+
+async fn transport(config: RedisConfig) -> RedisTransport {
+    RedisTransport::connect(&service_url("REDIS_URL"), config)
+        .await
+        .expect("connect the transport")
+}
+
+#[test]
+fn redeliveries_inside_the_window_add_nothing_and_outside_it_add_a_copy() {
+    let _serial = serial();
+    harness::run(|| async {
+        const N: usize = 200;
+        for (window, copies) in [
+            (Duration::from_secs(3600), 1),
+            (Duration::from_millis(1), 2),
+        ] {
+            let prefix = format!("test:{}:", unique());
+            let store = MemoryOutbox::new();
+            let ids = enqueue(&store, "orders.placed", N).await;
+            let (bus, stats) =
+                counting(transport(config(&prefix).dedup_window(window)).await, true);
+            let coordinator = coordinator(&store, bus);
+            let limit = Duration::from_secs(60);
+            wait_for("every message delivered", limit, || async {
+                count(&store, MessageStatus::Delivered).await == N
+            })
+            .await;
+            shutdown(coordinator).await;
+
+            // Every message was published twice and acknowledged twice.
+            assert_eq!(stats.acked(), 2 * N as u64);
+            let entries = entries(&format!("{prefix}orders.placed")).await;
+            assert_eq!(entries.len(), copies * N, "window {window:?}");
+            let mut seen: HashMap<&str, usize> = HashMap::new();
+            for entry in &entries {
+                *seen.entry(entry["Outbox-Message-Id"].as_str()).or_default() += 1;
+            }
+            assert_eq!(seen.len(), N);
+            assert!(ids.iter().all(|id| seen.get(id.as_str()) == Some(&copies)));
+        }
+    });
+}
+
+#[test]
+fn a_restarted_redis_loses_nothing_and_the_drain_resumes_by_itself() {
+    let _serial = serial();
+    harness::run(|| async {
+        const N: usize = 3_000;
+        let prefix = format!("test:{}:", unique());
+        let store = MemoryOutbox::new();
+        enqueue(&store, "orders.placed", N).await;
+        let (bus, stats) = counting(transport(config(&prefix)).await, false);
+        let coordinator = coordinator(&store, bus);
+        let limit = Duration::from_secs(60);
+        wait_for("a tenth delivered", limit, || async {
+            count(&store, MessageStatus::Delivered).await >= N / 10
+        })
+        .await;
+        ctl("stop", "redis");
+        wait_for("a publish to fail", limit, || async { stats.failed() > 0 }).await;
+        let delivered_while_down = count(&store, MessageStatus::Delivered).await;
+        ctl("start", "redis");
+        wait_for(
+            "every message delivered",
+            Duration::from_secs(120),
+            || async { count(&store, MessageStatus::Delivered).await == N },
+        )
+        .await;
+        shutdown(coordinator).await;
+
+        let entries = entries(&format!("{prefix}orders.placed")).await;
+        let distinct: std::collections::HashSet<&str> = entries
+            .iter()
+            .map(|e| e["Outbox-Message-Id"].as_str())
+            .collect();
+        let lost = N - distinct.len();
+        println!(
+            "redis restart: N={N} delivered_before_stop={delivered_while_down} \
+             failed_publishes={} acked_publishes={} stream_entries={} distinct_ids={} lost={lost} \
+             duplicates_before_dedup={} duplicates_after_dedup={}",
+            stats.failed(),
+            stats.acked(),
+            entries.len(),
+            distinct.len(),
+            // Acknowledged publishes that added nothing: the copies a
+            // consumer would have seen without the dedup script.
+            stats.acked() - entries.len() as u64,
+            entries.len() - distinct.len(),
+        );
+        assert!(stats.failed() > 0, "the outage was seen");
+        assert_eq!(lost, 0);
+        assert_eq!(
+            entries.len(),
+            N,
+            "the dedup window absorbed every redelivery"
+        );
+        assert_eq!(count(&store, MessageStatus::DeadLettered).await, 0);
+    });
+}
+
+#[test]
+fn a_wrongtype_stream_key_dead_letters_at_once_with_the_reason() {
+    let _serial = serial();
+    harness::run(|| async {
+        let prefix = format!("test:{}:", unique());
+        let mut connection = client().await;
+        let _: () = redis::cmd("SET")
+            .arg(format!("{prefix}orders.placed"))
+            .arg("not a stream")
+            .query_async(&mut connection)
+            .await
+            .expect("SET");
+        let store = MemoryOutbox::new();
+        let ids = enqueue(&store, "orders.placed", 1).await;
+        let coordinator = coordinator(&store, transport(config(&prefix)).await);
+        let message = settled(&store, &ids[0], Duration::from_secs(30)).await;
+        shutdown(coordinator).await;
+
+        assert_eq!(message.status, MessageStatus::DeadLettered);
+        assert_eq!(message.attempts, 1, "dead-lettered at once");
+        let error = message.last_error.expect("the reason is kept");
+        assert!(error.message.contains("WRONGTYPE"), "{error:?}");
+        // The script removed its dedup key: a requeue is published, not
+        // taken for a duplicate.
+        let exists: u32 = redis::cmd("EXISTS")
+            .arg(format!("{prefix}dedup:{}", ids[0]))
+            .query_async(&mut connection)
+            .await
+            .expect("EXISTS");
+        assert_eq!(exists, 0);
+    });
+}
+
+#[test]
+fn the_entry_carries_the_payload_the_headers_and_the_trace_context() {
+    let _serial = serial();
+    harness::run(|| async {
+        let prefix = format!("test:{}:", unique());
+        let store = MemoryOutbox::new();
+        let ids = enqueue(&store, "orders.placed", 1).await;
+        let coordinator = coordinator(&store, transport(config(&prefix).max_len(1_000)).await);
+        let message = settled(&store, &ids[0], Duration::from_secs(30)).await;
+        shutdown(coordinator).await;
+        assert_eq!(message.status, MessageStatus::Delivered);
+
+        let entries = entries(&format!("{prefix}orders.placed")).await;
+        assert_eq!(entries.len(), 1);
+        let entry = &entries[0];
+        let trace = harness::trace();
+        assert_eq!(entry["payload"], r#"{"n":0}"#);
+        assert_eq!(entry["Outbox-Message-Id"], ids[0]);
+        assert_eq!(entry["Outbox-Name"], "orders.placed");
+        assert_eq!(entry["Outbox-Kind"], "event");
+        assert_eq!(entry["Outbox-Attempt"], "1");
+        assert_eq!(entry["traceparent"], trace.traceparent);
+        assert_eq!(Some(&entry["tracestate"]), trace.tracestate.as_ref());
+    });
+}
+
+#[test]
+fn connect_errors_are_classified() {
+    let _serial = serial();
+    harness::run(|| async {
+        let bad = RedisTransport::connect("http://127.0.0.1:1", RedisConfig::new())
+            .await
+            .expect_err("not a Redis URL");
+        assert_eq!(bad.class, FailureClass::Permanent, "{bad}");
+
+        let unreachable = RedisTransport::connect(
+            "redis://127.0.0.1:1/0",
+            RedisConfig::new().timeout(Duration::from_secs(2)),
+        )
+        .await
+        .expect_err("nothing listens on port 1");
+        assert_eq!(unreachable.class, FailureClass::Transient, "{unreachable}");
+    });
+}
+
+/// Puts `maxmemory` back to unlimited, even when the test fails.
+struct MaxMemoryReset;
+
+impl Drop for MaxMemoryReset {
+    fn drop(&mut self) {
+        let mut connection = redis::Client::open(service_url("REDIS_URL"))
+            .and_then(|client| client.get_connection())
+            .expect("connect to reset maxmemory");
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("0")
+            .query(&mut connection)
+            .expect("reset maxmemory");
+    }
+}
+
+#[test]
+fn oom_is_transient_back_pressure_and_the_message_goes_out_once_memory_frees() {
+    let _serial = serial();
+    harness::run(|| async {
+        let prefix = format!("test:{}:", unique());
+        let transport = transport(config(&prefix)).await;
+        let mut connection = client().await;
+        let reset = MaxMemoryReset;
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("1")
+            .query_async(&mut connection)
+            .await
+            .expect("CONFIG SET maxmemory");
+        let store = MemoryOutbox::new();
+        let ids = enqueue(&store, "orders.placed", 1).await;
+        let (bus, stats) = counting(transport, false);
+        let coordinator = coordinator(&store, bus);
+        wait_for("a refused publish", Duration::from_secs(30), || async {
+            stats.failed() >= 2
+        })
+        .await;
+        let message = store.get_message(&ids[0]).await.expect("message exists");
+        assert_ne!(
+            message.status,
+            MessageStatus::DeadLettered,
+            "retried, not dead-lettered"
+        );
+        let error = message.last_error.expect("the refusal is recorded");
+        assert!(error.message.contains("OOM"), "{error:?}");
+
+        drop(reset);
+        let message = settled(&store, &ids[0], Duration::from_secs(30)).await;
+        shutdown(coordinator).await;
+        assert_eq!(message.status, MessageStatus::Delivered);
+        assert_eq!(entries(&format!("{prefix}orders.placed")).await.len(), 1);
+    });
+}
