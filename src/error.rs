@@ -185,6 +185,15 @@ pub enum UrlError {
         /// The URL as given.
         url: String,
     },
+    /// A URL whose scheme names no database an outbox store speaks.
+    #[error(
+        "{url} names no database the outbox supports; pass sqlite://PATH (for example \
+         sqlite://app.db) or postgres://USER:PASSWORD@HOST/DB"
+    )]
+    UnsupportedScheme {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+    },
     /// A URL the store's driver cannot parse.
     #[error("{url} is not a valid {backend} URL: {reason}")]
     Malformed {
