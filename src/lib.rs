@@ -144,7 +144,8 @@ pub use store::{
 };
 pub use trace::TraceCarrier;
 pub use transport::{
-    Delivery, DeliveryContext, DeliveryResult, EventBus, InProcessBus, InProcessJobs, JobDispatcher,
+    Delivery, DeliveryContext, DeliveryResult, EventBus, InProcessBus, InProcessJobs,
+    JobDispatcher, Registration, Served,
 };
 
 /// The names most programs need: `use outbox::prelude::*;`.
