@@ -33,8 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox::{
-    Clock, DeliveryContext, DrainConfig, Event, InProcessBus, OutboxAdmin, OutboxStore, Registry,
-    SystemClock,
+    Clock, DeliveryContext, DrainConfig, Event, InProcessBus, OutboxAdmin, OutboxStore, SystemClock,
 };
 use outbox_actors::{DrainCoordinator, Shutdown};
 use serde::{Deserialize, Serialize};
@@ -234,7 +233,6 @@ where
         }
     });
     let coordinator = DrainCoordinator::builder(store.clone())
-        .registry(Registry::builder().event::<CrashTick>().build()?)
         .event_bus(bus)
         .config(DrainConfig {
             concurrency: args.concurrency,

@@ -229,8 +229,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         retry: RetryPolicy::fixed(Duration::from_millis(200)).with_max_attempts(3),
         ..DrainConfig::default()
     };
+    // No registry: the subscriptions name the events, and their types.
     let coordinator = DrainCoordinator::builder(outbox.clone())
-        .registry(Registry::builder().event::<OrderPlaced>().build()?)
         .event_bus(
             RecipientBus::new()
                 .subscribe(billing.clone().recipient())

@@ -185,6 +185,15 @@ pub enum UrlError {
         /// The URL as given.
         url: String,
     },
+    /// A URL whose scheme names no database an outbox store speaks.
+    #[error(
+        "{url} names no database the outbox supports; pass sqlite://PATH (for example \
+         sqlite://app.db) or postgres://USER:PASSWORD@HOST/DB"
+    )]
+    UnsupportedScheme {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+    },
     /// A URL the store's driver cannot parse.
     #[error("{url} is not a valid {backend} URL: {reason}")]
     Malformed {
@@ -475,6 +484,16 @@ pub struct ConfigViolation {
     pub rule: String,
 }
 
+impl ConfigViolation {
+    /// `field` breaks `rule`.
+    pub fn new(field: &'static str, rule: impl Into<String>) -> Self {
+        ConfigViolation {
+            field,
+            rule: rule.into(),
+        }
+    }
+}
+
 impl fmt::Display for ConfigViolation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "`{}` {}", self.field, self.rule)
@@ -490,6 +509,12 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
+    /// An error of these violations, for checks outside this crate (the
+    /// runtime's check of registrations against handlers).
+    pub fn new(violations: Vec<ConfigViolation>) -> Self {
+        ConfigError { violations }
+    }
+
     /// `true` when some violation names `field`.
     pub fn names(&self, field: &str) -> bool {
         self.violations.iter().any(|v| v.field == field)

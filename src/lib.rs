@@ -59,6 +59,9 @@
 //!   - `store/postgres/`: `PostgresOutbox` (feature `postgres`), its SQL
 //!     statements, its LISTEN/NOTIFY wake-up listener, and its admin
 //!     operations.
+//!   - `store/any.rs`: `AnyOutbox`, either SQL store chosen by URL at
+//!     start-up, with `AnyTransaction` to enqueue in a transaction of
+//!     either database.
 //!
 //! Both SQL stores add enqueue inside the caller's own sqlx transaction.
 //!
@@ -124,6 +127,8 @@ pub use retry::{RetryPolicy, ShouldRetry};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use sqlx;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use store::any::{AnyColumn, AnyOutbox, AnyTransaction, SqlValue};
 pub use store::kit;
 pub use store::memory::MemoryOutbox;
 #[cfg(feature = "postgres")]
@@ -139,7 +144,8 @@ pub use store::{
 };
 pub use trace::TraceCarrier;
 pub use transport::{
-    Delivery, DeliveryContext, DeliveryResult, EventBus, InProcessBus, InProcessJobs, JobDispatcher,
+    Delivery, DeliveryContext, DeliveryResult, EventBus, InProcessBus, InProcessJobs,
+    JobDispatcher, Registration, Served,
 };
 
 /// The names most programs need: `use outbox::prelude::*;`.

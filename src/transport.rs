@@ -8,7 +8,7 @@
 //! for, which gets the message as stored, a [`RawMessage`].
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -20,6 +20,7 @@ use crate::error::{Error, RegistryError};
 use crate::kind::MessageKind;
 use crate::message::ClaimedMessage;
 use crate::payload::{DecodedPayload, Event, Job, RawMessage};
+use crate::registry::RegistryBuilder;
 use crate::trace::TraceCarrier;
 
 /// What a transport's future resolves to.
@@ -81,6 +82,122 @@ impl fmt::Debug for Delivery {
     }
 }
 
+/// Registers one payload type with a [`RegistryBuilder`]; what a typed
+/// handler knows about its message, kept so a registry can be derived from
+/// the handlers.
+pub type Registration = fn(RegistryBuilder) -> RegistryBuilder;
+
+/// Which message names a transport serves, so a drain can check at start
+/// that every registered name has a handler and every handler a
+/// registration, and can derive the registry from the handlers.
+///
+/// A transport that cannot tell (the default of [`EventBus::serves`] and
+/// [`JobDispatcher::serves`]) answers [`Served::unknown`], and is then
+/// trusted to serve whatever is registered.
+///
+/// ```
+/// use outbox::{Event, Served};
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct OrderPlaced { order_id: u64 }
+/// impl Event for OrderPlaced { const NAME: &'static str = "order.placed"; }
+///
+/// let served = Served::none().event::<OrderPlaced>().name("audit.logged");
+/// assert!(served.serves("order.placed") && served.serves("audit.logged"));
+/// assert!(!served.serves("order.shipped"));
+/// assert!(Served::unknown().serves("anything"));
+/// ```
+#[derive(Clone, Default)]
+pub struct Served {
+    /// Each name served, with how to register its type when it is known.
+    names: BTreeMap<String, Option<Registration>>,
+    catch_all: bool,
+    unknown: bool,
+}
+
+impl Served {
+    /// Serves no name (yet); add them with [`Served::event`],
+    /// [`Served::job`], [`Served::name`] and [`Served::catch_all`].
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// The transport cannot say what it serves: the start-up check trusts
+    /// it with every registered name, and no registry can be derived from it.
+    pub fn unknown() -> Self {
+        Served {
+            unknown: true,
+            ..Self::default()
+        }
+    }
+
+    /// Serves event `E`, whose type a derived registry registers.
+    pub fn event<E: Event>(mut self) -> Self {
+        let register: Registration = RegistryBuilder::event::<E>;
+        self.names.insert(E::NAME.to_owned(), Some(register));
+        self
+    }
+
+    /// Serves job `J`, whose type (and retry policy) a derived registry
+    /// registers.
+    pub fn job<J: Job>(mut self) -> Self {
+        let register: Registration = RegistryBuilder::job::<J>;
+        self.names.insert(J::NAME.to_owned(), Some(register));
+        self
+    }
+
+    /// Serves `name`, of a type this transport does not know; such a name
+    /// must be registered in an explicit registry.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.names.entry(name.into()).or_insert(None);
+        self
+    }
+
+    /// Also serves every name without a handler of its own.
+    pub fn catch_all(mut self) -> Self {
+        self.catch_all = true;
+        self
+    }
+
+    /// `false` for [`Served::unknown`].
+    pub fn is_known(&self) -> bool {
+        !self.unknown
+    }
+
+    /// `true` when a catch-all handler takes the names without a handler.
+    pub fn catches_all(&self) -> bool {
+        self.catch_all
+    }
+
+    /// `true` when a message named `name` reaches a handler: a typed one, a
+    /// catch-all, or (when unknown) presumably.
+    pub fn serves(&self, name: &str) -> bool {
+        self.unknown || self.catch_all || self.names.contains_key(name)
+    }
+
+    /// The names with a handler of their own, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.keys().map(String::as_str)
+    }
+
+    /// The registration of `name`'s type, when the transport knows it.
+    pub fn registration(&self, name: &str) -> Option<Registration> {
+        self.names.get(name).copied().flatten()
+    }
+}
+
+impl fmt::Debug for Served {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.unknown {
+            return f.write_str("Served::unknown()");
+        }
+        f.debug_struct("Served")
+            .field("names", &self.names.keys().collect::<Vec<_>>())
+            .field("catch_all", &self.catch_all)
+            .finish()
+    }
+}
+
 /// Publishes events to their handlers.
 ///
 /// The returned future need not be `Send`: the runtime polls it on the
@@ -88,12 +205,26 @@ impl fmt::Debug for Delivery {
 pub trait EventBus: Send + Sync + 'static {
     /// Deliver one event; `Err` fails the attempt (retried per policy).
     fn publish(&self, delivery: Delivery) -> LocalBoxFuture<'static, DeliveryResult>;
+
+    /// The event names this bus serves, checked against the registry when
+    /// a drain starts (and used to derive one when none is given). The
+    /// default, [`Served::unknown`], skips the check for this bus.
+    fn serves(&self) -> Served {
+        Served::unknown()
+    }
 }
 
 /// Dispatches jobs to their handler.
 pub trait JobDispatcher: Send + Sync + 'static {
     /// Run one job; `Err` fails the attempt (retried per the job's policy).
     fn dispatch(&self, delivery: Delivery) -> LocalBoxFuture<'static, DeliveryResult>;
+
+    /// The job names this dispatcher serves, checked against the registry
+    /// when a drain starts (and used to derive one when none is given). The
+    /// default, [`Served::unknown`], skips the check for this dispatcher.
+    fn serves(&self) -> Served {
+        Served::unknown()
+    }
 }
 
 type SharedHandler = Arc<
@@ -121,6 +252,7 @@ type RawHandler<P> =
 pub struct InProcessBus {
     handlers: HashMap<&'static str, Vec<SharedHandler>>,
     any: Vec<RawHandler<Arc<RawMessage>>>,
+    served: Served,
 }
 
 impl InProcessBus {
@@ -145,6 +277,7 @@ impl InProcessBus {
                 )))),
             });
         self.handlers.entry(E::NAME).or_default().push(erased);
+        self.served = std::mem::take(&mut self.served).event::<E>();
         self
     }
 
@@ -174,6 +307,7 @@ impl InProcessBus {
         self.any.push(Arc::new(move |message, context| {
             Box::pin(handler(message, context))
         }));
+        self.served = std::mem::take(&mut self.served).catch_all();
         self
     }
 
@@ -216,6 +350,10 @@ impl EventBus for InProcessBus {
             )))),
         }
     }
+
+    fn serves(&self) -> Served {
+        self.served.clone()
+    }
 }
 
 /// Run every handler of one event at once; the delivery fails if any fails.
@@ -244,6 +382,7 @@ fn fan_out<H>(
 pub struct InProcessJobs {
     handlers: HashMap<&'static str, OwnedHandler>,
     any: Option<RawHandler<RawMessage>>,
+    served: Served,
 }
 
 impl InProcessJobs {
@@ -268,6 +407,7 @@ impl InProcessJobs {
                 )))),
             });
         self.handlers.insert(J::NAME, erased);
+        self.served = std::mem::take(&mut self.served).job::<J>();
         self
     }
 
@@ -286,6 +426,7 @@ impl InProcessJobs {
         self.any = Some(Arc::new(move |job, context| {
             Box::pin(handler(job, context))
         }));
+        self.served = std::mem::take(&mut self.served).catch_all();
         self
     }
 
@@ -316,6 +457,10 @@ impl JobDispatcher for InProcessJobs {
                 delivery.context.name(),
             )))),
         }
+    }
+
+    fn serves(&self) -> Served {
+        self.served.clone()
     }
 }
 

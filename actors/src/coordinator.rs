@@ -40,6 +40,7 @@ use crate::context::{DrainContext, DrainObserver, after, until};
 use crate::error::{Error, Result};
 use crate::messages::{Abandoned, ClaimerDone, DeliveryFinished};
 use crate::notices::{DrainReport, LeaseLost, Notice, Outcome, OutcomeNotice};
+use crate::registrations;
 use crate::telemetry;
 
 /// Run a drain pass and answer with its report.
@@ -185,7 +186,7 @@ impl DrainCoordinator {
     pub fn builder_shared(store: SharedStore) -> DrainCoordinatorBuilder {
         DrainCoordinatorBuilder {
             store,
-            registry: Registry::default(),
+            registry: None,
             events: None,
             jobs: None,
             config: DrainConfig::default(),
@@ -575,7 +576,7 @@ impl Handler<ClaimerDone> for DrainCoordinator {
 #[must_use = "a builder does nothing until `start` is called"]
 pub struct DrainCoordinatorBuilder {
     store: SharedStore,
-    registry: Registry,
+    registry: Option<Registry>,
     events: Option<Arc<dyn EventBus>>,
     jobs: Option<Arc<dyn JobDispatcher>>,
     config: DrainConfig,
@@ -596,9 +597,15 @@ impl std::fmt::Debug for DrainCoordinatorBuilder {
 }
 
 impl DrainCoordinatorBuilder {
-    /// The registered events and jobs.
+    /// The registered events and jobs. Optional: without it, the registry
+    /// is derived from the typed handlers of the event bus and the job
+    /// dispatcher (and their catch-alls), so each name is written once.
+    /// Given, `start` checks it against them: a registered name no handler
+    /// serves, a handler whose name is not registered, and messages
+    /// registered without a transport are refused together in one
+    /// [`ConfigError`](outbox::ConfigError).
     pub fn registry(mut self, registry: Registry) -> Self {
-        self.registry = registry;
+        self.registry = Some(registry);
         self
     }
 
@@ -659,7 +666,17 @@ impl DrainCoordinatorBuilder {
     }
 
     fn build(self) -> Result<DrainCoordinator> {
-        self.config.validate().map_err(outbox::Error::from)?;
+        let registry =
+            registrations::resolve(self.registry, self.events.as_deref(), self.jobs.as_deref());
+        // One error lists every problem, settings and registrations alike.
+        let registry = match (self.config.validate(), registry) {
+            (Ok(_), registry) => registry?,
+            (Err(mut config), Err(outbox::Error::Config(registrations))) => {
+                config.violations.extend(registrations.violations);
+                return Err(outbox::Error::from(config).into());
+            }
+            (Err(config), _) => return Err(outbox::Error::from(config).into()),
+        };
         let arbiters: Vec<Arbiter> = (0..self.config.delivery_arbiters)
             .map(|_| Arbiter::new())
             .collect();
@@ -668,7 +685,7 @@ impl DrainCoordinatorBuilder {
         Ok(DrainCoordinator {
             drain: Arc::new(DrainContext {
                 store: self.store,
-                registry: self.registry,
+                registry,
                 events: self.events,
                 jobs: self.jobs,
                 config: self.config,
@@ -695,8 +712,9 @@ impl DrainCoordinatorBuilder {
         })
     }
 
-    /// Validate the configuration and start the coordinator on the current
-    /// arbiter. Must be called inside a running actix system.
+    /// Validate the configuration and the registrations (see
+    /// [`registry`](Self::registry)) and start the coordinator on the
+    /// current arbiter. Must be called inside a running actix system.
     pub fn start(self) -> Result<Addr<DrainCoordinator>> {
         Ok(self.build()?.start())
     }

@@ -46,6 +46,8 @@
 //! - `context`: what the actors of one coordinator share, and the
 //!   [`DrainObserver`] hooks.
 //! - `recipient`: [`RecipientBus`] and [`RecipientJobs`], delivery to actors.
+//! - `registrations`: the registry checked against the transports at start,
+//!   or derived from their typed handlers.
 //! - `telemetry`: the delivery span, and one hook per outcome that emits its
 //!   tracing event and records its metrics.
 //! - [`metrics`]: the metric names, with their labels and units.
@@ -127,7 +129,6 @@
 //!     store.enqueue(NewMessage::event(&OrderPlaced { order_id: 1 })?).await?;
 //!
 //!     let coordinator = DrainCoordinator::builder(store)
-//!         .registry(Registry::builder().event::<OrderPlaced>().build()?)
 //!         .event_bus(InProcessBus::new().on(|order: std::sync::Arc<OrderPlaced>, _ctx| async move {
 //!             println!("order {} placed", order.order_id);
 //!             Ok(())
@@ -154,6 +155,7 @@ mod messages;
 pub mod metrics;
 mod notices;
 mod recipient;
+mod registrations;
 mod settlement;
 mod telemetry;
 

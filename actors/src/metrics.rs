@@ -26,6 +26,12 @@
 //! | `outbox_active_deliveries` | gauge | deliveries | none | deliveries running now, in this process |
 //! | `outbox_pending_messages` | gauge | messages | none | `Pending` messages in the store, sampled after each drain pass |
 //!
+//! `metrics-exporter-prometheus` renders a histogram as a summary (quantiles,
+//! which cannot be added up across instances) unless it is given buckets:
+//! call `PrometheusBuilder::set_buckets_for_metric` for the two histograms,
+//! as the actix-web example does, to export `_bucket{le=…}`, `_sum` and
+//! `_count`.
+//!
 //! Deliveries whose claim was lost, or whose outcome could not be stored,
 //! record no duration: they did not settle. The pending gauge is reported
 //! only by stores that implement

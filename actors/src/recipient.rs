@@ -9,7 +9,7 @@ use actix::prelude::*;
 use futures_util::future::LocalBoxFuture;
 use outbox::{
     Delivery, DeliveryContext, DeliveryError, DeliveryResult, Event, EventBus, Job, JobDispatcher,
-    MessageKind, RegistryError,
+    MessageKind, RegistryError, Served,
 };
 
 /// An event handed to an actor; answer `Ok(())` once it is handled.
@@ -89,6 +89,7 @@ fn mismatch<T>(kind: MessageKind, name: &str) -> DeliveryError {
 #[derive(Clone, Default)]
 pub struct RecipientBus {
     subscribers: HashMap<&'static str, Vec<EventSender>>,
+    served: Served,
 }
 
 impl RecipientBus {
@@ -117,6 +118,7 @@ impl RecipientBus {
             })
         });
         self.subscribers.entry(E::NAME).or_default().push(sender);
+        self.served = std::mem::take(&mut self.served).event::<E>();
         self
     }
 }
@@ -153,12 +155,17 @@ impl EventBus for RecipientBus {
                 .collect()
         })
     }
+
+    fn serves(&self) -> Served {
+        self.served.clone()
+    }
 }
 
 /// A job dispatcher that hands each job to the actor registered for it.
 #[derive(Clone, Default)]
 pub struct RecipientJobs {
     handlers: HashMap<&'static str, JobSender>,
+    served: Served,
 }
 
 impl RecipientJobs {
@@ -187,6 +194,7 @@ impl RecipientJobs {
             })
         });
         self.handlers.insert(J::NAME, sender);
+        self.served = std::mem::take(&mut self.served).job::<J>();
         self
     }
 }
@@ -213,5 +221,9 @@ impl JobDispatcher for RecipientJobs {
                 Box::pin(std::future::ready(Err(error.into())))
             }
         }
+    }
+
+    fn serves(&self) -> Served {
+        self.served.clone()
     }
 }

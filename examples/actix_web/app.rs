@@ -8,8 +8,8 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpResponse, HttpServer, error, web};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use outbox::{Clock, OutboxAdmin, SqliteOutbox, SystemClock};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use outbox::{AnyOutbox, Backend, Clock, OutboxAdmin, SqlValue, SystemClock};
 use outbox_actors::prelude::*;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -81,7 +81,7 @@ fn bad_request(reason: impl Into<String>) -> HttpResponse {
 }
 
 struct Shop {
-    outbox: SqliteOutbox,
+    outbox: AnyOutbox,
 }
 
 async fn place_order(
@@ -94,14 +94,17 @@ async fn place_order(
     }
     let internal = |e: &dyn std::fmt::Display| error::ErrorInternalServerError(e.to_string());
     // The order row and its event: one transaction, so neither exists without the other.
-    let mut tx = shop.outbox.pool().begin().await.map_err(|e| internal(&e))?;
-    let order_id: i64 =
-        sqlx::query_scalar("INSERT INTO orders (customer, items) VALUES (?, ?) RETURNING id")
-            .bind(order.customer.trim())
-            .bind(serde_json::to_string(&order.items).map_err(|e| internal(&e))?)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| internal(&e))?;
+    // `$N` placeholders and `RETURNING` read the same on SQLite and PostgreSQL.
+    let mut tx = shop.outbox.begin().await.map_err(|e| internal(&e))?;
+    let items = serde_json::to_string(&order.items).map_err(|e| internal(&e))?;
+    let order_id: i64 = tx
+        .fetch_scalar(
+            "INSERT INTO orders (customer, items) VALUES ($1, $2) RETURNING id",
+            &[SqlValue::from(order.customer.trim()), SqlValue::from(items)],
+        )
+        .await
+        .map_err(|e| internal(&e))?
+        .ok_or_else(|| internal(&"the insert returned no id"))?;
     let event = OrderPlaced {
         order_id,
         customer: order.customer.trim().to_owned(),
@@ -119,12 +122,34 @@ async fn place_order(
         .json(serde_json::json!({ "order_id": order_id, "message_id": message_id })))
 }
 
+/// Bucket bounds, in seconds, of the delivery histograms: from a fast
+/// in-process handler (1 ms) to a delivery that waited out retries (1 h).
+pub(crate) const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0, 900.0, 3600.0,
+];
+
 /// The process's Prometheus registry: one per process, since the `metrics`
 /// facade has one global recorder.
+///
+/// The exporter renders a histogram as a summary of quantiles unless it is
+/// given buckets; quantiles cannot be added up across instances, buckets
+/// can. So the two latency histograms get explicit buckets, and export as
+/// `_bucket{le=…}`, `_sum` and `_count`.
 pub(crate) fn prometheus() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
-        let recorder = PrometheusBuilder::new().build_recorder();
+        let mut builder = PrometheusBuilder::new();
+        for histogram in [
+            "outbox_delivery_duration_seconds",
+            "outbox_enqueue_to_delivered_seconds",
+        ] {
+            builder = builder
+                .set_buckets_for_metric(Matcher::Full(histogram.to_owned()), LATENCY_BUCKETS)
+                // Only an empty list fails, and this one is not.
+                .expect("non-empty buckets");
+        }
+        let recorder = builder.build_recorder();
         let handle = recorder.handle();
         // Only fails if another recorder was installed first; then that one
         // gets the figures and this endpoint shows none.
@@ -157,7 +182,11 @@ pub(crate) fn shipping(shipped: mpsc::UnboundedSender<i64>) -> InProcessBus {
             if order.customer == "slowpoke" {
                 std::future::pending::<()>().await;
             }
-            tracing::info!(order = order.order_id, message = context.id(), "shipping");
+            tracing::info!(
+                order = order.order_id,
+                message_id = context.id(),
+                "shipping"
+            );
             let _ = shipped.send(order.order_id);
             Ok(())
         }
@@ -169,7 +198,7 @@ pub(crate) struct Running {
     pub(crate) addr: SocketAddr,
     pub(crate) server: ServerHandle,
     pub(crate) coordinator: Addr<DrainCoordinator>,
-    pub(crate) outbox: SqliteOutbox,
+    pub(crate) outbox: AnyOutbox,
 }
 
 impl Running {
@@ -181,26 +210,38 @@ impl Running {
     }
 }
 
-/// Open the database, start the drain (on wake-ups and every few seconds)
-/// and the HTTP server on `bind`.
+/// The orders table, in each database's words for a generated key.
+fn orders_table(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => {
+            "CREATE TABLE IF NOT EXISTS orders (
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                customer TEXT NOT NULL, items TEXT NOT NULL)"
+        }
+        // SQLite: an INTEGER PRIMARY KEY is the row id, generated on insert.
+        _ => {
+            "CREATE TABLE IF NOT EXISTS orders (
+                id INTEGER PRIMARY KEY, customer TEXT NOT NULL, items TEXT NOT NULL)"
+        }
+    }
+}
+
+/// Open the database (SQLite or PostgreSQL, by the URL's scheme), start the
+/// drain (on wake-ups and every few seconds) and the HTTP server on `bind`.
 pub(crate) async fn start(
     database_url: &str,
     bind: &str,
     shipped: mpsc::UnboundedSender<i64>,
 ) -> Result<Running, Box<dyn std::error::Error>> {
-    let outbox = SqliteOutbox::connect(database_url).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS orders (
-            id INTEGER PRIMARY KEY, customer TEXT NOT NULL, items TEXT NOT NULL)",
-    )
-    .execute(outbox.pool())
-    .await?;
+    let outbox = AnyOutbox::connect(database_url).await?;
+    outbox.execute(orders_table(outbox.backend()), &[]).await?;
+    tracing::info!(backend = %outbox.backend(), "outbox ready");
 
     // Install the recorder before anything records: figures recorded
     // before it exists go nowhere.
     prometheus();
+    // The shipping handler names the one event, so no registry is needed.
     let coordinator = DrainCoordinator::builder(outbox.clone())
-        .registry(Registry::builder().event::<OrderPlaced>().build()?)
         .event_bus(shipping(shipped))
         .config(DrainConfig {
             concurrency: 8,

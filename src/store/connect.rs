@@ -9,7 +9,7 @@ use super::kit::redact_url;
 use crate::error::{Backend, Error, UrlError};
 
 /// The scheme of `url`, lowercased, if it has one.
-fn scheme(url: &str) -> Option<String> {
+pub(crate) fn scheme(url: &str) -> Option<String> {
     let (scheme, _) = url.split_once(':')?;
     let valid = !scheme.is_empty()
         && scheme

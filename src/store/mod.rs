@@ -28,6 +28,8 @@
 //!   migrations rendered per table, [`SettlementMode`](sql::SettlementMode),
 //!   and, behind a private trait, every operation that differs between them
 //!   only in SQL text and time encoding.
+//! - `any.rs`: `AnyOutbox`, either SQL store picked by URL, and
+//!   `AnyTransaction`, a transaction on either database.
 //! - `connect.rs`: checking database URLs before connecting, and naming
 //!   connection failures and a missing table in errors that say what to do.
 //! - `fenced.rs`: fenced writes (renewals and settlements), sent alone or
@@ -50,6 +52,9 @@ use crate::error::{ErrorRecord, UnreadableMessage};
 use crate::kind::MessageStatus;
 use crate::message::{ClaimedMessage, Enqueued, NewMessage, OutboxMessage};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub(crate) mod any;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod connect;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

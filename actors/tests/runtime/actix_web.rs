@@ -1,8 +1,11 @@
 //! The actix-web example, driven over HTTP: orders commit with their events,
 //! bad bodies are refused with a reason, the drain ships on wake-up, stats
-//! report it, and a graceful shutdown gives unfinished claims back.
+//! report it, `/metrics` exports the latency histograms with buckets, and a
+//! graceful shutdown gives unfinished claims back. On a SQLite file, and
+//! (with the `postgres` feature and `DATABASE_URL`) on a PostgreSQL database
+//! of its own.
 //!
-//! Real sockets and a real SQLite file, so real time; nothing sleeps to
+//! Real sockets and real databases, so real time; nothing sleeps to
 //! observe: the test waits on the shipping handler's channel, with a
 //! deadline that only turns a hang into a failure.
 
@@ -12,6 +15,7 @@ mod app;
 
 use std::time::Duration;
 
+use outbox::{ListMessages, MessageStatus, OutboxAdmin};
 use serde_json::{Value, json};
 
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -36,13 +40,17 @@ async fn shop() -> Shop {
     let dir = std::env::temp_dir().join(format!("outbox-actix-web-{}", uuid_like()));
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}/shop.db", dir.display());
+    shop_on(&url, TempDir(dir)).await
+}
+
+async fn shop_on(url: &str, dir: TempDir) -> Shop {
     let (shipped, shipments) = tokio::sync::mpsc::unbounded_channel();
-    let running = app::start(&url, "127.0.0.1:0", shipped).await.unwrap();
+    let running = app::start(url, "127.0.0.1:0", shipped).await.unwrap();
     Shop {
         running,
         client: awc::Client::default(),
         shipments,
-        _dir: TempDir(dir),
+        _dir: dir,
     }
 }
 
@@ -90,8 +98,42 @@ impl Shop {
 
 #[actix_web::test]
 async fn an_order_and_its_event_commit_together_and_ship_on_wake_up() {
-    let mut shop = shop().await;
+    an_order_ships_on_wake_up(shop().await).await;
+}
 
+/// The shop on a PostgreSQL database of its own, so its `orders` and
+/// `outbox` tables meet no other test's.
+#[cfg(feature = "postgres")]
+#[actix_web::test]
+async fn on_postgres_an_order_and_its_event_commit_together_and_ship_on_wake_up() {
+    use sqlx::Connection;
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+        panic!(
+            "DATABASE_URL is not set. This test needs a PostgreSQL server: run it with \
+             `scripts/with-postgres cargo test -p outbox-actors --all-features --test runtime actix_web`"
+        )
+    });
+    let database = format!("shop_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let (base, query) = url.split_once('?').unwrap_or((&url, ""));
+    let (server, _) = base
+        .rsplit_once('/')
+        .expect("DATABASE_URL names a database");
+    let shop_url = if query.is_empty() {
+        format!("{server}/{database}")
+    } else {
+        format!("{server}/{database}?{query}")
+    };
+    let shop = shop_on(&shop_url, TempDir(std::env::temp_dir().join(&database))).await;
+    assert_eq!(shop.running.outbox.backend(), outbox::Backend::Postgres);
+    an_order_ships_on_wake_up(shop).await;
+}
+
+async fn an_order_ships_on_wake_up(mut shop: Shop) {
     let (status, body) = shop
         .post(r#"{"customer":"ada","items":[{"sku":"tea","quantity":2}]}"#)
         .await;
@@ -120,6 +162,38 @@ async fn an_order_and_its_event_commit_together_and_ship_on_wake_up() {
                 && line.contains("name=\"order.placed\"")),
         "{text}"
     );
+    // Histograms, not summaries: buckets add up across instances.
+    for histogram in [
+        "outbox_delivery_duration_seconds",
+        "outbox_enqueue_to_delivered_seconds",
+    ] {
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with(histogram))
+            .collect();
+        let has = |suffix: &str| {
+            lines.iter().any(|line| {
+                line.starts_with(&format!("{histogram}{suffix}"))
+                    && line.contains("name=\"order.placed\"")
+            })
+        };
+        assert!(
+            lines
+                .iter()
+                .any(|line| line.starts_with(&format!("{histogram}_bucket{{"))
+                    && line.contains("le=\"0.005\"")),
+            "{histogram} has no buckets:\n{text}"
+        );
+        assert!(has("_bucket{") && has("_sum{") && has("_count{"), "{text}");
+        assert!(
+            lines.iter().any(|line| line.contains("le=\"+Inf\"")),
+            "{text}"
+        );
+        assert!(
+            !lines.iter().any(|line| line.contains("quantile=")),
+            "{histogram} is exported as a summary:\n{text}"
+        );
+    }
     shop.running.stop(Duration::from_secs(1)).await;
 }
 
@@ -154,11 +228,13 @@ async fn bad_bodies_get_a_400_with_the_reason_and_write_nothing() {
             "{body}: expected {reason:?} in {error:?}"
         );
     }
-    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(shop.running.outbox.pool())
+    let orders: Option<i64> = shop
+        .running
+        .outbox
+        .fetch_scalar("SELECT count(*) FROM orders", &[])
         .await
         .unwrap();
-    assert_eq!(orders, 0);
+    assert_eq!(orders, Some(0));
     assert_eq!(shop.stats().await["pending"], json!(0));
     shop.running.stop(Duration::from_secs(1)).await;
 }
@@ -183,14 +259,20 @@ async fn a_graceful_shutdown_releases_claims_of_unfinished_deliveries() {
         .await
         .expect("the drain answered");
     assert_eq!(report.released, 1, "{report}");
-    let pending: (String, i64) =
-        sqlx::query_as("SELECT status, attempts FROM outbox WHERE status != 'delivered'")
-            .fetch_one(shop.running.outbox.pool())
-            .await
-            .unwrap();
+    let unfinished = shop
+        .running
+        .outbox
+        .list_messages(ListMessages::default())
+        .await
+        .unwrap()
+        .messages
+        .into_iter()
+        .filter(|message| message.status != MessageStatus::Delivered)
+        .map(|message| (message.status, message.attempts))
+        .collect::<Vec<_>>();
     assert_eq!(
-        pending,
-        ("pending".to_owned(), 0),
+        unfinished,
+        [(MessageStatus::Pending, 0)],
         "given back, the attempt not counted"
     );
 }

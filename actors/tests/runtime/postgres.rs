@@ -706,7 +706,6 @@ async fn drain_skewed(
         ..DrainConfig::default()
     };
     let coordinator = outbox_actors::DrainCoordinator::builder(outbox.clone())
-        .registry(sql_support::registry())
         .event_bus(bus)
         .config(config)
         .clock(clock)

@@ -1,5 +1,6 @@
-//! The registry: missing transports, undecodable payloads, unknown names,
-//! the catch-all, and a job's own retry policy.
+//! The registry: registrations checked against the handlers at start (every
+//! problem at once), the registry derived from the handlers, undecodable
+//! payloads, unknown names, the catch-all, and a job's own retry policy.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,8 +16,22 @@ use serde::{Deserialize, Serialize};
 use crate::support::{FaultStore, Op, clock, run};
 use crate::{Harness, Ping, config, ping, registry};
 
+/// The violations of a start refused for its registrations, as
+/// `field: rule` lines.
+fn refused_registrations(result: Result<actix::Addr<DrainCoordinator>, Error>) -> Vec<String> {
+    match result {
+        Err(Error::Outbox(outbox::Error::Config(config))) => config
+            .violations
+            .iter()
+            .map(|v| format!("{}: {}", v.field, v.rule))
+            .collect(),
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("started"),
+    }
+}
+
 #[test]
-fn a_pass_refuses_to_start_without_a_transport_for_registered_messages() {
+fn start_refuses_registered_messages_without_a_transport() {
     run(|| async {
         let store = FaultStore::new();
         let clock = clock();
@@ -25,23 +40,17 @@ fn a_pass_refuses_to_start_without_a_transport_for_registered_messages() {
             .await
             .unwrap()
             .into_id();
-        let coordinator = DrainCoordinator::builder(store.clone())
-            .registry(registry())
-            .clock(clock)
-            .start()
-            .unwrap();
-        let refused = coordinator.send(Drain).await.unwrap().unwrap_err();
-        assert!(
-            matches!(
-                refused,
-                Error::MissingTransport {
-                    kind: MessageKind::Event,
-                    ..
-                }
-            ),
-            "{refused}"
+        let refused = refused_registrations(
+            DrainCoordinator::builder(store.clone())
+                .registry(registry())
+                .clock(clock)
+                .start(),
         );
-        assert!(refused.to_string().contains("ping"), "{refused}");
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(
+            refused[0].starts_with("event_bus: is missing, but events are registered (\"ping\")"),
+            "{refused:?}"
+        );
         assert_eq!(
             store.calls(Op::Claim),
             0,
@@ -51,6 +60,157 @@ fn a_pass_refuses_to_start_without_a_transport_for_registered_messages() {
         assert_eq!(
             (message.status, message.attempts),
             (MessageStatus::Pending, 0)
+        );
+    });
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Audited {
+    what: String,
+}
+
+impl outbox::Event for Audited {
+    const NAME: &'static str = "audited";
+}
+
+#[test]
+fn start_lists_every_registration_problem_at_once() {
+    run(|| async {
+        let store = FaultStore::new();
+        let result = DrainCoordinator::builder(store.clone())
+            .registry(
+                Registry::builder()
+                    .event::<Ping>()
+                    .any(MessageKind::Event)
+                    .job::<Reindex>()
+                    .build()
+                    .unwrap(),
+            )
+            // Serves `audited`, which is not registered, and not `ping`.
+            .event_bus(InProcessBus::new().on(|_: Arc<Audited>, _ctx| async { Ok(()) }))
+            .config(outbox::DrainConfig {
+                concurrency: 0,
+                ..config()
+            })
+            .clock(clock())
+            .start();
+        let refused = refused_registrations(result);
+        let expected = [
+            "concurrency",
+            "registry: registers event \"ping\", which no handler on the event_bus serves",
+            "registry: accepts any event name (`any`), but the event_bus has no catch-all handler",
+            "event_bus: has a handler for event \"audited\", which is not registered",
+            "job_dispatcher: is missing, but jobs are registered (\"reindex\")",
+        ];
+        assert_eq!(refused.len(), expected.len(), "{refused:#?}");
+        for (line, start) in refused.iter().zip(expected) {
+            assert!(line.contains(start), "{line:?} does not say {start:?}");
+        }
+        assert_eq!(store.calls(Op::Claim), 0);
+    });
+}
+
+#[test]
+fn without_a_registry_the_handlers_register_their_types() {
+    run(|| async {
+        let store = FaultStore::new();
+        let clock = clock();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (pings, jobs) = (seen.clone(), seen.clone());
+        let coordinator = DrainCoordinator::builder(store.clone())
+            .event_bus(InProcessBus::new().on(move |ping: Arc<Ping>, _ctx| {
+                pings.lock().unwrap().push(format!("ping {}", ping.n));
+                async { Ok(()) }
+            }))
+            .job_dispatcher(InProcessJobs::new().on(move |job: Reindex, _ctx| {
+                jobs.lock().unwrap().push(format!("reindex {}", job.shard));
+                async { Err(DeliveryError::msg("shard offline")) }
+            }))
+            .config(config())
+            .clock(clock.clone())
+            .start()
+            .unwrap();
+        store
+            .enqueue(NewMessage::event(&ping(1, 0)).unwrap().at(clock.now()))
+            .await
+            .unwrap();
+        let job = store
+            .enqueue(
+                NewMessage::job(&Reindex { shard: 3 })
+                    .unwrap()
+                    .with_max_attempts(10)
+                    .at(clock.now()),
+            )
+            .await
+            .unwrap()
+            .into_id();
+        let report = coordinator.send(Drain).await.unwrap().unwrap();
+        assert_eq!((report.delivered, report.retried), (1, 1), "{report}");
+        assert_eq!(*seen.lock().unwrap(), ["ping 1", "reindex 3"]);
+        // The derived registration carries the job's own retry policy: a
+        // fixed 60 s delay.
+        let retried = store.inner().get_message(&job).await.unwrap();
+        assert_eq!(
+            retried.available_at,
+            clock.now() + chrono::Duration::seconds(60)
+        );
+    });
+}
+
+#[test]
+fn a_catch_all_handler_serves_every_registered_name() {
+    run(|| async {
+        let store = FaultStore::new();
+        let started = DrainCoordinator::builder(store.clone())
+            .registry(
+                Registry::builder()
+                    .event::<Ping>()
+                    .any(MessageKind::Event)
+                    .build()
+                    .unwrap(),
+            )
+            .event_bus(InProcessBus::new().on_any(|_: Arc<RawMessage>, _ctx| async { Ok(()) }))
+            .config(config())
+            .clock(clock())
+            .start();
+        assert!(started.is_ok());
+    });
+}
+
+/// A bus of an application's own, which cannot say what it serves.
+struct OpaqueBus;
+
+impl outbox::EventBus for OpaqueBus {
+    fn publish(
+        &self,
+        _: outbox::Delivery,
+    ) -> futures_util::future::LocalBoxFuture<'static, outbox::DeliveryResult> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[test]
+fn a_transport_that_cannot_list_its_names_is_trusted_but_needs_a_registry() {
+    run(|| async {
+        let store = FaultStore::new();
+        let started = DrainCoordinator::builder(store.clone())
+            .registry(registry())
+            .event_bus(OpaqueBus)
+            .config(config())
+            .clock(clock())
+            .start();
+        assert!(started.is_ok());
+        let refused = refused_registrations(
+            DrainCoordinator::builder(store)
+                .event_bus(OpaqueBus)
+                .config(config())
+                .clock(clock())
+                .start(),
+        );
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(
+            refused[0].contains("the event_bus cannot list the events it serves"),
+            "{refused:?}"
         );
     });
 }
@@ -178,38 +338,22 @@ fn a_catch_all_delivers_unknown_names_as_stored_after_typed_ones() {
 }
 
 #[test]
-fn a_catch_all_without_its_transport_refuses_the_pass() {
+fn a_catch_all_without_its_transport_refuses_to_start() {
     run(|| async {
         let store = FaultStore::new();
-        let clock = clock();
-        store
-            .enqueue(
-                NewMessage::new(
-                    MessageKind::Job,
-                    "reindex",
-                    Payload::from_json("{}").unwrap(),
-                )
-                .at(clock.now()),
-            )
-            .await
-            .unwrap();
-        let coordinator = DrainCoordinator::builder(store.clone())
-            .registry(Registry::builder().any(MessageKind::Job).build().unwrap())
-            .clock(clock)
-            .start()
-            .unwrap();
-        let refused = coordinator.send(Drain).await.unwrap().unwrap_err();
-        assert!(
-            matches!(
-                refused,
-                Error::MissingTransport {
-                    kind: MessageKind::Job,
-                    ..
-                }
-            ),
-            "{refused}"
+        let refused = refused_registrations(
+            DrainCoordinator::builder(store.clone())
+                .registry(Registry::builder().any(MessageKind::Job).build().unwrap())
+                .clock(clock())
+                .start(),
         );
-        assert!(refused.to_string().contains("any other name"), "{refused}");
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(
+            refused[0].contains(
+                "job_dispatcher: is missing, but jobs are registered (any other job (`any`))"
+            ),
+            "{refused:?}"
+        );
         assert_eq!(store.calls(Op::Claim), 0);
     });
 }
