@@ -132,6 +132,7 @@ fn parse_args() -> Result<Args, String> {
         sweep: None,
         plot: None,
     };
+    let mut concurrency_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -159,6 +160,7 @@ fn parse_args() -> Result<Args, String> {
                 args.messages = value()?.parse().map_err(|e| format!("--messages: {e}"))?
             }
             "--concurrency" => {
+                concurrency_given = true;
                 args.concurrency = value()?
                     .parse()
                     .map_err(|e| format!("--concurrency: {e}"))?
@@ -199,6 +201,9 @@ fn parse_args() -> Result<Args, String> {
                 "--plot draws a sweep: give --sweep too (e.g. --sweep 1,4,16,64,256)".into(),
             );
         }
+        Some(_) if concurrency_given => {
+            return Err("--sweep gives the concurrencies: drop --concurrency".into());
+        }
         Some(_) if args.only.is_some() => {
             return Err("--sweep measures both sides of every point: drop --only".into());
         }
@@ -207,13 +212,13 @@ fn parse_args() -> Result<Args, String> {
         }
         _ => {}
     }
-    if let Some(plot) = &args.plot {
-        if plot.extension().and_then(|e| e.to_str()) != Some("png") {
-            return Err(format!(
-                "--plot writes a PNG: name it *.png, not {}",
-                plot.display()
-            ));
-        }
+    if let Some(plot) = &args.plot
+        && plot.extension().and_then(|e| e.to_str()) != Some("png")
+    {
+        return Err(format!(
+            "--plot writes a PNG: name it *.png, not {}",
+            plot.display()
+        ));
     }
     if args
         .only
