@@ -43,7 +43,22 @@
 //! `/proc/self/clear_refs`), so a side's figure covers its fill and its
 //! drain. Where the peak cannot be reset, only the process's peak is given.
 //!
+//! With `--sweep 1,4,16,64,256` the bench measures every (store,
+//! concurrency) pair in turn, runtime and baseline each, for each store of
+//! `--store` (a comma-separated list there: `memory,sqlite,postgres`). It
+//! prints each point's line and JSON object as a single run does, then one
+//! JSON object with every point; `--plot FILE.png` also draws them (see
+//! `bench_plot.rs`):
+//!
+//! ```text
+//! WITH_POSTGRES_DURABLE=1 scripts/with-postgres cargo run --release --features postgres \
+//!     --example bench -- --store memory,sqlite,postgres --messages 20000 \
+//!     --sweep 1,4,16,64,256 --plot docs/throughput.png
+//! ```
+//!
 //! The last line printed is one JSON object.
+
+mod bench_plot;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -79,7 +94,8 @@ const BASELINE_CLAIM: usize = 100;
 const FILL_CHUNK: u64 = 10_000;
 
 struct Args {
-    store: String,
+    /// One store, or with `--sweep` a list of them.
+    stores: Vec<String>,
     messages: u64,
     concurrency: usize,
     batch: Option<usize>,
@@ -89,6 +105,10 @@ struct Args {
     arbiters: usize,
     /// Drain on this schedule instead of sending `Drain` in a loop.
     schedule: Option<Duration>,
+    /// Measure each of these concurrencies in turn.
+    sweep: Option<Vec<usize>>,
+    /// Draw the sweep into this PNG.
+    plot: Option<std::path::PathBuf>,
 }
 
 /// The stores this build can measure.
@@ -102,23 +122,45 @@ const STORES: &[&str] = &[
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
-        store: "memory".into(),
+        stores: vec!["memory".into()],
         messages: 200_000,
         concurrency: 64,
         batch: None,
         only: None,
         arbiters: 0,
         schedule: None,
+        sweep: None,
+        plot: None,
     };
+    let mut concurrency_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
-            "--store" => args.store = value()?,
+            "--store" => {
+                args.stores = value()?
+                    .split(',')
+                    .map(|store| store.trim().to_owned())
+                    .collect()
+            }
+            "--sweep" => {
+                args.sweep = Some(
+                    value()?
+                        .split(',')
+                        .map(|n| {
+                            n.trim().parse::<usize>().map_err(|e| {
+                                format!("--sweep takes concurrencies such as 1,4,16: {n:?}: {e}")
+                            })
+                        })
+                        .collect::<Result<_, _>>()?,
+                )
+            }
+            "--plot" => args.plot = Some(value()?.into()),
             "--messages" => {
                 args.messages = value()?.parse().map_err(|e| format!("--messages: {e}"))?
             }
             "--concurrency" => {
+                concurrency_given = true;
                 args.concurrency = value()?
                     .parse()
                     .map_err(|e| format!("--concurrency: {e}"))?
@@ -132,19 +174,50 @@ fn parse_args() -> Result<Args, String> {
             "--help" | "-h" => {
                 return Err(format!(
                     "usage: bench [--store {}] [--messages N] [--concurrency N] [--batch N] \
-                     [--only runtime|baseline] [--arbiters N] [--schedule EVERY]",
+                     [--only runtime|baseline] [--arbiters N] [--schedule EVERY]\n       \
+                     bench --store STORE,STORE... --sweep N,N,... [--plot FILE.png] \
+                     [--messages N] [--batch N] [--arbiters N] [--schedule EVERY]",
                     STORES.join("|")
                 ));
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
         }
     }
-    if !STORES.contains(&args.store.as_str()) {
+    for store in &args.stores {
+        if !STORES.contains(&store.as_str()) {
+            return Err(format!(
+                "unknown store {store:?}; this build knows: {} (the SQL stores need their \
+                 cargo features: --features sqlite, --features postgres)",
+                STORES.join(", ")
+            ));
+        }
+    }
+    match &args.sweep {
+        None if args.stores.len() > 1 => {
+            return Err("--store takes a list of stores only with --sweep".into());
+        }
+        None if args.plot.is_some() => {
+            return Err(
+                "--plot draws a sweep: give --sweep too (e.g. --sweep 1,4,16,64,256)".into(),
+            );
+        }
+        Some(_) if concurrency_given => {
+            return Err("--sweep gives the concurrencies: drop --concurrency".into());
+        }
+        Some(_) if args.only.is_some() => {
+            return Err("--sweep measures both sides of every point: drop --only".into());
+        }
+        Some(sweep) if sweep.is_empty() || sweep.contains(&0) => {
+            return Err("--sweep takes concurrencies of at least 1".into());
+        }
+        _ => {}
+    }
+    if let Some(plot) = &args.plot
+        && plot.extension().and_then(|e| e.to_str()) != Some("png")
+    {
         return Err(format!(
-            "unknown store {:?}; this build knows: {} (the SQL stores need their \
-             cargo features: --features sqlite, --features postgres)",
-            args.store,
-            STORES.join(", ")
+            "--plot writes a PNG: name it *.png, not {}",
+            plot.display()
         ));
     }
     if args
@@ -642,6 +715,28 @@ mod postgres {
         })
     }
 
+    /// The server's durability settings, as the plot's note states them:
+    /// `fsync=on, synchronous_commit=on`.
+    pub(super) fn durability() -> String {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let mut conn = PgConnection::connect(&url()).await.expect("connect");
+            let mut shown = Vec::new();
+            for setting in ["fsync", "synchronous_commit"] {
+                let value: String = sqlx::query_scalar(AssertSqlSafe(format!("SHOW {setting}")))
+                    .fetch_one(&mut conn)
+                    .await
+                    .expect("read a server setting");
+                shown.push(format!("{setting}={value}"));
+            }
+            conn.close().await.ok();
+            shown.join(", ")
+        })
+    }
+
     /// The store on a fresh pool (sqlx's default size, as a user gets it),
     /// which connects when first used.
     fn store(table: &str) -> PostgresOutbox {
@@ -937,13 +1032,15 @@ fn main() {
         }
     };
     let Args {
-        store: store_name,
+        stores,
         messages,
         concurrency,
         batch,
         only,
         arbiters,
         schedule,
+        sweep,
+        plot,
     } = args;
     let sides = (
         only.as_deref() != Some("runtime"),
@@ -956,16 +1053,94 @@ fn main() {
         Some(_) => DrainConfig::default().batch_size,
         None => messages as usize,
     };
-    let batch_size = batch.unwrap_or(default_batch).max(concurrency);
-    let settings = RuntimeSettings {
+    let settings = |concurrency: usize| RuntimeSettings {
         messages,
         concurrency,
-        batch_size,
+        batch_size: batch.unwrap_or(default_batch).max(concurrency),
         arbiters,
         schedule,
     };
 
-    let (baseline_side, runtime_side) = match store_name.as_str() {
+    let Some(sweep) = sweep else {
+        measure(&stores[0], settings(concurrency), sides);
+        return;
+    };
+    // Fail on the font or the output path now, not after the sweep.
+    if let Some(plot) = &plot {
+        let prepared = bench_plot::load_font().and_then(|()| {
+            match plot.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+                Some(dir) => std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("--plot: cannot create {}: {e}", dir.display())),
+                None => Ok(()),
+            }
+        });
+        if let Err(message) = prepared {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    }
+    let mut points = Vec::new();
+    for store in &stores {
+        for &concurrency in &sweep {
+            points.extend(measure(store, settings(concurrency), sides));
+        }
+    }
+    if let Some(plot) = &plot {
+        let drawn: Vec<bench_plot::Point<'_>> = points
+            .iter()
+            .map(|point| bench_plot::Point {
+                store: &point.store,
+                concurrency: point.concurrency,
+                runtime_per_sec: point.runtime_per_sec,
+                baseline_per_sec: point.baseline_per_sec,
+            })
+            .collect();
+        let driven_by = schedule.map_or_else(
+            || "a Drain loop".to_owned(),
+            |every| format!("schedule {every:?}"),
+        );
+        #[cfg(feature = "postgres")]
+        let server = if stores.iter().any(|store| store == "postgres") {
+            format!("; PostgreSQL {}", postgres::durability())
+        } else {
+            String::new()
+        };
+        #[cfg(not(feature = "postgres"))]
+        let server = String::new();
+        let cores = std::thread::available_parallelism().map_or(0, usize::from);
+        let note = format!(
+            "{messages} messages a point, no-op handler, {driven_by}{server}; \
+             one run on a shared {cores}-core machine"
+        );
+        if let Err(message) = bench_plot::draw(plot, &drawn, &note) {
+            eprintln!("{message}");
+            std::process::exit(1);
+        }
+        eprintln!("bench: wrote {}", plot.display());
+    }
+    let summary = SweepSummary {
+        messages,
+        concurrencies: sweep,
+        plot: plot.map(|path| path.display().to_string()),
+        points,
+    };
+    println!(
+        "{}",
+        serde_json::to_string(&summary).expect("the summary serializes")
+    );
+}
+
+/// Measures one store at one concurrency, prints its line and its JSON
+/// object, and returns the object (`None` when only one side ran).
+fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> Option<Summary> {
+    let RuntimeSettings {
+        messages,
+        concurrency,
+        batch_size,
+        schedule,
+        ..
+    } = settings;
+    let (baseline_side, runtime_side) = match store_name {
         #[cfg(feature = "sqlite")]
         "sqlite" => sqlite_sides(messages, settings, sides),
         #[cfg(feature = "postgres")]
@@ -984,7 +1159,7 @@ fn main() {
         println!(
             "runtime {runtime_side:?}, baseline {baseline_side:?}, peak RSS {peak_rss:.1?} MiB"
         );
-        return;
+        return None;
     };
 
     let per_sec = |elapsed: Duration| messages as f64 / elapsed.as_secs_f64();
@@ -1021,7 +1196,7 @@ fn main() {
         (x * scale).round() / scale
     };
     let summary = Summary {
-        store: store_name,
+        store: store_name.to_owned(),
         messages,
         concurrency,
         batch: batch_size,
@@ -1039,6 +1214,19 @@ fn main() {
         "{}",
         serde_json::to_string(&summary).expect("the summary serializes")
     );
+    Some(summary)
+}
+
+/// The last line of a sweep: every point's object, in the order measured.
+#[derive(Serialize)]
+struct SweepSummary {
+    /// Messages drained by each side at each point.
+    messages: u64,
+    /// The concurrencies measured, for each store.
+    concurrencies: Vec<usize>,
+    /// The PNG drawn, if any.
+    plot: Option<String>,
+    points: Vec<Summary>,
 }
 
 /// The last line of output, fields in this order.
