@@ -14,9 +14,13 @@
 
 mod error;
 mod naming;
+#[cfg(feature = "nats")]
+pub mod nats;
 
 pub use error::{BrokerError, FailureClass};
 pub use naming::NameMap;
+#[cfg(feature = "nats")]
+pub use nats::{NatsConfig, NatsTransport};
 
 use outbox::ClaimedMessage;
 
