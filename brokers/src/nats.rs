@@ -5,6 +5,25 @@
 //! every transport, and `Nats-Msg-Id` set to the outbox message id; it
 //! settles the delivery only once JetStream's `PubAck` arrived.
 //!
+//! ```no_run
+//! use outbox::{MessageKind, OutboxStore, Registry};
+//! use outbox_actors::DrainCoordinator;
+//! use outbox_brokers::{NameMap, NatsConfig, NatsTransport};
+//!
+//! # async fn relay(store: impl OutboxStore) -> Result<(), Box<dyn std::error::Error>> {
+//! // A stream `EVENTS` on `events.>` must exist (`nats stream add EVENTS --subjects 'events.>'`).
+//! let names = NameMap::new("events.").rename("orders.placed", "order.placed");
+//! let nats = NatsTransport::connect("nats://127.0.0.1:4222", NatsConfig::new("EVENTS", names)).await?;
+//! let coordinator = DrainCoordinator::builder(store)
+//!     .registry(Registry::builder().any(MessageKind::Event).any(MessageKind::Job).build()?)
+//!     .event_bus(nats.clone())
+//!     .job_dispatcher(nats)
+//!     .start()?;
+//! # let _ = coordinator;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Deduplication
 //!
 //! JetStream drops a message whose `Nats-Msg-Id` it has already stored
