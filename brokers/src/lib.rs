@@ -16,11 +16,19 @@
 pub mod amqp;
 mod error;
 mod naming;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+#[cfg(feature = "amqp")]
+pub use amqp::{AmqpConfig, AmqpTransport};
 pub use error::{BrokerError, FailureClass};
 pub use naming::NameMap;
+#[cfg(feature = "nats")]
+pub use nats::{NatsConfig, NatsTransport};
+#[cfg(feature = "redis")]
+pub use redis::{RedisConfig, RedisTransport};
 
 use outbox::ClaimedMessage;
 

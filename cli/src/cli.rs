@@ -11,7 +11,7 @@ use outbox::MessageStatus;
 const ABOUT: &str = "Inspect, repair and drain a transactional outbox in SQLite or PostgreSQL.";
 
 const LONG_ABOUT: &str = "\
-Inspect, repair and drain a transactional outbox in SQLite or PostgreSQL.
+Inspect, repair, drain and relay a transactional outbox in SQLite or PostgreSQL.
 
 The database comes from --database or OUTBOX_DATABASE_URL: sqlite://PATH or
 postgres://USER:PASSWORD@HOST/DB. The store is picked by the URL's scheme.";
@@ -26,10 +26,12 @@ Examples:
   outbox requeue --all-dead-lettered --name order.placed
   outbox purge --status delivered --older-than 7d --yes
   outbox drain --once --print
+  outbox relay --to nats://127.0.0.1:4222 --subject-prefix events. --stream EVENTS
 
 Exit codes: 0 success; 1 operational error (the store failed, an operation was
 refused as unsafe, a message was not found); 2 usage error (a bad flag or value,
-an unsupported database URL); 3 `drain --once` ran, but some delivery failed.
+an unsupported database URL or broker); 3 `drain --once` or `relay --once` ran,
+but some delivery failed.
 
 status, list and show only read: a SQLite file is opened read-only, never
 created, and its journal mode is left as it is.";
@@ -102,7 +104,26 @@ pub(crate) enum Command {
     /// Deliver messages: to a shell command per message, or as JSON lines on stdout.
     #[command(after_help = DRAIN_AFTER_HELP)]
     Drain(DrainArgs),
+    /// Publish messages to a broker (NATS JetStream) as stored, deduplicated by message id.
+    #[command(after_help = RELAY_AFTER_HELP)]
+    Relay(RelayArgs),
 }
+
+const RELAY_AFTER_HELP: &str = "\
+Every message is published as stored (its JSON payload) to PREFIX + name, with
+the headers Nats-Msg-Id and Outbox-Message-Id (the message id), Outbox-Name,
+Outbox-Kind, Outbox-Attempt and traceparent/tracestate when it has a trace
+context; it is delivered once the broker acknowledged it. JetStream drops a
+redelivered id inside the stream's duplicate window (2 minutes by default).
+A stream that is missing or does not cover PREFIX> stops the command at start.
+Failures the broker calls permanent (no stream for a subject, a message over
+the size limit, a permissions violation) dead-letter the message at once.
+
+Example:
+  outbox relay --database sqlite://app.db --to nats://127.0.0.1:4222 \\
+      --subject-prefix events. --stream EVENTS
+
+Runs until Ctrl-C or SIGTERM, then prints the totals; --once runs one pass.";
 
 const MIGRATE_AFTER_HELP: &str = "\
 Prints which migrations it applied, or that the table was already up to date.
@@ -252,19 +273,11 @@ pub(crate) struct PurgeArgs {
     pub(crate) yes: bool,
 }
 
-/// `drain` flags. They map onto the runtime's `DrainConfig`.
+/// `drain` flags.
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("schedule").required(true).args(["once", "every"])))]
 #[command(group(ArgGroup::new("delivery").required(true).args(["exec", "print"])))]
 pub(crate) struct DrainArgs {
-    /// Run one pass, print its report and exit (status 3 if a delivery failed).
-    #[arg(long)]
-    pub(crate) once: bool,
-
-    /// Run a pass at this interval until Ctrl-C or SIGTERM (1s, 30s, 5m).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    pub(crate) every: Option<Duration>,
-
     /// Deliver each message to `sh -c CMD` (payload JSON on stdin; exit 0 = delivered).
     #[arg(long, value_name = "CMD")]
     pub(crate) exec: Option<String>,
@@ -273,13 +286,61 @@ pub(crate) struct DrainArgs {
     #[arg(long)]
     pub(crate) print: bool,
 
-    /// Most messages one pass claims.
-    #[arg(long, default_value_t = 100, value_name = "N")]
-    pub(crate) batch_size: usize,
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
 
-    /// Deliveries in flight at once; at most --batch-size.
-    #[arg(long, short = 'c', default_value_t = 1, value_name = "N")]
-    pub(crate) concurrency: usize,
+/// `relay` flags.
+#[derive(Debug, Args)]
+pub(crate) struct RelayArgs {
+    /// The broker: nats://HOST:PORT (amqp:// and redis:// are reserved for
+    /// the RabbitMQ and Redis transports).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "OUTBOX_RELAY_TO",
+        hide_env_values = true
+    )]
+    pub(crate) to: String,
+
+    /// Prepended to each message name to make its subject (`events.` sends
+    /// `orders.placed` to `events.orders.placed`).
+    #[arg(long, value_name = "PREFIX", default_value = "")]
+    pub(crate) subject_prefix: String,
+
+    /// The JetStream stream that stores the subjects; it must exist and
+    /// cover `PREFIX>`.
+    #[arg(long, value_name = "NAME", default_value = "OUTBOX")]
+    pub(crate) stream: String,
+
+    /// How long a publish waits for the broker's acknowledgement.
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) ack_timeout: Duration,
+
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
+
+/// How `drain` and `relay` run. They map onto the runtime's `DrainConfig`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// Run one pass, print its report and exit (status 3 if a delivery failed).
+    #[arg(long, conflicts_with = "every")]
+    pub(crate) once: bool,
+
+    /// Run a pass at this interval until Ctrl-C or SIGTERM (1s, 30s, 5m);
+    /// `relay` runs every 1s unless --once.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) every: Option<Duration>,
+
+    /// Most messages one pass claims [default: 100 for drain, 1000 for relay].
+    #[arg(long, value_name = "N")]
+    pub(crate) batch_size: Option<usize>,
+
+    /// Deliveries in flight at once; at most --batch-size [default: 1 for
+    /// drain, 256 for relay].
+    #[arg(long, short = 'c', value_name = "N")]
+    pub(crate) concurrency: Option<usize>,
 
     /// How long a claim owns a message unless renewed.
     #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = parse_duration)]

@@ -16,15 +16,15 @@ use actix::Addr;
 use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
 use outbox::{
-    ConfigError, DeliveryContext, DeliveryResult, DrainConfig, InProcessBus, InProcessJobs,
-    MessageKind, OutboxStore, Payload, RawMessage, Registry, RetryPolicy, SystemClock,
-    TraceCarrier, Wakeups,
+    ConfigError, DeliveryContext, DeliveryResult, DrainConfig, EventBus, InProcessBus,
+    InProcessJobs, JobDispatcher, MessageKind, OutboxStore, Payload, RawMessage, Registry,
+    RetryPolicy, SystemClock, TraceCarrier, Wakeups,
 };
 use outbox_actors::{Drain, DrainCoordinator, DrainReport, GetStatus, Shutdown};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
-use crate::cli::DrainArgs;
+use crate::cli::{DrainArgs, RunArgs};
 use crate::db::Store;
 use crate::fail::Failure;
 use crate::output::time;
@@ -40,27 +40,67 @@ enum Deliver {
 
 /// `drain --once` or `drain --every`.
 pub(crate) async fn drain(store: &Store, args: DrainArgs) -> Result<(), Failure> {
-    let config = config(&args)?;
     let deliver = match (&args.exec, args.print) {
         (Some(command), _) => Deliver::Exec(Arc::from(command.as_str())),
         (None, true) => Deliver::Print,
         (None, false) => return Err(Failure::usage("pass --exec CMD or --print")),
     };
-    if args.every.is_some_and(|every| every.is_zero()) {
+    let to_bus = deliver.clone();
+    let bus = InProcessBus::new()
+        .on_any(move |message: Arc<RawMessage>, context| to_bus.deliver(&message, &context));
+    let jobs = InProcessJobs::new()
+        .on_any(move |message: RawMessage, context| deliver.deliver(&message, &context));
+    let settings = Defaults {
+        batch_size: 100,
+        concurrency: 1,
+        every: None,
+        doing: "draining",
+    };
+    run_passes(store, &args.run, settings, bus, jobs).await
+}
+
+/// What a command runs with when its flags leave a setting out.
+pub(crate) struct Defaults {
+    pub(crate) batch_size: usize,
+    pub(crate) concurrency: usize,
+    /// The interval without --once or --every; `None` when one is required.
+    pub(crate) every: Option<Duration>,
+    /// How the command announces itself: `draining`, `relaying to …`.
+    pub(crate) doing: &'static str,
+}
+
+/// Run passes over the store with `bus` and `jobs` as `args` says: one
+/// (`--once`) or every interval until Ctrl-C or SIGTERM, reporting each pass
+/// and the totals at the end.
+pub(crate) async fn run_passes(
+    store: &Store,
+    args: &RunArgs,
+    defaults: Defaults,
+    bus: impl EventBus,
+    jobs: impl JobDispatcher,
+) -> Result<(), Failure> {
+    let config = config(args, &defaults)?;
+    let every = if args.once {
+        None
+    } else {
+        args.every.or(defaults.every)
+    };
+    if every.is_some_and(|every| every.is_zero()) {
         return Err(Failure::usage("`--every` must be longer than zero"));
     }
-    let wakeups = match (args.every, store) {
+    let wakeups = match (every, store) {
         // Only PostgreSQL can tell another process about a commit.
         (Some(_), Store::Postgres(store)) => OutboxStore::wakeups(store),
         _ => None,
     };
-    let coordinator = start(store, config, deliver)?;
+    let coordinator = start(store, config, bus, jobs)?;
     let stop = pin!(stop_signal()?);
-    match args.every {
+    match every {
         None => once(&coordinator, stop, args.grace).await,
         Some(every) => {
             eprintln!(
-                "draining table {} every {}{}; Ctrl-C stops",
+                "{} table {} every {}{}; Ctrl-C stops",
+                defaults.doing,
                 store.table(),
                 humantime::format_duration(every),
                 if wakeups.is_some() {
@@ -75,10 +115,10 @@ pub(crate) async fn drain(store: &Store, args: DrainArgs) -> Result<(), Failure>
 }
 
 /// The drain settings from the flags, validated; errors name the flag.
-fn config(args: &DrainArgs) -> Result<DrainConfig, Failure> {
+fn config(args: &RunArgs, defaults: &Defaults) -> Result<DrainConfig, Failure> {
     let config = DrainConfig {
-        batch_size: args.batch_size,
-        concurrency: args.concurrency,
+        batch_size: args.batch_size.unwrap_or(defaults.batch_size),
+        concurrency: args.concurrency.unwrap_or(defaults.concurrency),
         lease: args.lease,
         heartbeat: args.heartbeat,
         max_active: args.max_active,
@@ -113,17 +153,13 @@ fn flag(field: &str) -> String {
 fn start(
     store: &Store,
     config: DrainConfig,
-    deliver: Deliver,
+    bus: impl EventBus,
+    jobs: impl JobDispatcher,
 ) -> Result<Addr<DrainCoordinator>, Failure> {
     let registry = Registry::builder()
         .any(MessageKind::Event)
         .any(MessageKind::Job)
         .build()?;
-    let to_bus = deliver.clone();
-    let bus = InProcessBus::new()
-        .on_any(move |message: Arc<RawMessage>, context| to_bus.deliver(&message, &context));
-    let jobs = InProcessJobs::new()
-        .on_any(move |message: RawMessage, context| deliver.deliver(&message, &context));
     let builder = match store {
         Store::Sqlite(store) => DrainCoordinator::builder(store.clone()),
         Store::Postgres(store) => DrainCoordinator::builder(store.clone()),
@@ -139,7 +175,6 @@ fn start(
         .start()?)
 }
 
-/// How a pass ended.
 enum PassEnd {
     /// It ran to its end.
     Finished(outbox_actors::Result<DrainReport>),
@@ -404,11 +439,7 @@ impl Deliver {
         message: &RawMessage,
         context: &DeliveryContext,
     ) -> LocalBoxFuture<'static, DeliveryResult> {
-        let claimed = context.message();
-        let label = format!(
-            "{} ({} {}, attempt {} of {})",
-            claimed.id, message.kind, message.name, claimed.attempts, claimed.max_attempts
-        );
+        let label = label(context);
         let delivery = match self {
             Deliver::Print => std::future::ready(print(message, context)).boxed_local(),
             Deliver::Exec(command) => exec(command.clone(), message, context).boxed_local(),
@@ -425,6 +456,15 @@ impl Deliver {
 }
 
 /// A message as `--print` writes it.
+/// How a failed delivery names its message on stderr.
+pub(crate) fn label(context: &DeliveryContext) -> String {
+    let claimed = context.message();
+    format!(
+        "{} ({} {}, attempt {} of {})",
+        claimed.id, claimed.kind, claimed.name, claimed.attempts, claimed.max_attempts
+    )
+}
+
 #[derive(Serialize)]
 struct Printed<'a> {
     id: &'a str,

@@ -38,6 +38,7 @@
 //! | `requeue ID`, `requeue --all-dead-lettered [--name N]` | dead letters become pending with their attempts reset |
 //! | `purge --status delivered\|dead_lettered --older-than 7d [--yes]` | delete settled messages older than the horizon |
 //! | `drain --once\|--every 1s --exec CMD\|--print` | deliver messages as stored, with the actor runtime |
+//! | `relay --to nats://HOST:PORT --subject-prefix P --stream S [--once]` | publish messages as stored to NATS JetStream |
 //!
 //! Operations the store considers unsafe are refused with its reason:
 //! requeueing a message under a live claim or one that is not dead-lettered,
@@ -63,6 +64,17 @@
 //! then it gives deliveries in flight `--grace` to finish and releases the
 //! claims of the rest. Pass reports go to stderr (with `--every`, only those
 //! of passes that found something).
+//!
+//! # Relay
+//!
+//! `relay` runs the same passes with a broker transport of `outbox-brokers`
+//! in place of a command: the scheme of `--to` picks it (`nats://`; `amqp://`
+//! and `redis://` answer that this build lacks them). Each message is
+//! published as stored to `--subject-prefix` + name in `--stream`, with
+//! `Nats-Msg-Id` = its id, and is delivered once the `PubAck` arrived. The
+//! stream is checked at start: missing, or not covering the prefix, is a
+//! usage error. Without `--once` it runs a pass every second (`--every`)
+//! until Ctrl-C or SIGTERM, then prints the totals.
 //!
 //! # Exit codes
 //!
@@ -192,6 +204,7 @@ mod db;
 mod drain;
 mod fail;
 mod output;
+mod relay;
 
 use std::process::ExitCode;
 
@@ -225,7 +238,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let access = match cli.command {
         Command::Migrate => Access::Create,
         Command::Status(_) | Command::List(_) | Command::Show(_) => Access::Read,
-        Command::Requeue(_) | Command::Purge(_) | Command::Drain(_) => Access::Write,
+        Command::Requeue(_) | Command::Purge(_) | Command::Drain(_) | Command::Relay(_) => {
+            Access::Write
+        }
     };
     let store = Store::open(url, &cli.table, access).await?;
     if access != Access::Create {
@@ -241,6 +256,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Requeue(args) => admin::requeue(&store, args).await,
         Command::Purge(args) => admin::purge(&store, args).await,
         Command::Drain(args) => drain::drain(&store, args).await,
+        Command::Relay(args) => relay::relay(&store, args).await,
     };
     // Tasks still running on this runtime (a drain's last store calls) are
     // dropped with it, after it has stopped; a pooled connection dropped

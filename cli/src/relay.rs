@@ -1,0 +1,128 @@
+//! `relay`: drain the outbox to a broker, the same runtime as `drain` with
+//! a broker transport in place of a command.
+//!
+//! The URL scheme of `--to` picks the transport ([`connect`]); each broker
+//! transport of `outbox-brokers` that this binary was built with has an arm
+//! there.
+
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use futures_util::future::LocalBoxFuture;
+use outbox::{Delivery, DeliveryResult, EventBus, JobDispatcher};
+use outbox_brokers::{BrokerError, NameMap};
+
+use crate::cli::RelayArgs;
+use crate::db::Store;
+use crate::drain::{self, Defaults};
+use crate::fail::Failure;
+
+/// `relay --once` or `relay` until Ctrl-C or SIGTERM.
+pub(crate) async fn relay(store: &Store, args: RelayArgs) -> Result<(), Failure> {
+    let (broker, doing) = connect(&args).await?;
+    let relay = Relay(broker);
+    let defaults = Defaults {
+        batch_size: 1_000,
+        concurrency: 256,
+        every: Some(std::time::Duration::from_secs(1)),
+        doing,
+    };
+    drain::run_passes(store, &args.run, defaults, relay.clone(), relay).await
+}
+
+/// A transport that publishes both kinds of message.
+trait Broker: EventBus + JobDispatcher {}
+impl<T: EventBus + JobDispatcher> Broker for T {}
+
+/// The broker transport, reporting each failed publish on stderr as
+/// `drain` reports each failed delivery.
+#[derive(Clone)]
+struct Relay(Arc<dyn Broker>);
+
+impl Relay {
+    fn reported(
+        delivery: LocalBoxFuture<'static, DeliveryResult>,
+        label: String,
+    ) -> LocalBoxFuture<'static, DeliveryResult> {
+        delivery
+            .map(move |result| {
+                if let Err(error) = &result {
+                    eprintln!("{label} failed: {error}");
+                }
+                result
+            })
+            .boxed_local()
+    }
+}
+
+impl EventBus for Relay {
+    fn publish(&self, delivery: Delivery) -> LocalBoxFuture<'static, DeliveryResult> {
+        let label = drain::label(&delivery.context);
+        Self::reported(self.0.publish(delivery), label)
+    }
+}
+
+impl JobDispatcher for Relay {
+    fn dispatch(&self, delivery: Delivery) -> LocalBoxFuture<'static, DeliveryResult> {
+        let label = drain::label(&delivery.context);
+        Self::reported(self.0.dispatch(delivery), label)
+    }
+}
+
+/// The transport for `--to`, by its scheme, connected and checked.
+async fn connect(args: &RelayArgs) -> Result<(Arc<dyn Broker>, &'static str), Failure> {
+    let scheme = args
+        .to
+        .split_once("://")
+        .map(|(scheme, _)| scheme.to_ascii_lowercase())
+        .ok_or_else(|| {
+            Failure::usage(format!("--to {:?} has no scheme", redact(&args.to)))
+                .hint("write nats://HOST:PORT")
+        })?;
+    let names = NameMap::new(args.subject_prefix.clone());
+    match scheme.as_str() {
+        "nats" | "tls" => {
+            use outbox_brokers::nats::{NatsConfig, NatsTransport};
+            let config = NatsConfig::new(args.stream.clone(), names).ack_timeout(args.ack_timeout);
+            let transport = NatsTransport::connect(&args.to, config)
+                .await
+                .map_err(broker_failure)?;
+            Ok((Arc::new(transport), "relaying to NATS JetStream from"))
+        }
+        "amqp" | "amqps" => Err(not_built("amqp", "RabbitMQ")),
+        "redis" | "rediss" => Err(not_built("redis", "Redis Streams")),
+        other => Err(Failure::usage(format!(
+            "--to {}: unknown broker scheme `{other}://`",
+            redact(&args.to)
+        ))
+        .hint("use nats://HOST:PORT")),
+    }
+}
+
+fn not_built(feature: &str, broker: &str) -> Failure {
+    Failure::usage(format!(
+        "this `outbox` was built without feature `{feature}`: it cannot relay to {broker}"
+    ))
+    .hint("relay to nats://HOST:PORT, or use a build of outbox-cli with that transport")
+}
+
+/// A broker that refused the configuration is a usage error (fix the flags
+/// or the broker); one that could not be reached is operational.
+fn broker_failure(error: BrokerError) -> Failure {
+    if error.is_permanent() {
+        Failure::usage(error.to_string())
+            .hint("check --to, --stream and --subject-prefix against the broker's configuration")
+    } else {
+        Failure::operational(error.to_string()).hint("is the broker running and reachable?")
+    }
+}
+
+/// `url` without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,232 @@
+//! `outbox relay` against a real NATS server with JetStream, at `NATS_URL`
+//! (`scripts/with-services cargo test -p outbox-cli --test relay`).
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, stream};
+use outbox::{MessageKind, NewMessage, OutboxStore, Payload, SqliteOutbox};
+
+fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| {
+        panic!(
+            "NATS_URL is not set: run these tests through scripts/with-services \
+             (scripts/with-services cargo test -p outbox-cli --test relay)"
+        )
+    })
+}
+
+fn unique() -> String {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    );
+    format!("{:012x}", hasher.finish() & 0xffff_ffff_ffff)
+}
+
+/// A SQLite outbox with `count` events, a stream for them, and the flags
+/// that relay one to the other.
+struct Fixture {
+    dir: PathBuf,
+    url: String,
+    stream: String,
+    prefix: String,
+    js: jetstream::Context,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Fixture {
+    async fn new(count: usize) -> Fixture {
+        let id = unique();
+        let dir = std::env::temp_dir().join(format!("outbox-relay-{id}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("outbox.db").display());
+        let migrated = outbox(&["--database", &url, "migrate"]);
+        assert!(migrated.status.success(), "{}", text(&migrated.stderr));
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect_with(SqliteOutbox::connect_options(&url).unwrap())
+            .await
+            .unwrap();
+        let store = SqliteOutbox::builder(pool.clone()).build();
+        for n in 0..count {
+            let payload = Payload::from_json(format!(r#"{{"n":{n}}}"#)).unwrap();
+            store
+                .enqueue(NewMessage::new(
+                    MessageKind::Event,
+                    "orders.placed",
+                    payload,
+                ))
+                .await
+                .unwrap();
+        }
+        pool.close().await;
+        let client = async_nats::connect(nats_url()).await.unwrap();
+        let js = jetstream::new(client);
+        let stream = format!("RELAY_{id}");
+        let prefix = format!("relay{id}.");
+        js.create_stream(stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}>")],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        Fixture {
+            dir,
+            url,
+            stream,
+            prefix,
+            js,
+        }
+    }
+
+    fn relay(&self, extra: &[&str]) -> Command {
+        let nats = nats_url();
+        let mut command = outbox_command();
+        command.args([
+            "--database",
+            &self.url,
+            "relay",
+            "--to",
+            &nats,
+            "--subject-prefix",
+            &self.prefix,
+            "--stream",
+            &self.stream,
+        ]);
+        command.args(extra);
+        command
+    }
+
+    async fn stored(&self) -> u64 {
+        let mut stream = self.js.get_stream(&self.stream).await.unwrap();
+        stream.info().await.unwrap().state.messages
+    }
+}
+
+fn outbox_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    command
+        .env_remove("OUTBOX_DATABASE_URL")
+        .env_remove("OUTBOX_TABLE")
+        .env_remove("OUTBOX_RELAY_TO")
+        .stdin(Stdio::null());
+    command
+}
+
+fn outbox(args: &[&str]) -> Output {
+    outbox_command().args(args).output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn relay_once_publishes_every_message_and_reports_the_pass() {
+    let f = Fixture::new(50).await;
+    let output = f.relay(&["--once"]).output().unwrap();
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("pass: claimed 50, delivered 50"),
+        "{stderr}"
+    );
+    assert_eq!(f.stored().await, 50);
+    let stream = f.js.get_stream(&f.stream).await.unwrap();
+    let first = stream.get_raw_message(1).await.unwrap();
+    assert_eq!(first.subject.as_str(), format!("{}orders.placed", f.prefix));
+    assert!(first.headers.get("Nats-Msg-Id").is_some());
+    // Everything was delivered: a second run finds nothing.
+    let again = f.relay(&["--once"]).output().unwrap();
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(f.stored().await, 50);
+}
+
+#[tokio::test]
+async fn relay_runs_until_sigterm_then_prints_the_totals() {
+    let f = Fixture::new(30).await;
+    let child = f
+        .relay(&["--every", "200ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let start = Instant::now();
+    while f.stored().await < 30 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "not relayed within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success(), "kill -TERM");
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("relaying to NATS JetStream from table outbox every 200ms"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("stopped after"), "{stderr}");
+    assert!(stderr.contains("delivered 30"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_missing_stream_or_an_unbuilt_broker_is_a_usage_error() {
+    let f = Fixture::new(1).await;
+    let output = outbox(&[
+        "--database",
+        &f.url,
+        "relay",
+        "--to",
+        &nats_url(),
+        "--stream",
+        "NO_SUCH_STREAM",
+        "--once",
+    ]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("stream `NO_SUCH_STREAM` does not exist"),
+        "{stderr}"
+    );
+    let output = outbox(&[
+        "--database",
+        &f.url,
+        "relay",
+        "--to",
+        "amqp://127.0.0.1:5672",
+        "--once",
+    ]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("built without feature `amqp`"), "{stderr}");
+    let output = outbox(&[
+        "--database",
+        &f.url,
+        "relay",
+        "--to",
+        "kafka://x:1",
+        "--once",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("unknown broker scheme `kafka://`"));
+    assert_eq!(f.stored().await, 0, "nothing was published");
+}
