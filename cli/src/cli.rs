@@ -293,8 +293,8 @@ pub(crate) struct DrainArgs {
 /// `relay` flags.
 #[derive(Debug, Args)]
 pub(crate) struct RelayArgs {
-    /// The broker: nats://HOST:PORT (amqp:// and redis:// are reserved for
-    /// the RabbitMQ and Redis transports).
+    /// The broker: nats://HOST:PORT (JetStream), amqp://USER:PASS@HOST:PORT/VHOST
+    /// (RabbitMQ) or redis://HOST:PORT (Redis Streams).
     #[arg(
         long,
         value_name = "URL",
@@ -303,8 +303,9 @@ pub(crate) struct RelayArgs {
     )]
     pub(crate) to: String,
 
-    /// Prepended to each message name to make its subject (`events.` sends
-    /// `orders.placed` to `events.orders.placed`).
+    /// Prepended to each message name to make its destination: the NATS
+    /// subject, the AMQP routing key or the Redis stream key (`events.`
+    /// sends `orders.placed` to `events.orders.placed`).
     #[arg(long, value_name = "PREFIX", default_value = "")]
     pub(crate) subject_prefix: String,
 
@@ -312,6 +313,20 @@ pub(crate) struct RelayArgs {
     /// cover `PREFIX>`.
     #[arg(long, value_name = "NAME", default_value = "OUTBOX")]
     pub(crate) stream: String,
+
+    /// RabbitMQ: the exchange to publish to; it must exist (`""`, the
+    /// default exchange, routes to the queue named by the routing key).
+    #[arg(long, value_name = "NAME", default_value = "")]
+    pub(crate) exchange: String,
+
+    /// Redis: how long a published id is remembered, so a redelivery
+    /// within it appends nothing.
+    #[arg(long, default_value = "24h", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) dedup_window: Duration,
+
+    /// Redis: trim each stream to about N entries (`MAXLEN ~ N`).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_len: Option<u64>,
 
     /// How long a publish waits for the broker's acknowledgement.
     #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = parse_duration)]

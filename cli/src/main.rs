@@ -38,7 +38,7 @@
 //! | `requeue ID`, `requeue --all-dead-lettered [--name N]` | dead letters become pending with their attempts reset |
 //! | `purge --status delivered\|dead_lettered --older-than 7d [--yes]` | delete settled messages older than the horizon |
 //! | `drain --once\|--every 1s --exec CMD\|--print` | deliver messages as stored, with the actor runtime |
-//! | `relay --to nats://HOST:PORT --subject-prefix P --stream S [--once]` | publish messages as stored to NATS JetStream |
+//! | `relay --to nats://…\|amqp://…\|redis://… --subject-prefix P [--once]` | publish messages as stored to NATS JetStream, RabbitMQ or Redis Streams |
 //!
 //! Operations the store considers unsafe are refused with its reason:
 //! requeueing a message under a live claim or one that is not dead-lettered,
@@ -68,13 +68,15 @@
 //! # Relay
 //!
 //! `relay` runs the same passes with a broker transport of `outbox-brokers`
-//! in place of a command: the scheme of `--to` picks it (`nats://`; `amqp://`
-//! and `redis://` answer that this build lacks them). Each message is
-//! published as stored to `--subject-prefix` + name in `--stream`, with
-//! `Nats-Msg-Id` = its id, and is delivered once the `PubAck` arrived. The
-//! stream is checked at start: missing, or not covering the prefix, is a
-//! usage error. Without `--once` it runs a pass every second (`--every`)
-//! until Ctrl-C or SIGTERM, then prints the totals.
+//! in place of a command; the scheme of `--to` picks it. Each message is
+//! published as stored to `--subject-prefix` + name, and is delivered once
+//! the broker acknowledged it: `nats://` publishes to JetStream with
+//! `Nats-Msg-Id` = its id (`--stream` is checked at start: missing, or not
+//! covering the prefix, is a usage error); `amqp://` publishes to
+//! `--exchange` with publisher confirms, `message_id` = its id and
+//! `mandatory` set; `redis://` appends to a stream, skipping an id already
+//! appended within `--dedup-window`. Without `--once` it runs a pass every
+//! second (`--every`) until Ctrl-C or SIGTERM, then prints the totals.
 //!
 //! # Exit codes
 //!

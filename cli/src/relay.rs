@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
+use outbox::kit::redact_url;
 use outbox::{Delivery, DeliveryResult, EventBus, JobDispatcher};
 use outbox_brokers::{BrokerError, NameMap};
 
@@ -76,8 +77,8 @@ async fn connect(args: &RelayArgs) -> Result<(Arc<dyn Broker>, &'static str), Fa
         .split_once("://")
         .map(|(scheme, _)| scheme.to_ascii_lowercase())
         .ok_or_else(|| {
-            Failure::usage(format!("--to {:?} has no scheme", redact(&args.to)))
-                .hint("write nats://HOST:PORT")
+            Failure::usage(format!("--to {:?} has no scheme", redact_url(&args.to)))
+                .hint("write nats://HOST:PORT, amqp://HOST:PORT/VHOST or redis://HOST:PORT")
         })?;
     let names = NameMap::new(args.subject_prefix.clone());
     match scheme.as_str() {
@@ -89,21 +90,36 @@ async fn connect(args: &RelayArgs) -> Result<(Arc<dyn Broker>, &'static str), Fa
                 .map_err(broker_failure)?;
             Ok((Arc::new(transport), "relaying to NATS JetStream from"))
         }
-        "amqp" | "amqps" => Err(not_built("amqp", "RabbitMQ")),
-        "redis" | "rediss" => Err(not_built("redis", "Redis Streams")),
+        "amqp" | "amqps" => {
+            use outbox_brokers::amqp::{AmqpConfig, AmqpTransport};
+            let config = AmqpConfig::new(args.exchange.clone())
+                .routing(names)
+                .confirm_timeout(args.ack_timeout);
+            let transport = AmqpTransport::connect(&args.to, config)
+                .await
+                .map_err(broker_failure)?;
+            Ok((Arc::new(transport), "relaying to RabbitMQ from"))
+        }
+        "redis" => {
+            use outbox_brokers::redis::{RedisConfig, RedisTransport};
+            let mut config = RedisConfig::new()
+                .streams(names)
+                .dedup_window(args.dedup_window)
+                .timeout(args.ack_timeout);
+            if let Some(max_len) = args.max_len {
+                config = config.max_len(max_len);
+            }
+            let transport = RedisTransport::connect(&args.to, config)
+                .await
+                .map_err(broker_failure)?;
+            Ok((Arc::new(transport), "relaying to Redis Streams from"))
+        }
         other => Err(Failure::usage(format!(
             "--to {}: unknown broker scheme `{other}://`",
-            redact(&args.to)
+            redact_url(&args.to)
         ))
-        .hint("use nats://HOST:PORT")),
+        .hint("use nats://HOST:PORT, amqp://HOST:PORT/VHOST or redis://HOST:PORT")),
     }
-}
-
-fn not_built(feature: &str, broker: &str) -> Failure {
-    Failure::usage(format!(
-        "this `outbox` was built without feature `{feature}`: it cannot relay to {broker}"
-    ))
-    .hint("relay to nats://HOST:PORT, or use a build of outbox-cli with that transport")
 }
 
 /// A broker that refused the configuration is a usage error (fix the flags
@@ -111,18 +127,8 @@ fn not_built(feature: &str, broker: &str) -> Failure {
 fn broker_failure(error: BrokerError) -> Failure {
     if error.is_permanent() {
         Failure::usage(error.to_string())
-            .hint("check --to, --stream and --subject-prefix against the broker's configuration")
+            .hint("check --to, --stream, --exchange and --subject-prefix against the broker's configuration")
     } else {
         Failure::operational(error.to_string()).hint("is the broker running and reachable?")
-    }
-}
-
-/// `url` without its password.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
     }
 }

@@ -1,4 +1,5 @@
-//! `outbox relay` against a real NATS server with JetStream, at `NATS_URL`
+//! `outbox relay` against real brokers: NATS with JetStream at `NATS_URL`,
+//! RabbitMQ at `AMQP_URL` and Redis at `REDIS_URL`
 //! (`scripts/with-services cargo test -p outbox-cli --test relay`).
 
 use std::collections::hash_map::RandomState;
@@ -10,13 +11,17 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, stream};
 use outbox::{MessageKind, NewMessage, OutboxStore, Payload, SqliteOutbox};
 
-fn nats_url() -> String {
-    std::env::var("NATS_URL").unwrap_or_else(|_| {
+fn service_url(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
         panic!(
-            "NATS_URL is not set: run these tests through scripts/with-services \
+            "{var} is not set: run these tests through scripts/with-services \
              (scripts/with-services cargo test -p outbox-cli --test relay)"
         )
     })
+}
+
+fn nats_url() -> String {
+    service_url("NATS_URL")
 }
 
 fn unique() -> String {
@@ -189,7 +194,7 @@ async fn relay_runs_until_sigterm_then_prints_the_totals() {
 }
 
 #[tokio::test]
-async fn a_missing_stream_or_an_unbuilt_broker_is_a_usage_error() {
+async fn a_missing_stream_or_exchange_or_an_unknown_broker_is_a_usage_error() {
     let f = Fixture::new(1).await;
     let output = outbox(&[
         "--database",
@@ -207,17 +212,20 @@ async fn a_missing_stream_or_an_unbuilt_broker_is_a_usage_error() {
         stderr.contains("stream `NO_SUCH_STREAM` does not exist"),
         "{stderr}"
     );
+    let amqp = service_url("AMQP_URL");
     let output = outbox(&[
         "--database",
         &f.url,
         "relay",
         "--to",
-        "amqp://127.0.0.1:5672",
+        &amqp,
+        "--exchange",
+        "no-such-exchange",
         "--once",
     ]);
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("built without feature `amqp`"), "{stderr}");
+    assert!(stderr.contains("no-such-exchange"), "{stderr}");
     let output = outbox(&[
         "--database",
         &f.url,
@@ -229,4 +237,44 @@ async fn a_missing_stream_or_an_unbuilt_broker_is_a_usage_error() {
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("unknown broker scheme `kafka://`"));
     assert_eq!(f.stored().await, 0, "nothing was published");
+}
+
+#[tokio::test]
+async fn relay_to_redis_appends_each_message_once() {
+    let f = Fixture::new(50).await;
+    let redis = service_url("REDIS_URL");
+    let relay = |extra: &[&str]| {
+        let mut command = outbox_command();
+        command.args([
+            "--database",
+            &f.url,
+            "relay",
+            "--to",
+            &redis,
+            "--subject-prefix",
+            &f.prefix,
+            "--once",
+        ]);
+        command.args(extra);
+        command.output().unwrap()
+    };
+    let output = relay(&[]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("delivered 50"),
+        "{}",
+        text(&output.stderr)
+    );
+    // Nothing is left to relay, so a second run appends nothing.
+    let output = relay(&[]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+
+    let client = redis::Client::open(redis.as_str()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let entries: u64 = redis::cmd("XLEN")
+        .arg(format!("{}orders.placed", f.prefix))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(entries, 50);
 }
