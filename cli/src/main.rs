@@ -192,6 +192,7 @@ mod db;
 mod drain;
 mod fail;
 mod output;
+mod web;
 
 use std::process::ExitCode;
 
@@ -226,6 +227,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Migrate => Access::Create,
         Command::Status(_) | Command::List(_) | Command::Show(_) => Access::Read,
         Command::Requeue(_) | Command::Purge(_) | Command::Drain(_) => Access::Write,
+        Command::Web(ref args) if args.read_only => Access::Read,
+        Command::Web(_) => Access::Write,
+    };
+    // Refuse an unsafe bind before touching the database.
+    let bind = match &cli.command {
+        Command::Web(args) => Some(web::bind_address(args)?),
+        _ => None,
     };
     let store = Store::open(url, &cli.table, access).await?;
     if access != Access::Create {
@@ -241,6 +249,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Requeue(args) => admin::requeue(&store, args).await,
         Command::Purge(args) => admin::purge(&store, args).await,
         Command::Drain(args) => drain::drain(&store, args).await,
+        Command::Web(args) => web::serve(&store, args, bind.expect("checked above")).await,
     };
     // Tasks still running on this runtime (a drain's last store calls) are
     // dropped with it, after it has stopped; a pooled connection dropped

@@ -57,6 +57,7 @@ fn outbox_command() -> Command {
     command
         .env_remove("OUTBOX_DATABASE_URL")
         .env_remove("OUTBOX_TABLE")
+        .env_remove("OUTBOX_WEB_TOKEN")
         .stdin(Stdio::null());
     command
 }
@@ -1370,4 +1371,24 @@ async fn a_reader_that_goes_away_ends_the_output_without_a_panic() {
         );
         assert_eq!(run.code, 0, "{args:?}:\n{}", run.stderr);
     }
+}
+
+#[test]
+fn web_refuses_an_unauthenticated_remote_bind_before_opening_the_database() {
+    let dir = TempDir::new();
+    let url = format!("sqlite://{}", dir.path().join("none.db").display());
+    let refused = outbox(&["--database", &url, "web", "--bind", "0.0.0.0:8089"]).code(2);
+    assert!(
+        refused.stderr.contains("without --auth-token")
+            && refused.stderr.contains("--allow-remote"),
+        "{}",
+        refused.stderr
+    );
+    let garbage = outbox(&["--database", &url, "web", "--bind", "localhost"]).code(2);
+    assert!(
+        garbage.stderr.contains("not an address and port"),
+        "{}",
+        garbage.stderr
+    );
+    assert!(!dir.path().join("none.db").exists());
 }

@@ -130,11 +130,11 @@ impl<S: OutboxAdmin> Dashboard<S> {
             config: self.config,
         });
         let home = format!("{path}/");
-        web::scope(&path)
-            .app_data(ctx)
+        let mut scope = web::scope(&path).app_data(ctx);
+        if !path.is_empty() {
             // Relative links resolve against the last `/`: the bare prefix
             // must become the directory before anything else is served.
-            .route(
+            scope = scope.route(
                 "",
                 web::get().to(move || {
                     let home = home.clone();
@@ -144,7 +144,9 @@ impl<S: OutboxAdmin> Dashboard<S> {
                             .finish()
                     }
                 }),
-            )
+            );
+        }
+        scope
             .route("/", web::get().to(handlers::overview::<S>))
             .route("/messages", web::get().to(handlers::list::<S>))
             .route("/message", web::get().to(handlers::message::<S>))
