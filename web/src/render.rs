@@ -128,7 +128,7 @@ pub(crate) fn activity_chart(activity: &[MinuteActivity], now: DateTime<Utc>) ->
             xmlns="http://www.w3.org/2000/svg" {
             title { "Delivered and dead-lettered per minute over the last hour" }
             text x="0" y="12" font-size="11" fill="#687085" { (peak) "/min" }
-            line x1="36" y1=(HEIGHT + 10.0) x2=(MINUTES * BAR + 40) y2=(HEIGHT + 10.0) stroke="#aab";
+            line x1="36" y1=(HEIGHT + 10.0) x2=(MINUTES * BAR + 40) y2=(HEIGHT + 10.0) stroke="#aab" {}
             @for (i, (d, x)) in bars.iter().enumerate() {
                 @let left = 38 + i as i64 * BAR;
                 @let dh = scale(*d);

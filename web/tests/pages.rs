@@ -125,6 +125,8 @@ async fn overview_shows_counts_claims_and_the_last_hour() {
     assert!(page.contains("<b>1</b>dead-lettered"), "{page}");
     assert!(page.contains("<b>1</b>pending"), "{page}");
     assert!(page.contains("<svg"), "{page}");
+    // SVG elements are not void in HTML: an unclosed one swallows the rest.
+    assert!(page.contains("</line>"), "{page}");
     assert!(page.contains("1 dead-lettered"), "{page}");
     assert!(
         page.contains("http-equiv=\"refresh\" content=\"5\""),
