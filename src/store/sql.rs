@@ -494,6 +494,10 @@ pub(crate) fn activity_rows(
     Ok(crate::store::merge_activity(merged))
 }
 
+/// Names the refusal of an admin change to one message from its id, its
+/// status, its lease (if any) and the caller's clock.
+type Refusal = fn(&str, MessageStatus, Option<DateTime<Utc>>, DateTime<Utc>) -> Error;
+
 /// Why a message could not be retried now: its live claim, or its status.
 pub(crate) fn retry_refusal(
     id: &str,
@@ -852,12 +856,7 @@ where
 
     /// Why an admin change to one message did not apply, from its state
     /// read back; `refuse` names the refusal for that state.
-    async fn refusal(
-        &self,
-        id: &str,
-        now: DateTime<Utc>,
-        refuse: fn(&str, MessageStatus, Option<DateTime<Utc>>, DateTime<Utc>) -> Error,
-    ) -> Error {
+    async fn refusal(&self, id: &str, now: DateTime<Utc>, refuse: Refusal) -> Error {
         let row = sqlx::query(AssertSqlSafe(
             self.core.parts().shared.requeue_state.clone(),
         ))

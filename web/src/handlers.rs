@@ -60,11 +60,11 @@ fn store_error(error: &Error) -> HttpResponse {
 }
 
 /// 401 unless the request carries the configured token.
-fn check_access(req: &HttpRequest, config: &WebConfig) -> Result<(), HttpResponse> {
+fn check_access(req: &HttpRequest, config: &WebConfig) -> Result<(), Box<HttpResponse>> {
     if authorized(req, config) {
         return Ok(());
     }
-    Err(HttpResponse::Unauthorized()
+    Err(Box::new(HttpResponse::Unauthorized()
         .insert_header((
             header::WWW_AUTHENTICATE,
             HeaderValue::from_static("Basic realm=\"outbox\", charset=\"UTF-8\""),
@@ -73,7 +73,7 @@ fn check_access(req: &HttpRequest, config: &WebConfig) -> Result<(), HttpRespons
         .body(
             "401 Unauthorized: this dashboard needs its token, as `Authorization: Bearer <token>` \
              or as the password of basic auth (any user name).\n",
-        ))
+        )))
 }
 
 /// The fields of a POSTed form, after access, read-only mode and the CSRF
@@ -82,14 +82,14 @@ fn check_post(
     req: &HttpRequest,
     config: &WebConfig,
     body: &[u8],
-) -> Result<Vec<(String, String)>, HttpResponse> {
+) -> Result<Vec<(String, String)>, Box<HttpResponse>> {
     check_access(req, config)?;
     if config.read_only {
-        return Err(refusal(
+        return Err(Box::new(refusal(
             StatusCode::FORBIDDEN,
             "Read-only",
             "403 Forbidden: this dashboard is read-only; nothing was changed.".to_owned(),
-        ));
+        )));
     }
     let fields: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
     let token = fields
@@ -98,21 +98,21 @@ fn check_post(
         .map(|(_, v)| v.as_str());
     match token {
         Some(token) if same_secret(token.as_bytes(), csrf_token().as_bytes()) => Ok(fields),
-        Some(_) => Err(refusal(
+        Some(_) => Err(Box::new(refusal(
             StatusCode::FORBIDDEN,
             "Refused",
             "403 Forbidden: the form's CSRF token is wrong (the dashboard restarted since the page \
              was loaded, or the request did not come from the dashboard); reload the page and try \
              again. Nothing was changed."
                 .to_owned(),
-        )),
-        None => Err(refusal(
+        ))),
+        None => Err(Box::new(refusal(
             StatusCode::FORBIDDEN,
             "Refused",
             "403 Forbidden: the request has no CSRF token; changes must be sent from the \
              dashboard's own forms. Nothing was changed."
                 .to_owned(),
-        )),
+        ))),
     }
 }
 
@@ -136,7 +136,7 @@ fn now() -> DateTime<Utc> {
 /// GET `/`: counts, claims, the oldest due message, the last hour.
 pub(crate) async fn overview<S: OutboxAdmin>(req: HttpRequest, ctx: Data<S>) -> HttpResponse {
     if let Err(denied) = check_access(&req, &ctx.config) {
-        return denied;
+        return *denied;
     }
     let now = now();
     let stats = match ctx.store.stats(now).await {
@@ -321,7 +321,7 @@ pub(crate) async fn list<S: OutboxAdmin>(
     query: web::Query<ListQuery>,
 ) -> HttpResponse {
     if let Err(denied) = check_access(&req, &ctx.config) {
-        return denied;
+        return *denied;
     }
     let filters = match query.parse() {
         Ok(filters) => filters,
@@ -482,7 +482,7 @@ pub(crate) async fn message<S: OutboxAdmin>(
     query: web::Query<MessageQuery>,
 ) -> HttpResponse {
     if let Err(denied) = check_access(&req, &ctx.config) {
-        return denied;
+        return *denied;
     }
     let m = match ctx.store.get_message(&query.id).await {
         Ok(m) => m,
@@ -577,7 +577,7 @@ pub(crate) async fn requeue<S: OutboxAdmin>(
 ) -> HttpResponse {
     let fields = match check_post(&req, &ctx.config, &body) {
         Ok(fields) => fields,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let now = now();
     let ids: Vec<&str> = fields
@@ -665,7 +665,7 @@ pub(crate) async fn retry<S: OutboxAdmin>(
 ) -> HttpResponse {
     let fields = match check_post(&req, &ctx.config, &body) {
         Ok(fields) => fields,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let Some(id) = field(&fields, "id") else {
         return refusal(
@@ -707,7 +707,7 @@ pub(crate) async fn purge_page<S: OutboxAdmin>(
     query: web::Query<PurgeQuery>,
 ) -> HttpResponse {
     if let Err(denied) = check_access(&req, &ctx.config) {
-        return denied;
+        return *denied;
     }
     let older_than = blank(&query.older_than).unwrap_or("30d").to_owned();
     let status_text = blank(&query.status).unwrap_or("both").to_owned();
@@ -780,7 +780,7 @@ pub(crate) async fn purge<S: OutboxAdmin>(
 ) -> HttpResponse {
     let fields = match check_post(&req, &ctx.config, &body) {
         Ok(fields) => fields,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let status = match purge_status(field(&fields, "status")) {
         Ok(status) => status,
@@ -814,7 +814,7 @@ pub(crate) async fn purge<S: OutboxAdmin>(
 /// Anything else under the mount point.
 pub(crate) async fn not_found<S: OutboxAdmin>(req: HttpRequest, ctx: Data<S>) -> HttpResponse {
     if let Err(denied) = check_access(&req, &ctx.config) {
-        return denied;
+        return *denied;
     }
     refusal(
         StatusCode::NOT_FOUND,
