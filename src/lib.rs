@@ -135,7 +135,7 @@ pub use store::sqlite::{DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, Sqlit
 pub use store::{
     ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages, MarkDelivered, MarkFailed,
     MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages,
-    ReleaseClaim, RenewClaim, RequeueDeadLetters, SharedStore, Wakeups,
+    ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow, SharedStore, Wakeups,
 };
 pub use trace::TraceCarrier;
 pub use transport::{

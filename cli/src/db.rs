@@ -7,7 +7,7 @@ use outbox::TableName;
 use outbox::kit::redact_url;
 use outbox::{
     ListMessages, MessagePage, MinuteActivity, OutboxAdmin, OutboxMessage, OutboxStats,
-    PostgresOutbox, PurgeMessages, RequeueDeadLetters, Result, SqliteOutbox,
+    PostgresOutbox, PurgeMessages, RequeueDeadLetters, Result, RetryNow, SqliteOutbox,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
@@ -278,10 +278,10 @@ impl OutboxAdmin for Store {
         }
     }
 
-    async fn retry_now(&self, id: &str, now: DateTime<Utc>) -> Result<()> {
+    async fn retry_now(&self, params: RetryNow) -> Result<()> {
         match self {
-            Store::Sqlite(store) => store.retry_now(id, now).await,
-            Store::Postgres(store) => store.retry_now(id, now).await,
+            Store::Sqlite(store) => store.retry_now(params).await,
+            Store::Postgres(store) => store.retry_now(params).await,
         }
     }
 }

@@ -10,7 +10,7 @@ use super::kit::{WakeupSender, check, lease_end};
 use super::{
     ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, MinuteActivity,
     OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
-    RequeueDeadLetters, Wakeups, merge_activity,
+    RequeueDeadLetters, RetryNow, Wakeups, merge_activity,
 };
 use crate::error::{
     AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result,
@@ -668,7 +668,8 @@ impl OutboxAdmin for MemoryOutbox {
         Ok(merge_activity(rows))
     }
 
-    async fn retry_now(&self, id: &str, now: DateTime<Utc>) -> Result<()> {
+    async fn retry_now(&self, params: RetryNow) -> Result<()> {
+        let (id, now) = (params.id.as_str(), params.now);
         let mut state = self.lock();
         let slot = *state
             .ids

@@ -364,6 +364,16 @@ pub struct PurgeMessages {
     pub older_than: DateTime<Utc>,
 }
 
+/// Make a pending message due now, its backoff cut short.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryNow {
+    /// The message id.
+    pub id: String,
+    /// The caller's clock: the message becomes available at this time (or
+    /// stays at its earlier `available_at`).
+    pub now: DateTime<Utc>,
+}
+
 /// How many messages settled in one minute, for an activity chart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
@@ -436,7 +446,7 @@ pub trait OutboxAdmin: Send + Sync + 'static {
     /// non-pending one with
     /// [`AdminError::NotPending`](crate::AdminError::NotPending), an unknown
     /// id with [`Error::NotFound`](crate::Error::NotFound).
-    fn retry_now(&self, id: &str, now: DateTime<Utc>) -> impl Future<Output = Result<()>> + Send;
+    fn retry_now(&self, params: RetryNow) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// The per-minute counts of `(minute, status, count)` rows, merged by

@@ -1199,13 +1199,9 @@ macro_rules! sql_store {
                 self.inner.core.activity(since).await
             }
 
-            async fn retry_now(
-                &self,
-                id: &str,
-                now: chrono::DateTime<chrono::Utc>,
-            ) -> $crate::Result<()> {
+            async fn retry_now(&self, params: $crate::RetryNow) -> $crate::Result<()> {
                 self.inner
-                    .retry_now(self.inner.core.retry_statement(), id, now)
+                    .retry_now(self.inner.core.retry_statement(), &params.id, params.now)
                     .await
             }
         }

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use outbox::{
     AdminError, Error, ListCursor, ListMessages, MessageStatus, OutboxAdmin, OutboxStats,
-    OutboxStore, PurgeMessages, RequeueDeadLetters,
+    OutboxStore, PurgeMessages, RequeueDeadLetters, RetryNow,
 };
 
 use super::{
@@ -640,19 +640,26 @@ pub(crate) async fn purge_refuses_pending_and_claimed<S: OutboxStore + OutboxAdm
     assert_eq!(everything(&store).await, before);
 }
 
+fn retry(id: &str, now: chrono::DateTime<chrono::Utc>) -> RetryNow {
+    RetryNow {
+        id: id.to_owned(),
+        now,
+    }
+}
+
 pub(crate) async fn retry_now_makes_a_pending_message_due<S: OutboxStore + OutboxAdmin + Clone>(
     store: S,
 ) {
     // Backed off ten minutes into the future, and one already due.
     put_at(&store, "later", 0, 10 * MINUTE, 5).await;
     put_at(&store, "due", 1, 0, 5).await;
-    store.retry_now("later", at(SECOND)).await.unwrap();
+    store.retry_now(retry("later", at(SECOND))).await.unwrap();
     let later = get(&store, "later").await;
     assert_eq!(later.status, MessageStatus::Pending);
     assert_eq!(later.available_at, at(SECOND));
     assert_eq!(later.attempts, 0);
     // Never pushed later than it already was.
-    store.retry_now("due", at(2 * SECOND)).await.unwrap();
+    store.retry_now(retry("due", at(2 * SECOND))).await.unwrap();
     assert_eq!(get(&store, "due").await.available_at, at(0));
     // Both are claimable now.
     let batch = claim(&store, 10, 2 * SECOND, MINUTE).await;
@@ -667,7 +674,7 @@ pub(crate) async fn retry_now_refuses_claims_and_settled_messages<
     put_at(&store, "m", 0, 0, 5).await;
     let claimed = claim_one(&store, 0, MINUTE).await;
     let before = get(&store, "m").await;
-    match store.retry_now("m", at(SECOND)).await {
+    match store.retry_now(retry("m", at(SECOND))).await {
         Err(Error::Admin(AdminError::ClaimLive { id, locked_until })) => {
             assert_eq!(id, "m");
             assert_eq!(locked_until, at(MINUTE));
@@ -679,7 +686,7 @@ pub(crate) async fn retry_now_refuses_claims_and_settled_messages<
         .mark_delivered(delivered("m", &claimed.claim_token, 2 * SECOND))
         .await
         .expect("the claim survived the refused retry");
-    match store.retry_now("m", at(3 * SECOND)).await {
+    match store.retry_now(retry("m", at(3 * SECOND))).await {
         Err(Error::Admin(AdminError::NotPending { id, status })) => {
             assert_eq!(id, "m");
             assert_eq!(status, MessageStatus::Delivered);
@@ -688,14 +695,14 @@ pub(crate) async fn retry_now_refuses_claims_and_settled_messages<
     }
     dead_letter(&store, "dead", "e", 4 * SECOND).await;
     assert!(matches!(
-        store.retry_now("dead", at(5 * SECOND)).await,
+        store.retry_now(retry("dead", at(5 * SECOND))).await,
         Err(Error::Admin(AdminError::NotPending {
             status: MessageStatus::DeadLettered,
             ..
         }))
     ));
     assert!(matches!(
-        store.retry_now("missing", at(5 * SECOND)).await,
+        store.retry_now(retry("missing", at(5 * SECOND))).await,
         Err(Error::NotFound { id }) if id == "missing"
     ));
 }

@@ -8,7 +8,7 @@ use chrono::{DateTime, NaiveDateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
 use outbox::{
     Error, ListCursor, ListMessages, MessageKind, MessageStatus, OutboxAdmin, OutboxMessage,
-    PurgeMessages, RequeueDeadLetters, UnreadableMessage,
+    PurgeMessages, RequeueDeadLetters, RetryNow, UnreadableMessage,
 };
 
 use crate::render::{self, activity_chart, error_line, layout, query_value, time};
@@ -674,7 +674,11 @@ pub(crate) async fn retry<S: OutboxAdmin>(
             "the form has no message `id`; nothing was changed".to_owned(),
         );
     };
-    match ctx.store.retry_now(id, now()).await {
+    let params = RetryNow {
+        id: id.to_owned(),
+        now: now(),
+    };
+    match ctx.store.retry_now(params).await {
         Ok(()) => done(format!("Message {id:?} is due now.")),
         Err(e) => store_error(&e),
     }

@@ -42,6 +42,14 @@
 //! Actions take the same refusals as the `outbox` CLI: a message under a live
 //! claim is never requeued or retried, and only delivered and dead-lettered
 //! messages are ever purged.
+//!
+//! # Layout
+//!
+//! - `lib.rs` (this file): [`WebConfig`], [`scope`] and [`Dashboard`] (the
+//!   routes), access checks and the CSRF token;
+//! - `handlers.rs`: one function per page and per action;
+//! - `render.rs`: the layout, the activity chart and the formatting the
+//!   pages share.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
