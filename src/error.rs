@@ -464,6 +464,16 @@ pub enum AdminError {
         /// Its current status.
         status: MessageStatus,
     },
+    /// Only pending messages can be retried now.
+    #[error(
+        "outbox message {id:?} is {status}, not pending; only pending messages can be retried now"
+    )]
+    NotPending {
+        /// The message id.
+        id: String,
+        /// Its current status.
+        status: MessageStatus,
+    },
     /// Purging pending or claimed messages would lose work.
     #[error(
         "refusing to purge {status} messages: only delivered and dead-lettered messages can be purged"

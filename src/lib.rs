@@ -139,8 +139,8 @@ pub use store::sql::{MAX_TABLE_NAME_PART, SettlementMode, TableName};
 pub use store::sqlite::{DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, SqliteOutbox};
 pub use store::{
     ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages, MarkDelivered, MarkFailed,
-    MessagePage, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
-    RequeueDeadLetters, SharedStore, Wakeups,
+    MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages,
+    ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow, SharedStore, Wakeups,
 };
 pub use trace::TraceCarrier;
 pub use transport::{

@@ -104,9 +104,50 @@ pub(crate) enum Command {
     /// Deliver messages: to a shell command per message, or as JSON lines on stdout.
     #[command(after_help = DRAIN_AFTER_HELP)]
     Drain(DrainArgs),
-    /// Publish messages to a broker (NATS JetStream) as stored, deduplicated by message id.
+
+    /// Publish messages to a broker (NATS JetStream, RabbitMQ, Redis Streams) as stored.
     #[command(after_help = RELAY_AFTER_HELP)]
     Relay(RelayArgs),
+
+    /// Serve the web dashboard: counts, lists, messages, requeue, retry, purge.
+    #[command(after_help = WEB_AFTER_HELP)]
+    Web(WebArgs),
+}
+
+const WEB_AFTER_HELP: &str = "\
+Binds to loopback unless told otherwise. Every change is a POST carrying a CSRF
+token; --read-only serves no action forms and refuses every POST. A bind address
+other than loopback needs --auth-token (or --allow-remote, when a proxy in front
+authenticates).
+
+Examples:
+  outbox --database sqlite://app.db web
+  outbox --database postgres://app@db/app web --bind 127.0.0.1:9000 --read-only
+  OUTBOX_WEB_TOKEN=s3cret outbox web --bind 0.0.0.0:8089";
+
+/// `web` flags.
+#[derive(Debug, Args)]
+pub(crate) struct WebArgs {
+    /// Address and port to listen on.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8089")]
+    pub(crate) bind: String,
+
+    /// Require this token: `Authorization: Bearer TOKEN`, or basic auth with it as password.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "OUTBOX_WEB_TOKEN",
+        hide_env_values = true
+    )]
+    pub(crate) auth_token: Option<String>,
+
+    /// Serve no action forms and refuse every POST; opens the database read-only.
+    #[arg(long)]
+    pub(crate) read_only: bool,
+
+    /// Allow a non-loopback bind without --auth-token (a proxy in front authenticates).
+    #[arg(long)]
+    pub(crate) allow_remote: bool,
 }
 
 const RELAY_AFTER_HELP: &str = "\

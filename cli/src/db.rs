@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use outbox::TableName;
 use outbox::kit::redact_url;
 use outbox::{
-    ListMessages, MessagePage, OutboxAdmin, OutboxMessage, OutboxStats, PostgresOutbox,
-    PurgeMessages, RequeueDeadLetters, Result, SqliteOutbox,
+    ListMessages, MessagePage, MinuteActivity, OutboxAdmin, OutboxMessage, OutboxStats,
+    PostgresOutbox, PurgeMessages, RequeueDeadLetters, Result, RetryNow, SqliteOutbox,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
@@ -262,6 +262,26 @@ impl OutboxAdmin for Store {
         match self {
             Store::Sqlite(store) => store.purge(params).await,
             Store::Postgres(store) => store.purge(params).await,
+        }
+    }
+    async fn count_purgeable(&self, params: PurgeMessages) -> Result<u64> {
+        match self {
+            Store::Sqlite(store) => store.count_purgeable(params).await,
+            Store::Postgres(store) => store.count_purgeable(params).await,
+        }
+    }
+
+    async fn activity(&self, since: DateTime<Utc>) -> Result<Vec<MinuteActivity>> {
+        match self {
+            Store::Sqlite(store) => store.activity(since).await,
+            Store::Postgres(store) => store.activity(since).await,
+        }
+    }
+
+    async fn retry_now(&self, params: RetryNow) -> Result<()> {
+        match self {
+            Store::Sqlite(store) => store.retry_now(params).await,
+            Store::Postgres(store) => store.retry_now(params).await,
         }
     }
 }

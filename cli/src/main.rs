@@ -207,6 +207,7 @@ mod drain;
 mod fail;
 mod output;
 mod relay;
+mod web;
 
 use std::process::ExitCode;
 
@@ -243,6 +244,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Requeue(_) | Command::Purge(_) | Command::Drain(_) | Command::Relay(_) => {
             Access::Write
         }
+        Command::Web(ref args) if args.read_only => Access::Read,
+        Command::Web(_) => Access::Write,
+    };
+    // Refuse an unsafe bind before touching the database.
+    let bind = match &cli.command {
+        Command::Web(args) => Some(web::bind_address(args)?),
+        _ => None,
     };
     let store = Store::open(url, &cli.table, access).await?;
     if access != Access::Create {
@@ -259,6 +267,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Purge(args) => admin::purge(&store, args).await,
         Command::Drain(args) => drain::drain(&store, args).await,
         Command::Relay(args) => relay::relay(&store, args).await,
+        Command::Web(args) => web::serve(&store, args, bind.expect("checked above")).await,
     };
     // Tasks still running on this runtime (a drain's last store calls) are
     // dropped with it, after it has stopped; a pooled connection dropped

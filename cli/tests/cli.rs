@@ -57,6 +57,7 @@ fn outbox_command() -> Command {
     command
         .env_remove("OUTBOX_DATABASE_URL")
         .env_remove("OUTBOX_TABLE")
+        .env_remove("OUTBOX_WEB_TOKEN")
         .stdin(Stdio::null());
     command
 }
@@ -1370,4 +1371,75 @@ async fn a_reader_that_goes_away_ends_the_output_without_a_panic() {
         );
         assert_eq!(run.code, 0, "{args:?}:\n{}", run.stderr);
     }
+}
+
+#[test]
+fn web_refuses_an_unauthenticated_remote_bind_before_opening_the_database() {
+    let dir = TempDir::new();
+    let url = format!("sqlite://{}", dir.path().join("none.db").display());
+    let refused = outbox(&["--database", &url, "web", "--bind", "0.0.0.0:8089"]).code(2);
+    assert!(
+        refused.stderr.contains("without --auth-token")
+            && refused.stderr.contains("--allow-remote"),
+        "{}",
+        refused.stderr
+    );
+    let garbage = outbox(&["--database", &url, "web", "--bind", "localhost"]).code(2);
+    assert!(
+        garbage.stderr.contains("not an address and port"),
+        "{}",
+        garbage.stderr
+    );
+    assert!(!dir.path().join("none.db").exists());
+}
+
+/// One HTTP/1.0 request to the dashboard: its status line and body.
+fn http(port: u16, request: &str) -> std::io::Result<String> {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(request.as_bytes())?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
+}
+
+#[test]
+fn web_serves_the_dashboard_and_read_only_refuses_changes() {
+    let dir = TempDir::new();
+    let url = format!("sqlite://{}", dir.path().join("web.db").display());
+    outbox(&["--database", &url, "migrate"]).ok();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let bind = format!("127.0.0.1:{port}");
+    let mut server = outbox_command()
+        .args(["--database", &url, "web", "--bind", &bind, "--read-only"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("outbox web starts");
+    // Waiting for a real process to listen: a bounded poll.
+    let mut overview = None;
+    for _ in 0..200 {
+        if let Ok(response) = http(port, "GET / HTTP/1.0\r\n\r\n") {
+            overview = Some(response);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let refused = http(
+        port,
+        "POST /requeue HTTP/1.0\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: 4\r\n\r\nid=x",
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    let overview = overview.expect("the dashboard answered within 10 s");
+    assert!(overview.starts_with("HTTP/1.0 200"), "{overview}");
+    assert!(overview.contains("<b>0</b>dead-lettered"), "{overview}");
+    let refused = refused.unwrap();
+    assert!(refused.starts_with("HTTP/1.0 403"), "{refused}");
+    assert!(refused.contains("read-only"), "{refused}");
 }

@@ -8,8 +8,9 @@ use chrono::{DateTime, Utc};
 
 use super::kit::{WakeupSender, check, lease_end};
 use super::{
-    ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, OutboxAdmin,
-    OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, Wakeups,
+    ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, MinuteActivity,
+    OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
+    RequeueDeadLetters, RetryNow, Wakeups, merge_activity,
 };
 use crate::error::{
     AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result,
@@ -559,11 +560,7 @@ impl MemoryOutbox {
             .iter()
             .enumerate()
             .filter_map(|(slot, stored)| Some((slot, &stored.as_ref()?.message)))
-            .filter(|(_, message)| {
-                message.status.is_terminal()
-                    && params.status.is_none_or(|status| status == message.status)
-                    && message.updated_at < params.older_than
-            })
+            .filter(|(_, message)| purgeable(message, &params))
             .map(|(slot, _)| slot)
             .collect();
         for &slot in &doomed {
@@ -642,6 +639,72 @@ impl OutboxAdmin for MemoryOutbox {
     async fn purge(&self, params: PurgeMessages) -> Result<u64> {
         self.purge_now(params)
     }
+
+    async fn count_purgeable(&self, params: PurgeMessages) -> Result<u64> {
+        check::purge(&params)?;
+        let state = self.lock();
+        Ok(state
+            .slots
+            .iter()
+            .filter_map(|stored| Some(&stored.as_ref()?.message))
+            .filter(|message| purgeable(message, &params))
+            .count() as u64)
+    }
+
+    async fn activity(&self, since: DateTime<Utc>) -> Result<Vec<MinuteActivity>> {
+        let state = self.lock();
+        let rows = state
+            .slots
+            .iter()
+            .filter_map(|stored| Some(&stored.as_ref()?.message))
+            .filter(|message| message.status.is_terminal() && message.updated_at >= since)
+            .map(|message| {
+                let secs = message.updated_at.timestamp();
+                let minute = DateTime::from_timestamp(secs - secs.rem_euclid(60), 0)
+                    .expect("a whole minute of a stored time is in range");
+                (minute, message.status, 1)
+            })
+            .collect::<Vec<_>>();
+        Ok(merge_activity(rows))
+    }
+
+    async fn retry_now(&self, params: RetryNow) -> Result<()> {
+        let (id, now) = (params.id.as_str(), params.now);
+        let mut state = self.lock();
+        let slot = *state
+            .ids
+            .get(id)
+            .ok_or_else(|| Error::NotFound { id: id.to_owned() })?;
+        let message = &state.stored(slot).message;
+        if message.has_live_claim(now) {
+            return Err(AdminError::ClaimLive {
+                id: id.to_owned(),
+                locked_until: message.locked_until.expect("a live claim has a lease"),
+            }
+            .into());
+        }
+        if message.status != MessageStatus::Pending {
+            return Err(AdminError::NotPending {
+                id: id.to_owned(),
+                status: message.status,
+            }
+            .into());
+        }
+        state.update(slot, |message| {
+            message.available_at = message.available_at.min(now);
+            message.updated_at = now;
+        });
+        drop(state);
+        self.wake.wake();
+        Ok(())
+    }
+}
+
+/// Whether a purge with `params` deletes `message`.
+fn purgeable(message: &OutboxMessage, params: &PurgeMessages) -> bool {
+    message.status.is_terminal()
+        && params.status.is_none_or(|status| status == message.status)
+        && message.updated_at < params.older_than
 }
 
 #[cfg(test)]

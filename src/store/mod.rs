@@ -369,6 +369,39 @@ pub struct PurgeMessages {
     pub older_than: DateTime<Utc>,
 }
 
+/// Make a pending message due now, its backoff cut short.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryNow {
+    /// The message id.
+    pub id: String,
+    /// The caller's clock: the message becomes available at this time (or
+    /// stays at its earlier `available_at`).
+    pub now: DateTime<Utc>,
+}
+
+/// How many messages settled in one minute, for an activity chart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct MinuteActivity {
+    /// The start of the minute (UTC, whole minute).
+    pub minute: DateTime<Utc>,
+    /// Messages delivered in that minute (still stored, not purged).
+    pub delivered: u64,
+    /// Messages dead-lettered in that minute (still dead-lettered).
+    pub dead_lettered: u64,
+}
+
+impl MinuteActivity {
+    /// The counts of one minute.
+    pub fn new(minute: DateTime<Utc>, delivered: u64, dead_lettered: u64) -> Self {
+        MinuteActivity {
+            minute,
+            delivered,
+            dead_lettered,
+        }
+    }
+}
+
 /// The operator path of a store.
 pub trait OutboxAdmin: Send + Sync + 'static {
     /// Counts per status, live and expired claims, oldest due message.
@@ -398,6 +431,46 @@ pub trait OutboxAdmin: Send + Sync + 'static {
     /// Pending and claimed messages are never touched; asking for them is
     /// refused with [`AdminError::UnsafePurge`](crate::AdminError::UnsafePurge).
     fn purge(&self, params: PurgeMessages) -> impl Future<Output = Result<u64>> + Send;
+
+    /// How many messages [`purge`](OutboxAdmin::purge) would delete with
+    /// these parameters, deleting nothing; refuses what `purge` refuses.
+    fn count_purgeable(&self, params: PurgeMessages) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Delivered and dead-lettered messages per minute whose last change
+    /// (`updated_at`) is at or after `since`, oldest minute first; minutes
+    /// with neither are left out. Messages purged or requeued since are not
+    /// counted.
+    fn activity(
+        &self,
+        since: DateTime<Utc>,
+    ) -> impl Future<Output = Result<Vec<MinuteActivity>>> + Send;
+
+    /// Make a pending message due `now` (its backoff cut short); attempts
+    /// are kept. A message under a live claim is refused with
+    /// [`AdminError::ClaimLive`](crate::AdminError::ClaimLive), any other
+    /// non-pending one with
+    /// [`AdminError::NotPending`](crate::AdminError::NotPending), an unknown
+    /// id with [`Error::NotFound`](crate::Error::NotFound).
+    fn retry_now(&self, params: RetryNow) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// The per-minute counts of `(minute, status, count)` rows, merged by
+/// minute, oldest first.
+pub(crate) fn merge_activity(
+    rows: impl IntoIterator<Item = (DateTime<Utc>, MessageStatus, u64)>,
+) -> Vec<MinuteActivity> {
+    let mut minutes = std::collections::BTreeMap::<DateTime<Utc>, MinuteActivity>::new();
+    for (minute, status, count) in rows {
+        let entry = minutes
+            .entry(minute)
+            .or_insert_with(|| MinuteActivity::new(minute, 0, 0));
+        match status {
+            MessageStatus::Delivered => entry.delivered += count,
+            MessageStatus::DeadLettered => entry.dead_lettered += count,
+            MessageStatus::Pending | MessageStatus::Claimed => {}
+        }
+    }
+    minutes.into_values().collect()
 }
 
 /// [`OutboxStore`] behind a pointer, for the runtime, which picks its store

@@ -476,6 +476,51 @@ pub(crate) fn requeue_refusal(
     }
 }
 
+/// `(status, minute since the epoch, count)` rows as per-minute activity.
+pub(crate) fn activity_rows(
+    rows: Vec<(String, i64, i64)>,
+) -> Result<Vec<crate::store::MinuteActivity>> {
+    let mut merged = Vec::with_capacity(rows.len());
+    for (status, minute, count) in rows {
+        let status: MessageStatus = status.parse()?;
+        let minute = DateTime::from_timestamp(minute.saturating_mul(60), 0).ok_or_else(|| {
+            Error::store(
+                "activity",
+                std::io::Error::other(format!("minute {minute} is out of range")),
+            )
+        })?;
+        merged.push((minute, status, u64::try_from(count).unwrap_or(0)));
+    }
+    Ok(crate::store::merge_activity(merged))
+}
+
+/// Names the refusal of an admin change to one message from its id, its
+/// status, its lease (if any) and the caller's clock.
+type Refusal = fn(&str, MessageStatus, Option<DateTime<Utc>>, DateTime<Utc>) -> Error;
+
+/// Why a message could not be retried now: its live claim, or its status.
+pub(crate) fn retry_refusal(
+    id: &str,
+    status: MessageStatus,
+    locked_until: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Error {
+    match locked_until {
+        Some(locked_until) if status == MessageStatus::Claimed && locked_until > now => {
+            AdminError::ClaimLive {
+                id: id.to_owned(),
+                locked_until,
+            }
+            .into()
+        }
+        _ => AdminError::NotPending {
+            id: id.to_owned(),
+            status,
+        }
+        .into(),
+    }
+}
+
 /// Map a database error of `operation` to the store's transient error, or,
 /// when the table is missing, to [`Error::NotSetUp`] with the fix.
 pub(crate) fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
@@ -744,7 +789,7 @@ where
                         .await
                         .map_err(db("requeue_dead_letters"))?;
                     if done.count() == 0 {
-                        return Err(self.requeue_refusal(id, params.now).await);
+                        return Err(self.refusal(id, params.now, requeue_refusal).await);
                     }
                     done.count()
                 }
@@ -765,8 +810,53 @@ where
         Ok(requeued)
     }
 
-    /// Why a message could not be requeued.
-    async fn requeue_refusal(&self, id: &str, now: DateTime<Utc>) -> Error {
+    /// Make a pending message due now with `statement` (the backend's
+    /// spelling of it: id bound first, then `now`), or say why not.
+    pub(crate) async fn retry_now(
+        &self,
+        statement: String,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let done = {
+            let _write = self.core.write_lock().await;
+            sqlx::query(AssertSqlSafe(statement))
+                .bind(id)
+                .bind(B::Time::store(now))
+                .execute(&self.core.parts().pool)
+                .await
+                .map_err(db("retry_now"))?
+        };
+        if done.count() == 0 {
+            return Err(self.refusal(id, now, retry_refusal).await);
+        }
+        self.core.after_requeue().await;
+        Ok(())
+    }
+
+    /// How many messages the purge would delete.
+    pub(crate) async fn count_purgeable(&self, params: PurgeMessages) -> Result<u64> {
+        check::purge(&params)?;
+        // The purge statement itself, counting instead of deleting, so the
+        // count and the purge can never disagree on which rows they mean.
+        let sql = self
+            .core
+            .parts()
+            .shared
+            .purge
+            .replacen("DELETE FROM", "SELECT count(*) FROM", 1);
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(params.status.map(MessageStatus::as_str))
+            .bind(B::Time::store(params.older_than))
+            .fetch_one(&self.core.parts().pool)
+            .await
+            .map_err(db("count_purgeable"))?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    /// Why an admin change to one message did not apply, from its state
+    /// read back; `refuse` names the refusal for that state.
+    async fn refusal(&self, id: &str, now: DateTime<Utc>, refuse: Refusal) -> Error {
         let row = sqlx::query(AssertSqlSafe(
             self.core.parts().shared.requeue_state.clone(),
         ))
@@ -791,7 +881,7 @@ where
             .ok()
             .flatten()
             .and_then(|stored| stored.load().ok());
-        requeue_refusal(id, status, until, now)
+        refuse(id, status, until, now)
     }
 
     pub(crate) async fn purge(&self, params: PurgeMessages) -> Result<u64> {
@@ -1096,6 +1186,23 @@ macro_rules! sql_store {
 
             async fn purge(&self, params: $crate::PurgeMessages) -> $crate::Result<u64> {
                 self.inner.purge(params).await
+            }
+
+            async fn count_purgeable(&self, params: $crate::PurgeMessages) -> $crate::Result<u64> {
+                self.inner.count_purgeable(params).await
+            }
+
+            async fn activity(
+                &self,
+                since: chrono::DateTime<chrono::Utc>,
+            ) -> $crate::Result<Vec<$crate::MinuteActivity>> {
+                self.inner.core.activity(since).await
+            }
+
+            async fn retry_now(&self, params: $crate::RetryNow) -> $crate::Result<()> {
+                self.inner
+                    .retry_now(self.inner.core.retry_statement(), &params.id, params.now)
+                    .await
             }
         }
     };

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use outbox::{
     AdminError, Error, ListCursor, ListMessages, MessageStatus, OutboxAdmin, OutboxStats,
-    OutboxStore, PurgeMessages, RequeueDeadLetters,
+    OutboxStore, PurgeMessages, RequeueDeadLetters, RetryNow,
 };
 
 use super::{
@@ -638,4 +638,141 @@ pub(crate) async fn purge_refuses_pending_and_claimed<S: OutboxStore + OutboxAdm
         }
     }
     assert_eq!(everything(&store).await, before);
+}
+
+fn retry(id: &str, now: chrono::DateTime<chrono::Utc>) -> RetryNow {
+    RetryNow {
+        id: id.to_owned(),
+        now,
+    }
+}
+
+pub(crate) async fn retry_now_makes_a_pending_message_due<S: OutboxStore + OutboxAdmin + Clone>(
+    store: S,
+) {
+    // Backed off ten minutes into the future, and one already due.
+    put_at(&store, "later", 0, 10 * MINUTE, 5).await;
+    put_at(&store, "due", 1, 0, 5).await;
+    store.retry_now(retry("later", at(SECOND))).await.unwrap();
+    let later = get(&store, "later").await;
+    assert_eq!(later.status, MessageStatus::Pending);
+    assert_eq!(later.available_at, at(SECOND));
+    assert_eq!(later.attempts, 0);
+    // Never pushed later than it already was.
+    store.retry_now(retry("due", at(2 * SECOND))).await.unwrap();
+    assert_eq!(get(&store, "due").await.available_at, at(0));
+    // Both are claimable now.
+    let batch = claim(&store, 10, 2 * SECOND, MINUTE).await;
+    assert_eq!(batch.claimed.len(), 2, "{batch:?}");
+}
+
+pub(crate) async fn retry_now_refuses_claims_and_settled_messages<
+    S: OutboxStore + OutboxAdmin + Clone,
+>(
+    store: S,
+) {
+    put_at(&store, "m", 0, 0, 5).await;
+    let claimed = claim_one(&store, 0, MINUTE).await;
+    let before = get(&store, "m").await;
+    match store.retry_now(retry("m", at(SECOND))).await {
+        Err(Error::Admin(AdminError::ClaimLive { id, locked_until })) => {
+            assert_eq!(id, "m");
+            assert_eq!(locked_until, at(MINUTE));
+        }
+        other => panic!("expected a live-claim refusal, got {other:?}"),
+    }
+    assert_eq!(get(&store, "m").await, before);
+    store
+        .mark_delivered(delivered("m", &claimed.claim_token, 2 * SECOND))
+        .await
+        .expect("the claim survived the refused retry");
+    match store.retry_now(retry("m", at(3 * SECOND))).await {
+        Err(Error::Admin(AdminError::NotPending { id, status })) => {
+            assert_eq!(id, "m");
+            assert_eq!(status, MessageStatus::Delivered);
+        }
+        other => panic!("expected a not-pending refusal, got {other:?}"),
+    }
+    dead_letter(&store, "dead", "e", 4 * SECOND).await;
+    assert!(matches!(
+        store.retry_now(retry("dead", at(5 * SECOND))).await,
+        Err(Error::Admin(AdminError::NotPending {
+            status: MessageStatus::DeadLettered,
+            ..
+        }))
+    ));
+    assert!(matches!(
+        store.retry_now(retry("missing", at(5 * SECOND))).await,
+        Err(Error::NotFound { id }) if id == "missing"
+    ));
+}
+
+pub(crate) async fn count_purgeable_matches_purge<S: OutboxStore + OutboxAdmin + Clone>(store: S) {
+    dead_letter(&store, "dead-old", "e", 0).await;
+    dead_letter(&store, "dead-new", "e", 10 * MINUTE).await;
+    put_at(&store, "delivered-old", 1, 0, 5).await;
+    let claimed = claim_one(&store, SECOND, MINUTE).await;
+    store
+        .mark_delivered(delivered("delivered-old", &claimed.claim_token, 2 * SECOND))
+        .await
+        .unwrap();
+    put_at(&store, "pending", 2, 0, 5).await;
+    let both = PurgeMessages {
+        status: None,
+        older_than: at(5 * MINUTE),
+    };
+    let dead_only = PurgeMessages {
+        status: Some(MessageStatus::DeadLettered),
+        ..both
+    };
+    assert_eq!(store.count_purgeable(dead_only).await.unwrap(), 1);
+    assert_eq!(store.count_purgeable(both).await.unwrap(), 2);
+    // Counting deleted nothing.
+    assert_eq!(store.stats(at(0)).await.unwrap().total(), 4);
+    assert!(matches!(
+        store
+            .count_purgeable(PurgeMessages {
+                status: Some(MessageStatus::Pending),
+                ..both
+            })
+            .await,
+        Err(Error::Admin(AdminError::UnsafePurge { .. }))
+    ));
+    assert_eq!(store.purge(both).await.unwrap(), 2);
+    assert_eq!(store.count_purgeable(both).await.unwrap(), 0);
+}
+
+pub(crate) async fn activity_counts_settled_messages_per_minute<
+    S: OutboxStore + OutboxAdmin + Clone,
+>(
+    store: S,
+) {
+    // Two delivered in minute 1, one dead-lettered in minute 3, and one
+    // delivered before the window.
+    for (id, created, settled) in [
+        ("early", 0, 10 * SECOND),
+        ("a", 1, MINUTE + SECOND),
+        ("b", 2, MINUTE + 59 * SECOND),
+    ] {
+        put_at(&store, id, created, 0, 5).await;
+        let claimed = claim_one(&store, settled, MINUTE).await;
+        store
+            .mark_delivered(delivered(id, &claimed.claim_token, settled))
+            .await
+            .unwrap();
+    }
+    dead_letter(&store, "dead", "e", 3 * MINUTE + 30 * SECOND).await;
+    put_at(&store, "pending", 5, 0, 5).await;
+
+    let activity = store.activity(at(MINUTE)).await.unwrap();
+    let minutes: Vec<_> = activity
+        .iter()
+        .map(|m| (m.minute, m.delivered, m.dead_lettered))
+        .collect();
+    assert_eq!(
+        minutes,
+        vec![(at(MINUTE), 2, 0), (at(3 * MINUTE), 0, 1)],
+        "{activity:?}"
+    );
+    assert!(store.activity(at(4 * MINUTE)).await.unwrap().is_empty());
 }

@@ -120,6 +120,13 @@ macro_rules! conformance_suite {
                 => admin::purge_removes_only_old_terminal_messages,
             conformance_purge_refuses_pending_and_claimed
                 => admin::purge_refuses_pending_and_claimed,
+            conformance_retry_now_makes_a_pending_message_due
+                => admin::retry_now_makes_a_pending_message_due,
+            conformance_retry_now_refuses_claims_and_settled_messages
+                => admin::retry_now_refuses_claims_and_settled_messages,
+            conformance_count_purgeable_matches_purge => admin::count_purgeable_matches_purge,
+            conformance_activity_counts_settled_messages_per_minute
+                => admin::activity_counts_settled_messages_per_minute,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -8,8 +8,10 @@ use super::{Core, Shared, micros};
 use crate::error::Result;
 use crate::kind::MessageStatus;
 use crate::store::kit::check;
+use crate::store::sql::activity_rows;
 use crate::store::sql::db;
-use crate::store::{ListMessages, MessagePage};
+use crate::store::{ListMessages, MessagePage, MinuteActivity};
+use chrono::{DateTime, Utc};
 
 impl Core {
     /// One page of messages. Every filter is bound, as NULL when unset, so
@@ -40,5 +42,31 @@ impl Core {
             .await
             .map_err(db("list_messages"))?;
         Shared::page(&rows, params.limit)
+    }
+
+    /// Delivered and dead-lettered per minute since `since`, from the
+    /// index of settled rows; times are stored in microseconds.
+    pub(super) async fn activity(&self, since: DateTime<Utc>) -> Result<Vec<MinuteActivity>> {
+        let query = format!(
+            "SELECT status, updated_at / 60000000 AS minute, count(*) FROM {} \
+             WHERE status IN ('delivered', 'dead_lettered') AND updated_at >= ?1 \
+             GROUP BY status, minute",
+            self.parts.shared.table
+        );
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(AssertSqlSafe(query))
+            .bind(micros(since))
+            .fetch_all(&self.parts.pool)
+            .await
+            .map_err(db("activity"))?;
+        activity_rows(rows)
+    }
+
+    /// Makes a pending message due: never later than it already was.
+    pub(super) fn retry_statement(&self) -> String {
+        format!(
+            "UPDATE {} SET available_at = min(available_at, ?2), updated_at = ?2 \
+             WHERE id = ?1 AND status = 'pending'",
+            self.parts.shared.table
+        )
     }
 }
