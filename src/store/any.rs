@@ -23,8 +23,9 @@ use crate::store::postgres::PostgresOutbox;
 #[cfg(feature = "sqlite")]
 use crate::store::sqlite::SqliteOutbox;
 use crate::store::{
-    ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, OutboxAdmin,
-    OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, Wakeups,
+    ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, MinuteActivity,
+    OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
+    RequeueDeadLetters, RetryNow, Wakeups,
 };
 
 /// A SQL outbox on SQLite or PostgreSQL, chosen by URL at start-up.
@@ -570,5 +571,17 @@ impl OutboxAdmin for AnyOutbox {
 
     async fn purge(&self, params: PurgeMessages) -> Result<u64> {
         on_backend!(self, AnyOutbox, |store| store.purge(params).await)
+    }
+
+    async fn count_purgeable(&self, params: PurgeMessages) -> Result<u64> {
+        on_backend!(self, AnyOutbox, |store| store.count_purgeable(params).await)
+    }
+
+    async fn activity(&self, since: DateTime<Utc>) -> Result<Vec<MinuteActivity>> {
+        on_backend!(self, AnyOutbox, |store| store.activity(since).await)
+    }
+
+    async fn retry_now(&self, params: RetryNow) -> Result<()> {
+        on_backend!(self, AnyOutbox, |store| store.retry_now(params).await)
     }
 }
