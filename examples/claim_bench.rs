@@ -66,6 +66,7 @@ async fn claim_cost(store: &impl OutboxStore, now: DateTime<Utc>) -> Duration {
     let mut samples = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
         let params = ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: CLAIM,
             now,
             lease: LEASE,
@@ -172,6 +173,7 @@ async fn measure<S: OutboxStore + OutboxAdmin>(
         let mut settled = 0usize;
         while settled < SETTLED {
             let params = ClaimBatch {
+                on_dead_letter: Default::default(),
                 limit: CLAIM,
                 now,
                 lease: LEASE,
@@ -206,6 +208,7 @@ async fn measure<S: OutboxStore + OutboxAdmin>(
     let mut held = 0usize;
     while held < SETTLED {
         let params = ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: CLAIM,
             now,
             lease: Duration::from_secs(3_600),

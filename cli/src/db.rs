@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use outbox::TableName;
 use outbox::kit::redact_url;
 use outbox::{
-    ListMessages, MessagePage, OutboxAdmin, OutboxMessage, OutboxStats, PostgresOutbox,
-    PurgeMessages, RequeueDeadLetters, Result, SqliteOutbox,
+    BlockedKey, ListMessages, MessagePage, OutboxAdmin, OutboxMessage, OutboxStats, PostgresOutbox,
+    PurgeMessages, RequeueDeadLetters, Result, SkipDeadLetter, SqliteOutbox,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
@@ -262,6 +262,20 @@ impl OutboxAdmin for Store {
         match self {
             Store::Sqlite(store) => store.purge(params).await,
             Store::Postgres(store) => store.purge(params).await,
+        }
+    }
+
+    async fn skip_dead_letter(&self, params: SkipDeadLetter) -> Result<()> {
+        match self {
+            Store::Sqlite(store) => store.skip_dead_letter(params).await,
+            Store::Postgres(store) => store.skip_dead_letter(params).await,
+        }
+    }
+
+    async fn blocked_keys(&self, limit: usize) -> Result<Vec<BlockedKey>> {
+        match self {
+            Store::Sqlite(store) => store.blocked_keys(limit).await,
+            Store::Postgres(store) => store.blocked_keys(limit).await,
         }
     }
 }

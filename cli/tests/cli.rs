@@ -201,6 +201,7 @@ impl<S: OutboxStore + OutboxAdmin> Fixture<S> {
         let mut batch = self
             .store
             .claim_batch(ClaimBatch {
+                on_dead_letter: Default::default(),
                 limit: 1,
                 now: at,
                 lease,

@@ -192,6 +192,7 @@ async fn put_at<S: OutboxStore>(
 async fn claim<S: OutboxStore>(store: &S, limit: usize, now: i64, lease_ms: i64) -> ClaimedBatch {
     let batch = store
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit,
             now: at(now),
             lease: lease(lease_ms),

@@ -72,6 +72,7 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
     }
     let batch = store
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 10,
             now: now + secs(10),
             lease: LEASE,
@@ -408,6 +409,7 @@ macro_rules! sql_conformance_suite {
             assert_eq!(ids, [3]);
             let batch = outbox
                 .claim_batch(ClaimBatch {
+ on_dead_letter: Default::default(),
                     limit: 10,
                     now: outbox::SystemClock.now(),
                     lease: $crate::sql_support::LEASE,
