@@ -60,7 +60,7 @@ use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::message::{Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
 use listener::ListenerShared;
-use statements::{Statements, channel_of};
+use statements::{ClaimPass, Statements, channel_of};
 
 mod admin;
 mod listener;
@@ -309,12 +309,20 @@ impl PostgresOutbox {
         &self.inner.core.channel
     }
 
-    /// The statement that claims up to `limit` messages; see
-    /// `Statements::claim`.
+    /// The statement that claims up to `limit` messages (its first pass,
+    /// keyless rows, under the `block` policy); see `Statements::claim`.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
     pub fn claim_statement(&self, limit: usize) -> String {
-        self.inner.core.sql.claim(limit)
+        self.inner.core.sql.claim(limit, true, ClaimPass::Keyless)
+    }
+
+    /// The keyed pass of the claim of up to `limit` messages; `$3` is the
+    /// locked key hashes.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn keyed_claim_statement(&self, limit: usize) -> String {
+        self.inner.core.sql.claim(limit, true, ClaimPass::Keyed)
     }
 
     /// The fenced write statement; see `Statements::fenced`.
@@ -445,14 +453,16 @@ impl Core {
         let lease_micros = i64::try_from(lease.as_micros())
             .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
         let block = on_dead_letter == OnDeadLetter::Block;
-        let rows = sqlx::query(AssertSqlSafe(self.sql.claim(limit)))
-            .bind(self.bound_now(now))
-            .bind(lease_micros)
-            .bind(block)
-            .bind(None::<Vec<i64>>)
-            .fetch_all(&self.parts.pool)
-            .await
-            .map_err(db("claim_batch"))?;
+        let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
+            limit,
+            block,
+            ClaimPass::Keyless,
+        )))
+        .bind(self.bound_now(now))
+        .bind(lease_micros)
+        .fetch_all(&self.parts.pool)
+        .await
+        .map_err(db("claim_batch"))?;
         let mut keys = Vec::new();
         for row in &rows {
             let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
@@ -476,14 +486,17 @@ impl Core {
                 .execute(&mut *tx)
                 .await
                 .map_err(db("claim_batch"))?;
-            let rows = sqlx::query(AssertSqlSafe(self.sql.claim(limit)))
-                .bind(self.bound_now(now))
-                .bind(lease_micros)
-                .bind(block)
-                .bind(&keys)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db("claim_batch"))?;
+            let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
+                limit,
+                block,
+                ClaimPass::Keyed,
+            )))
+            .bind(self.bound_now(now))
+            .bind(lease_micros)
+            .bind(&keys)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db("claim_batch"))?;
             tx.commit().await.map_err(db("claim_batch"))?;
             self.read_claimed(&rows, now, locked_until, &mut claimed, &mut abandoned)
                 .await?;

@@ -86,12 +86,8 @@ impl Statements {
         let t = table.quoted();
         let all = columns("");
         let m_all = columns("m.");
-        // In the second pass only the locked keys' rows are candidates.
-        let head = format!(
-            "{} AND ($4::bigint[] IS NULL OR (m.ordering_key IS NOT NULL \
-               AND hashtextextended(m.ordering_key, 0) = ANY($4::bigint[])))",
-            head_test(&t, "$3::boolean")
-        );
+        // `{block}` and `{keys}` are written out per claim, like `{limit}`.
+        let head = format!("{} {{keys}}", head_test(&t, "{block}"));
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
              available_at, created_at, updated_at, ordering_key, idempotency_key, \
@@ -120,10 +116,10 @@ impl Statements {
             //
             // Keyed rows need more than row locks: the head test reads the
             // statement's snapshot, which a concurrent claim of the same key
-            // may have changed since. So the first pass (`$4` NULL) claims
+            // may have changed since. So the first pass claims
             // keyless rows only and returns the keyed heads it saw as
             // `keyed`; the second pass runs in a transaction holding an
-            // advisory lock per key hash (`$4`), taken before the statement
+            // advisory lock per key hash (`$3`), taken before the statement
             // began, so its snapshot holds every claim of those keys.
             claim: format!(
                 "WITH pending AS ( \
@@ -137,7 +133,7 @@ impl Statements {
                    FROM {t} AS m WHERE status = 'claimed' AND locked_until <= {NOW} AND {head} \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  picked AS ( \
-                   SELECT *, ordering_key IS NOT NULL AND $4::bigint[] IS NULL AS deferred \
+                   SELECT *, {{deferred}} AS deferred \
                    FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) AS u \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
                  claimed AS ( \
@@ -266,22 +262,44 @@ impl Statements {
 }
 
 impl Statements {
-    /// The claim statement for up to `limit` messages. A number is the only
-    /// thing written into it.
+    /// The claim statement for up to `limit` messages, for one pass, with
+    /// the dead-letter policy `block`. A number, two boolean literals and
+    /// one of two fixed fragments are all that is written into it.
     ///
     /// The limit is written into the statement rather than bound: PostgreSQL
     /// cannot see a bound `LIMIT` when it plans a statement for reuse and
     /// assumes a tenth of the table, so it planned every claim afresh. With
     /// the limit written out, each size of claim is a prepared statement of
     /// its own whose plan is reused. Binds: `$1` now (NULL for the
-    /// database's), `$2` the lease in µs, `$3` whether a dead letter holds its
-    /// key, `$4` the locked key hashes (NULL in the first pass). Each row
+    /// database's), `$2` the lease in µs, and in the keyed pass `$3` the
+    /// locked key hashes. Each row
     /// comes back with its `outcome`: `claimed`; `abandoned` (out of
     /// attempts, untouched); or `keyed` (a keyed head the first pass left
     /// for the second, untouched, with its `key_hash`).
-    pub(super) fn claim(&self, limit: usize) -> String {
-        self.claim.replace("{limit}", &limit.to_string())
+    pub(super) fn claim(&self, limit: usize, block: bool, pass: ClaimPass) -> String {
+        let (keys, deferred) = match pass {
+            ClaimPass::Keyless => ("", "ordering_key IS NOT NULL"),
+            ClaimPass::Keyed => (
+                "AND m.ordering_key IS NOT NULL \
+                 AND hashtextextended(m.ordering_key, 0) = ANY($3::bigint[])",
+                "false",
+            ),
+        };
+        self.claim
+            .replace("{limit}", &limit.to_string())
+            .replace("{block}", if block { "true" } else { "false" })
+            .replace("{keys}", keys)
+            .replace("{deferred}", deferred)
     }
+}
+
+/// Which pass of a claim a statement is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClaimPass {
+    /// Claims keyless rows; returns the keyed heads it saw as `keyed`.
+    Keyless,
+    /// Claims the heads of the keys whose locks the transaction holds.
+    Keyed,
 }
 
 /// The channel of `table`: readable when it fits in an identifier.
