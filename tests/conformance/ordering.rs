@@ -376,7 +376,8 @@ pub(crate) async fn concurrent_claims_keep_each_key_in_order<
                         held.lock().unwrap().remove(key);
                     }
                     // Some first attempts fail and are retried at once.
-                    let fail = message.attempts == 1 && (round as usize + n + task) % 3 == 0;
+                    let fail =
+                        message.attempts == 1 && (round as usize + n + task).is_multiple_of(3);
                     if fail {
                         store
                             .mark_failed(failed(
