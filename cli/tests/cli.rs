@@ -423,11 +423,16 @@ async fn migrate_creates_the_table_once_and_commands_need_it<S: OutboxStore + Ou
     assert!(
         created
             .stdout
-            .starts_with(&format!("created table {other}: applied 1 migration")),
+            .starts_with(&format!("created table {other}: applied 2 migrations")),
         "{}",
         created.stdout
     );
     assert!(created.stdout.contains("0001 outbox"), "{}", created.stdout);
+    assert!(
+        created.stdout.contains("0002 ordering"),
+        "{}",
+        created.stdout
+    );
     status(&args("status")).ok();
 }
 
