@@ -281,6 +281,7 @@ async fn baseline(store: SharedStore, messages: u64, concurrency: usize) -> Dura
         if !exhausted && in_flight.len() < concurrency {
             let batch = store
                 .claim_batch(ClaimBatch {
+                    on_dead_letter: Default::default(),
                     limit: concurrency - in_flight.len(),
                     now: SystemClock.now(),
                     lease,

@@ -15,11 +15,21 @@
 //!     --example claim_bench -- --store postgres
 //! ```
 //!
+//! With `--keys N`, it instead compares, in one run, the claim of 100 with a
+//! million pending messages without ordering keys and with a million pending
+//! spread round-robin over `N` ordering keys (so a tenth of them are heads
+//! with `--keys 100000`), and reports the ratio.
+//!
+//! ```text
+//! cargo run --release --features sqlite --example claim_bench -- --store sqlite --keys 100000
+//! ```
+//!
 //! SQLite runs on fresh files in the temporary directory, PostgreSQL on
 //! fresh tables in `DATABASE_URL`, removed afterwards.
 //!
 //! The last line of output is one JSON object with the figures.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -44,10 +54,19 @@ fn at(ms: i64) -> DateTime<Utc> {
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 const FILL_CHUNK: usize = 10_000;
 
-/// The `i`th message, created `i` milliseconds after the first.
+/// Ordering keys the messages enqueued from now on are spread over; 0 for
+/// none.
+static KEYS: AtomicUsize = AtomicUsize::new(0);
+
+/// The `i`th message, created `i` milliseconds after the first, with the
+/// ordering key `i % KEYS` when there are keys.
 fn message(i: usize) -> NewMessage {
     let payload = Payload::from_json(format!(r#"{{"order":{i}}}"#)).expect("valid JSON");
-    NewMessage::new(MessageKind::Event, "order.placed", payload).at(at(i as i64))
+    let message = NewMessage::new(MessageKind::Event, "order.placed", payload).at(at(i as i64));
+    match KEYS.load(Ordering::Relaxed) {
+        0 => message,
+        keys => message.with_ordering_key(format!("order-{}", i % keys)),
+    }
 }
 
 /// A store with `count` pending messages, created a millisecond apart.
@@ -66,6 +85,7 @@ async fn claim_cost(store: &impl OutboxStore, now: DateTime<Utc>) -> Duration {
     let mut samples = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
         let params = ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: CLAIM,
             now,
             lease: LEASE,
@@ -102,16 +122,34 @@ const STORES: &[&str] = &[
     "postgres",
 ];
 
-fn store_arg() -> String {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let store = match args.as_slice() {
-        [] => "memory".to_owned(),
-        [flag, store] if flag == "--store" => store.clone(),
-        _ => {
-            eprintln!("usage: claim_bench [--store {}]", STORES.join("|"));
-            std::process::exit(2);
-        }
+/// `--store NAME` and `--keys N`, in any order.
+fn parse_args() -> (String, Option<usize>) {
+    let usage = || -> ! {
+        eprintln!(
+            "usage: claim_bench [--store {}] [--keys N]",
+            STORES.join("|")
+        );
+        std::process::exit(2);
     };
+    let mut store = "memory".to_owned();
+    let mut keys = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().unwrap_or_else(|| usage());
+        match flag.as_str() {
+            "--store" => store = value,
+            "--keys" => match value.parse::<usize>() {
+                Ok(n) if n >= 1 => keys = Some(n),
+                _ => {
+                    eprintln!(
+                        "--keys takes a number of ordering keys, at least 1 ({value:?} given)"
+                    );
+                    std::process::exit(2);
+                }
+            },
+            _ => usage(),
+        }
+    }
     if !STORES.contains(&store.as_str()) {
         eprintln!(
             "unknown store {store:?}; this build knows: {} (the SQL stores need their cargo \
@@ -120,23 +158,63 @@ fn store_arg() -> String {
         );
         std::process::exit(2);
     }
-    store
+    (store, keys)
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    match store_arg().as_str() {
+    let (store, keys) = parse_args();
+    match (store.as_str(), keys) {
         #[cfg(feature = "sqlite")]
-        "sqlite" => sqlite::run().await,
+        ("sqlite", None) => sqlite::run().await,
+        #[cfg(feature = "sqlite")]
+        ("sqlite", Some(keys)) => sqlite::run_keys(keys).await,
         #[cfg(feature = "postgres")]
-        "postgres" => postgres::run().await,
-        _ => {
+        ("postgres", None) => postgres::run().await,
+        #[cfg(feature = "postgres")]
+        ("postgres", Some(keys)) => postgres::run_keys(keys).await,
+        (_, None) => {
             let started = Instant::now();
             let store = filled(PENDING).await;
             let small = filled(1_000).await;
             measure("memory", started, store, small, true).await;
         }
+        (_, Some(keys)) => {
+            let keyless = filled(PENDING).await;
+            KEYS.store(keys, Ordering::Relaxed);
+            let keyed = filled(PENDING).await;
+            compare_keys("memory", keys, &keyless, &keyed).await;
+        }
     }
+}
+
+/// Times the claim of 100 with a million pending, without keys and with the
+/// million spread over `keys` ordering keys, and prints both and the ratio.
+async fn compare_keys<S: OutboxStore>(name: &str, keys: usize, keyless: &S, keyed: &S) {
+    let now = at(PENDING as i64 + 1_000);
+    // Alternating, so neither side gets a warmer machine.
+    let mut keyless_cost = Vec::new();
+    let mut keyed_cost = Vec::new();
+    for _ in 0..3 {
+        keyless_cost.push(claim_cost(keyless, now).await);
+        keyed_cost.push(claim_cost(keyed, now).await);
+    }
+    keyless_cost.sort();
+    keyed_cost.sort();
+    let (keyless_cost, keyed_cost) = (keyless_cost[1], keyed_cost[1]);
+    let ratio = keyed_cost.as_secs_f64() / keyless_cost.as_secs_f64();
+    println!(
+        "{name}: claim of {CLAIM} with {PENDING} pending: {:.2} µs without ordering keys, \
+         {:.2} µs over {keys} keys ({ratio:.2}x)",
+        micros(keyless_cost),
+        micros(keyed_cost)
+    );
+    println!(
+        "{{\"store\":\"{name}\",\"pending\":{PENDING},\"keys\":{keys},\
+         \"claim100_us_keyless\":{},\"claim100_us_keyed\":{},\"ratio_keyed_vs_keyless\":{ratio:.2}}}",
+        micros(keyless_cost),
+        micros(keyed_cost)
+    );
 }
 
 /// Times the claims on `store` (a million pending) and `small` (a
@@ -172,6 +250,7 @@ async fn measure<S: OutboxStore + OutboxAdmin>(
         let mut settled = 0usize;
         while settled < SETTLED {
             let params = ClaimBatch {
+                on_dead_letter: Default::default(),
                 limit: CLAIM,
                 now,
                 lease: LEASE,
@@ -206,6 +285,7 @@ async fn measure<S: OutboxStore + OutboxAdmin>(
     let mut held = 0usize;
     while held < SETTLED {
         let params = ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: CLAIM,
             now,
             lease: Duration::from_secs(3_600),
@@ -263,8 +343,12 @@ mod sqlite {
     }
 
     async fn filled(count: usize) -> (TempDatabase, SqliteOutbox) {
+        filled_as(count, "plain").await
+    }
+
+    async fn filled_as(count: usize, tag: &str) -> (TempDatabase, SqliteOutbox) {
         let database = TempDatabase(std::env::temp_dir().join(format!(
-            "outbox-claim-bench-{}-{count}.db",
+            "outbox-claim-bench-{}-{tag}-{count}.db",
             std::process::id()
         )));
         let store = SqliteOutbox::connect(&format!("sqlite://{}", database.0.display()))
@@ -291,6 +375,13 @@ mod sqlite {
         let (_small, small) = filled(1_000).await;
         measure("sqlite", started, store, small, false).await;
     }
+
+    pub(super) async fn run_keys(keys: usize) {
+        let (_keyless_file, keyless) = filled(PENDING).await;
+        KEYS.store(keys, Ordering::Relaxed);
+        let (_keyed_file, keyed) = filled_as(PENDING, "keyed").await;
+        compare_keys("sqlite", keys, &keyless, &keyed).await;
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -304,12 +395,16 @@ mod postgres {
     use super::*;
 
     async fn filled(url: &str, count: usize) -> PostgresOutbox {
+        filled_as(url, count, "plain").await
+    }
+
+    async fn filled_as(url: &str, count: usize, tag: &str) -> PostgresOutbox {
         let pool = PgPoolOptions::new()
             .connect(url)
             .await
             .expect("connect to DATABASE_URL");
         let store = PostgresOutbox::builder(pool)
-            .table(&format!("claim_bench_{}_{count}", std::process::id()))
+            .table(&format!("claim_bench_{}_{tag}_{count}", std::process::id()))
             .expect("a valid table name")
             .notify(false)
             .build();
@@ -346,14 +441,28 @@ mod postgres {
             .expect("drop the bench table");
     }
 
-    pub(super) async fn run() {
-        let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+    pub(super) async fn run_keys(keys: usize) {
+        let url = database_url();
+        let keyless = filled(&url, PENDING).await;
+        KEYS.store(keys, Ordering::Relaxed);
+        let keyed = filled_as(&url, PENDING, "keyed").await;
+        compare_keys("postgres", keys, &keyless, &keyed).await;
+        drop_table(&keyless).await;
+        drop_table(&keyed).await;
+    }
+
+    fn database_url() -> String {
+        std::env::var("DATABASE_URL").unwrap_or_else(|_| {
             eprintln!(
                 "--store postgres needs DATABASE_URL; run it under scripts/with-postgres \
                  for a throwaway cluster"
             );
             std::process::exit(2)
-        });
+        })
+    }
+
+    pub(super) async fn run() {
+        let url = database_url();
         let started = Instant::now();
         let store = filled(&url, PENDING).await;
         let small = filled(&url, 1_000).await;

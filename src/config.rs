@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ConfigError, ConfigViolation};
 use crate::limits::{MAX_DURATION, MIN_LEASE};
+use crate::message::OnDeadLetter;
 use crate::retry::RetryPolicy;
 
 /// Drain settings. `Default` gives the documented defaults.
@@ -51,6 +52,25 @@ pub struct DrainConfig {
     /// Number of extra arbiters (threads) to spread deliveries over; 0 runs
     /// them on the coordinator's arbiter. Default 0.
     pub delivery_arbiters: usize,
+    /// How ordering keys behave.
+    pub ordering: OrderingConfig,
+}
+
+/// How ordering keys behave (see
+/// [`EnqueueOptions::ordering_key`](crate::EnqueueOptions::ordering_key)).
+///
+/// ```
+/// let config: outbox::DrainConfig =
+///     serde_json::from_str(r#"{ "ordering": { "on_dead_letter": "skip" } }"#).unwrap();
+/// assert_eq!(config.ordering.on_dead_letter, outbox::OnDeadLetter::Skip);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OrderingConfig {
+    /// What a dead-lettered message does to the later messages of its key:
+    /// `block` (the default) holds them until the dead letter is requeued or
+    /// skipped; `skip` lets them go on.
+    pub on_dead_letter: OnDeadLetter,
 }
 
 impl Default for DrainConfig {
@@ -65,6 +85,7 @@ impl Default for DrainConfig {
             settlement: SettlementConfig::default(),
             every: None,
             delivery_arbiters: 0,
+            ordering: OrderingConfig::default(),
         }
     }
 }

@@ -88,7 +88,7 @@
 //! let id = store.enqueue(NewMessage::event(&OrderPlaced { order_id: 7 })?).await?.into_id();
 //!
 //! let batch = store
-//!     .claim_batch(ClaimBatch { limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30) })
+//!     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30) })
 //!     .await?;
 //! assert_eq!(batch.claimed[0].id, id);
 //! # Ok(())
@@ -110,7 +110,7 @@ mod trace;
 mod transport;
 
 pub use clock::{Clock, SharedClock, SystemClock, TokioClock};
-pub use config::{DrainConfig, SettlementConfig};
+pub use config::{DrainConfig, OrderingConfig, SettlementConfig};
 pub use error::{
     AbandonedClaimError, AdminError, Backend, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
     DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedSource,
@@ -118,7 +118,10 @@ pub use error::{
 };
 pub use kind::{MessageKind, MessageStatus};
 pub use limits::{MAX_DURATION, MIN_LEASE};
-pub use message::{ClaimedMessage, DEFAULT_MAX_ATTEMPTS, Enqueued, NewMessage, OutboxMessage};
+pub use message::{
+    ClaimedMessage, DEFAULT_MAX_ATTEMPTS, EnqueueOptions, Enqueued, Idempotency, MAX_KEY_LEN,
+    NewMessage, OnDeadLetter, OutboxMessage,
+};
 pub use payload::{DecodedPayload, Event, Job, Payload, RawMessage};
 pub use registry::{Registry, RegistryBuilder};
 pub use retry::{RetryPolicy, ShouldRetry};
@@ -138,9 +141,9 @@ pub use store::sql::{MAX_TABLE_NAME_PART, SettlementMode, TableName};
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, SqliteOutbox};
 pub use store::{
-    ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages, MarkDelivered, MarkFailed,
-    MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages,
-    ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow, SharedStore, Wakeups,
+    BlockedKey, ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages, MarkDelivered,
+    MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages,
+    ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow, SharedStore, SkipDeadLetter, Wakeups,
 };
 pub use trace::TraceCarrier;
 pub use transport::{

@@ -84,6 +84,12 @@ pub struct OutboxMessage {
     pub updated_at: DateTime<Utc>,
     /// When the message was delivered.
     pub delivered_at: Option<DateTime<Utc>>,
+    /// The ordering key: messages sharing one are delivered one at a time,
+    /// in enqueue order. `None` for messages without an order.
+    pub ordering_key: Option<String>,
+    /// When an operator skipped this dead letter (`outbox skip`), so that
+    /// the later messages of its ordering key go on without it.
+    pub skipped_at: Option<DateTime<Utc>>,
 }
 
 impl OutboxMessage {
@@ -123,6 +129,8 @@ pub struct ClaimedMessage {
     pub available_at: DateTime<Utc>,
     /// When the message was enqueued.
     pub created_at: DateTime<Utc>,
+    /// The ordering key the message was enqueued with, if any.
+    pub ordering_key: Option<String>,
     /// The token that fences every write of this claim.
     pub claim_token: String,
     /// When this claim was made.
@@ -204,6 +212,25 @@ pub struct NewMessage {
     pub available_at: Option<DateTime<Utc>>,
     /// The enqueue time: `created_at` and `updated_at` of the stored message.
     pub now: DateTime<Utc>,
+    /// Deliver one at a time, in enqueue order, with the other messages of
+    /// this key; see [`EnqueueOptions::ordering_key`].
+    pub ordering_key: Option<String>,
+    /// Deduplicate enqueues by this key within a window; see
+    /// [`EnqueueOptions::idempotency_key`].
+    pub idempotency: Option<Idempotency>,
+}
+
+/// The longest ordering or idempotency key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 512;
+
+/// An idempotency key and how long it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Idempotency {
+    /// The key; 1 to [`MAX_KEY_LEN`] bytes.
+    pub key: String,
+    /// How long after the enqueue that took the key a second enqueue with
+    /// it still finds the first; at least 1 ms.
+    pub window: std::time::Duration,
 }
 
 impl NewMessage {
@@ -218,6 +245,8 @@ impl NewMessage {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             available_at: None,
             now: crate::clock::system_now(),
+            ordering_key: None,
+            idempotency: None,
         }
     }
 
@@ -276,6 +305,39 @@ impl NewMessage {
         self
     }
 
+    /// Deliver this message one at a time, in enqueue order, with the other
+    /// messages of `key`; see [`EnqueueOptions::ordering_key`].
+    pub fn with_ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// Apply `options`: each option that is set replaces what the message
+    /// has. A delay counts from the message's `now`.
+    pub fn with_options(mut self, options: EnqueueOptions) -> Self {
+        if let Some(at) = options.run_at {
+            self.available_at = Some(at);
+        }
+        if let Some(delay) = options.delay {
+            self.available_at = Some(
+                chrono::Duration::from_std(delay)
+                    .ok()
+                    .and_then(|delay| self.now.checked_add_signed(delay))
+                    .unwrap_or(DateTime::<Utc>::MAX_UTC),
+            );
+        }
+        if let Some(key) = options.ordering_key {
+            self.ordering_key = Some(key);
+        }
+        if let Some(idempotency) = options.idempotency {
+            self.idempotency = Some(idempotency);
+        }
+        if let Some(max_attempts) = options.max_attempts {
+            self.max_attempts = max_attempts;
+        }
+        self
+    }
+
     /// Enqueue as of `now` (the caller's clock) instead of the system clock.
     pub fn at(mut self, now: DateTime<Utc>) -> Self {
         self.now = now;
@@ -297,12 +359,159 @@ impl NewMessage {
         if self.max_attempts == 0 {
             return Err(Error::invalid("max_attempts", "must be at least 1"));
         }
+        if let Some(key) = &self.ordering_key {
+            check_key("ordering_key", key)?;
+        }
+        if let Some(idempotency) = &self.idempotency {
+            check_key("idempotency_key", &idempotency.key)?;
+            if idempotency.window < std::time::Duration::from_millis(1) {
+                return Err(Error::invalid(
+                    "idempotency_key.window",
+                    "must be at least 1ms; a key that holds for no time deduplicates nothing",
+                ));
+            }
+            if idempotency.window > crate::limits::MAX_DURATION {
+                return Err(Error::invalid(
+                    "idempotency_key.window",
+                    "must be at most 365 days",
+                ));
+            }
+        }
         Ok(())
     }
 
     /// The id to store: the caller's, or a fresh time-ordered UUID.
     pub fn resolve_id(&self) -> String {
         self.id.clone().unwrap_or_else(new_message_id)
+    }
+}
+
+fn check_key(field: &'static str, key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::invalid(
+            field,
+            "must not be empty; leave it unset for none",
+        ));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "is {} bytes; keys are at most {MAX_KEY_LEN} bytes (hash a longer one)",
+                key.len()
+            ),
+        ));
+    }
+    if key.contains('\0') {
+        return Err(Error::invalid(
+            field,
+            "contains a NUL character, which the SQL stores cannot keep",
+        ));
+    }
+    Ok(())
+}
+
+/// How to enqueue a message: when it becomes claimable, its ordering key,
+/// its idempotency key and its attempt budget. Every option is unset by
+/// default and every store honours each one.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox::EnqueueOptions;
+///
+/// let options = EnqueueOptions::new()
+///     .delay(Duration::from_secs(60))
+///     .ordering_key("order-7")
+///     .idempotency_key("order-7-placed", Duration::from_secs(24 * 3600))
+///     .max_attempts(10);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnqueueOptions {
+    delay: Option<std::time::Duration>,
+    run_at: Option<DateTime<Utc>>,
+    ordering_key: Option<String>,
+    idempotency: Option<Idempotency>,
+    max_attempts: Option<u32>,
+}
+
+impl EnqueueOptions {
+    /// No options: claimable at once, no keys, the default attempt budget.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Not claimable until `delay` after the enqueue. Replaces
+    /// [`EnqueueOptions::run_at`].
+    pub fn delay(mut self, delay: std::time::Duration) -> Self {
+        self.delay = Some(delay);
+        self.run_at = None;
+        self
+    }
+
+    /// Not claimable before `at`. Replaces [`EnqueueOptions::delay`].
+    pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
+        self.run_at = Some(at);
+        self.delay = None;
+        self
+    }
+
+    /// Deliver one at a time, in enqueue order, with the other messages of
+    /// `key`: a message is claimed only once every earlier message of its key
+    /// is delivered (or, dead-lettered, skipped). A retry keeps its place at
+    /// the head. Messages of different keys, and messages without a key, do
+    /// not wait for each other. At most [`MAX_KEY_LEN`] bytes.
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// Enqueue at most once per `key` within `window`: while a stored
+    /// message took `key` less than `window` before this enqueue's `now`, the
+    /// enqueue writes nothing and answers
+    /// [`Enqueued::AlreadyExists`] with that message's id, without failing
+    /// the caller's transaction. Once the window has passed, the next enqueue
+    /// with `key` stores a new message and takes the key over. The key lives
+    /// with the message, so purging the message frees it early.
+    pub fn idempotency_key(mut self, key: impl Into<String>, window: std::time::Duration) -> Self {
+        self.idempotency = Some(Idempotency {
+            key: key.into(),
+            window,
+        });
+        self
+    }
+
+    /// Allow this many claims before dead-lettering; at least 1.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = Some(max_attempts);
+        self
+    }
+}
+
+/// What a claim does with the later messages of an ordering key whose
+/// earlier message was dead-lettered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDeadLetter {
+    /// The key stops at its dead letter until an operator requeues it
+    /// (`outbox requeue`) or skips it (`outbox skip`).
+    #[default]
+    Block,
+    /// A dead letter no longer holds its key: the next message goes on.
+    Skip,
+}
+
+impl FromStr for OnDeadLetter {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "block" => Ok(OnDeadLetter::Block),
+            "skip" => Ok(OnDeadLetter::Skip),
+            other => Err(Error::invalid(
+                "ordering.on_dead_letter",
+                format!("{other:?} is not a policy; use `block` or `skip`"),
+            )),
+        }
     }
 }
 

@@ -533,6 +533,7 @@ mod tests {
             max_attempts: 3,
             available_at: now,
             created_at: now,
+            ordering_key: None,
             claim_token: "token".to_owned(),
             claimed_at: now,
             locked_until: now,

@@ -42,6 +42,7 @@ impl Drop for TempDir {
 
 fn claim() -> ClaimBatch {
     ClaimBatch {
+        on_dead_letter: Default::default(),
         limit: 10,
         now: chrono::Utc::now(),
         lease: Duration::from_secs(30),

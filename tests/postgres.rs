@@ -150,7 +150,7 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(applied, 1);
+    assert_eq!(applied, 2);
     let indexes: Vec<String> = sqlx::query_scalar(
         "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname",
     )
@@ -163,7 +163,10 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
         [
             "events_claimed",
             "events_created",
+            "events_idempotency",
             "events_migrations_pkey",
+            "events_ordering",
+            "events_ordering_claimed",
             "events_pending",
             "events_pkey",
             "events_settled"
@@ -295,6 +298,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
 
     let batch = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 10,
             now: t0(),
             lease: LEASE,
@@ -510,6 +514,7 @@ async fn concurrent_claims_never_take_the_same_message() {
             loop {
                 let batch = outbox
                     .claim_batch(ClaimBatch {
+                        on_dead_letter: Default::default(),
                         limit: 7,
                         now: t0(),
                         lease: LEASE,
@@ -572,6 +577,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
         async move {
             outbox
                 .claim_batch(ClaimBatch {
+                    on_dead_letter: Default::default(),
                     limit: 2,
                     now: t0(),
                     lease: LEASE,
@@ -595,6 +601,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
 
     let batch = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 2,
             now: t0(),
             lease: LEASE,
@@ -717,6 +724,7 @@ async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
         .unwrap();
     let first = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 1,
             now: t0() + secs(1),
             lease: LEASE,
@@ -728,6 +736,7 @@ async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
     let later = t0() + secs(31);
     let second = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 5,
             now: later,
             lease: LEASE,
@@ -884,6 +893,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
     let behind = real() - hour;
     let batch = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 10,
             now: behind,
             lease,
@@ -911,6 +921,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
     let ahead = real() + hour;
     let stolen = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 10,
             now: ahead,
             lease,
@@ -954,6 +965,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
     let short = Duration::from_millis(200);
     let first = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 1,
             now: real(),
             lease: short,
@@ -979,6 +991,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
     }
     let second = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 1,
             now: real() - hour,
             lease,

@@ -145,7 +145,7 @@ async fn connect_creates_the_file_and_the_table_and_setup_runs_twice() {
         .fetch_one(again.pool())
         .await
         .unwrap();
-    assert_eq!(applied, 1);
+    assert_eq!(applied, 2);
 }
 
 #[tokio::test]
@@ -154,6 +154,7 @@ async fn in_memory_database_works_on_one_connection() {
     outbox.enqueue(event("a", 1, t0())).await.unwrap();
     let batch = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 5,
             now: t0(),
             lease: LEASE,
@@ -187,6 +188,9 @@ async fn custom_tables_coexist_and_each_is_set_up_once() {
         [
             "jobs_b_claimed",
             "jobs_b_created",
+            "jobs_b_idempotency",
+            "jobs_b_ordering",
+            "jobs_b_ordering_claimed",
             "jobs_b_pending",
             "jobs_b_settled"
         ]
@@ -198,7 +202,7 @@ async fn custom_tables_coexist_and_each_is_set_up_once() {
         .fetch_one(&pool)
         .await
         .unwrap();
-        assert_eq!(applied, 1, "{tracking}");
+        assert_eq!(applied, 2, "{tracking}");
     }
 }
 
@@ -297,6 +301,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
 
     let batch = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 10,
             now: t0(),
             lease: LEASE,
@@ -388,6 +393,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
     outbox.enqueue(event("before", 1, t0())).await.unwrap();
     let batch = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 1,
             now: t0(),
             lease: LEASE,
@@ -413,6 +419,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
     assert!(e.to_string().contains("locked"), "{e}");
     let e = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 5,
             now: t0(),
             lease: LEASE,
@@ -444,6 +451,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
         .unwrap();
     let batch = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 5,
             now: t0() + secs(2),
             lease: LEASE,
@@ -488,6 +496,7 @@ async fn timestamps_payloads_and_traces_round_trip_exactly() {
     );
     let batch = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 1,
             now: now + secs(1),
             lease: Duration::from_micros(1_500_001),
@@ -531,6 +540,7 @@ async fn an_unreadable_row_is_reported_and_does_not_block_claims() {
     assert_eq!(page.unreadable.len(), 1);
     let batch = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 10,
             now: t0() + secs(2),
             lease: LEASE,
@@ -574,6 +584,7 @@ async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
 
     let claimed = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 1,
             now: t0(),
             lease: LEASE,
@@ -601,6 +612,7 @@ async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
     // The lease ran out: the next claim takes the message over.
     let again = outbox
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 1,
             now: t0() + LEASE_CHRONO,
             lease: LEASE,

@@ -215,6 +215,7 @@ impl Claimer {
             let lease = drain.config.lease;
             let started = drain.now();
             let call = drain.store.claim_batch(ClaimBatch {
+                on_dead_letter: drain.config.ordering.on_dead_letter,
                 limit,
                 now: started,
                 lease,

@@ -612,6 +612,7 @@ mod tests {
         let mut batch = store
             .inner
             .claim_batch(ClaimBatch {
+                on_dead_letter: Default::default(),
                 limit: 1,
                 now: clock.now(),
                 lease: config.lease,

@@ -1,16 +1,19 @@
-//! The operator commands: `migrate`, `status`, `list`, `show`, `requeue`, `purge`.
+//! The operator commands: `migrate`, `status`, `list`, `show`, `requeue`, `skip`, `purge`.
 
 use std::io::{BufRead, IsTerminal, Write};
 
 use chrono::{DateTime, Utc};
 use outbox::kit::check;
 use outbox::{
-    Clock, ListCursor, ListMessages, OutboxAdmin, OutboxMessage, OutboxStats, PurgeMessages,
-    RequeueDeadLetters, SystemClock, UnreadableMessage,
+    BlockedKey, Clock, ListCursor, ListMessages, OutboxAdmin, OutboxMessage, OutboxStats,
+    PurgeMessages, RequeueDeadLetters, SkipDeadLetter, SystemClock, UnreadableMessage,
 };
 use serde::Serialize;
 
-use crate::cli::{ListArgs, PurgeArgs, RequeueArgs, ShowArgs, StatusArgs};
+use crate::cli::{ListArgs, PurgeArgs, RequeueArgs, ShowArgs, SkipArgs, StatusArgs};
+
+/// Most blocked keys `status` prints.
+const BLOCKED_SHOWN: usize = 20;
 use crate::db::Store;
 use crate::fail::Failure;
 use crate::output::{Table, age, pretty, pretty_json, relative, relative_short, time, truncate};
@@ -61,6 +64,11 @@ pub(crate) async fn migrate(store: &Store) -> Outcome {
 pub(crate) async fn status(store: &Store, args: StatusArgs) -> Outcome {
     let now = SystemClock.now();
     let stats = store.stats(now).await?;
+    let blocked = if stats.blocked_keys > 0 {
+        store.blocked_keys(BLOCKED_SHOWN).await?
+    } else {
+        Vec::new()
+    };
     let oldest_age = stats
         .oldest_due_at
         .map(|at| (now - at).to_std().unwrap_or_default());
@@ -71,6 +79,7 @@ pub(crate) async fn status(store: &Store, args: StatusArgs) -> Outcome {
             total: stats.total(),
             stats,
             oldest_due_age_seconds: oldest_age.map(|age| age.as_secs_f64()),
+            blocked: &blocked,
         };
         outln!("{}", pretty(&document));
         return Ok(());
@@ -107,6 +116,28 @@ pub(crate) async fn status(store: &Store, args: StatusArgs) -> Outcome {
     ]);
     outln!("outbox table {}", store.table());
     out!("{}", table.render());
+    if !blocked.is_empty() {
+        outln!(
+            "\n{} ordering key{} held by a dead letter (under ordering.on_dead_letter = \"block\" \
+             their later messages wait; `outbox requeue ID` retries the head, `outbox skip ID` \
+             lets the key go on without it):",
+            stats.blocked_keys,
+            plural(stats.blocked_keys)
+        );
+        let mut keys = Table::new(&["KEY", "HEAD (DEAD LETTER)", "NAME", "WAITING"]);
+        for key in &blocked {
+            keys.row(vec![
+                truncate(&key.ordering_key, 40),
+                key.head_id.clone(),
+                key.head_name.clone(),
+                key.waiting.to_string(),
+            ]);
+        }
+        out!("{}", keys.render());
+        if stats.blocked_keys > blocked.len() as u64 {
+            outln!("... and {} more", stats.blocked_keys - blocked.len() as u64);
+        }
+    }
     if stats.expired_claims > 0 {
         outln!(
             "\n{} claimed message{} outlived {} lease (its worker stopped or stalled); \
@@ -130,13 +161,15 @@ pub(crate) async fn status(store: &Store, args: StatusArgs) -> Outcome {
 
 /// What `status --json` prints.
 #[derive(Serialize)]
-struct StatusDocument {
+struct StatusDocument<'a> {
     table: String,
     now: DateTime<Utc>,
     #[serde(flatten)]
     stats: OutboxStats,
     total: u64,
     oldest_due_age_seconds: Option<f64>,
+    /// The first blocked ordering keys, by key.
+    blocked: &'a [BlockedKey],
 }
 
 /// What `list --json` prints.
@@ -195,6 +228,7 @@ pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs
         "AVAILABLE",
         "UPDATED",
         "LAST ERROR",
+        "KEY",
     ]);
     // The store's order, (created_at, id), with the unreadable rows in
     // their place; a row whose time cannot be read comes last.
@@ -212,6 +246,10 @@ pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs
                 .last_error
                 .as_ref()
                 .map_or_else(|| "-".to_owned(), |e| truncate(&e.message, 60)),
+            message
+                .ordering_key
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), |key| truncate(key, 30)),
         ];
         rows.push((Some(message.created_at), &message.id, cells));
     }
@@ -226,6 +264,7 @@ pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs
             "-".to_owned(),
             "-".to_owned(),
             truncate(&format!("does not decode: {}", row.reason), 60),
+            raw("ordering_key"),
         ];
         rows.push((row.created_at, &row.id, cells));
     }
@@ -319,6 +358,16 @@ fn describe(message: &OutboxMessage, now: DateTime<Utc>) -> String {
         format!("{} of {}", message.attempts, message.max_attempts),
     );
     field("available at", when(message.available_at));
+    field(
+        "ordering key",
+        message
+            .ordering_key
+            .clone()
+            .unwrap_or_else(|| "-".to_owned()),
+    );
+    if let Some(skipped) = message.skipped_at {
+        field("skipped at", when(skipped));
+    }
     field("created at", when(message.created_at));
     field("updated at", when(message.updated_at));
     field(
@@ -433,6 +482,29 @@ pub(crate) async fn requeue(store: &Store, args: RequeueArgs) -> Outcome {
                 );
             }
         }
+    }
+    Ok(())
+}
+
+/// `skip`: a dead letter stops holding its ordering key.
+pub(crate) async fn skip(store: &Store, args: SkipArgs) -> Outcome {
+    store
+        .skip_dead_letter(SkipDeadLetter {
+            id: args.id.clone(),
+            now: SystemClock.now(),
+        })
+        .await?;
+    let message = store.get_message(&args.id).await?;
+    match message.ordering_key {
+        Some(key) => outln!(
+            "skipped {}: it stays dead-lettered, and the next message of key {key:?} is \
+             delivered without it",
+            args.id
+        ),
+        None => outln!(
+            "skipped {}: it stays dead-lettered (it has no ordering key, so nothing waited for it)",
+            args.id
+        ),
     }
     Ok(())
 }

@@ -97,6 +97,10 @@ pub(crate) enum Command {
     #[command(after_help = REQUEUE_AFTER_HELP)]
     Requeue(RequeueArgs),
 
+    /// Let an ordering key go on past its dead letter, which stays dead-lettered.
+    #[command(after_help = SKIP_AFTER_HELP)]
+    Skip(SkipArgs),
+
     /// Delete delivered or dead-lettered messages that last changed before a horizon.
     #[command(after_help = PURGE_AFTER_HELP)]
     Purge(PurgeArgs),
@@ -193,6 +197,18 @@ Examples:
   outbox show 0196a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b
   outbox show 0196a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b --json";
 
+const SKIP_AFTER_HELP: &str = "\
+Messages with an ordering key are delivered one at a time, in enqueue order.
+Under the default policy (ordering.on_dead_letter = \"block\") a dead letter
+holds the later messages of its key; `outbox status` lists such blocked keys
+with their head. `skip` marks the dead letter as skipped (it keeps its status,
+payload and error, and `show` prints when it was skipped) so the next message
+of the key is delivered. `outbox requeue ID` instead retries the dead letter
+itself as the head of its key. Only dead letters can be skipped (exit 1 otherwise).
+
+Examples:
+  outbox skip 0196a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b";
+
 const REQUEUE_AFTER_HELP: &str = "\
 Only dead letters are requeued; a message under a live claim, or in any other
 status, is refused with the reason (exit 1).
@@ -280,6 +296,13 @@ pub(crate) struct ShowArgs {
     /// Print the message as JSON.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// `skip` flags.
+#[derive(Debug, Args)]
+pub(crate) struct SkipArgs {
+    /// The dead-lettered message to skip.
+    pub(crate) id: String,
 }
 
 /// `requeue` flags.

@@ -6,8 +6,9 @@ use chrono::{DateTime, Utc};
 use outbox::TableName;
 use outbox::kit::redact_url;
 use outbox::{
-    ListMessages, MessagePage, MinuteActivity, OutboxAdmin, OutboxMessage, OutboxStats,
-    PostgresOutbox, PurgeMessages, RequeueDeadLetters, Result, RetryNow, SqliteOutbox,
+    BlockedKey, ListMessages, MessagePage, MinuteActivity, OutboxAdmin, OutboxMessage, OutboxStats,
+    PostgresOutbox, PurgeMessages, RequeueDeadLetters, Result, RetryNow, SkipDeadLetter,
+    SqliteOutbox,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
@@ -282,6 +283,20 @@ impl OutboxAdmin for Store {
         match self {
             Store::Sqlite(store) => store.retry_now(params).await,
             Store::Postgres(store) => store.retry_now(params).await,
+        }
+    }
+
+    async fn skip_dead_letter(&self, params: SkipDeadLetter) -> Result<()> {
+        match self {
+            Store::Sqlite(store) => store.skip_dead_letter(params).await,
+            Store::Postgres(store) => store.skip_dead_letter(params).await,
+        }
+    }
+
+    async fn blocked_keys(&self, limit: usize) -> Result<Vec<BlockedKey>> {
+        match self {
+            Store::Sqlite(store) => store.blocked_keys(limit).await,
+            Store::Postgres(store) => store.blocked_keys(limit).await,
         }
     }
 }

@@ -21,7 +21,7 @@
 //!   checked there, as usage errors.
 //! - `db.rs`: opening the store a URL names, and the schema questions the
 //!   store port does not answer.
-//! - `admin.rs`: `migrate`, `status`, `list`, `show`, `requeue`, `purge`.
+//! - `admin.rs`: `migrate`, `status`, `list`, `show`, `requeue`, `skip`, `purge`.
 //! - `drain.rs`: `drain`, the actor runtime for operators without an
 //!   application.
 //! - `fail.rs`: why a command failed, the hint, and the exit code.
@@ -36,6 +36,7 @@
 //! | `list [--status S] [--name N] [--limit L] [--after CURSOR] [--json]` | one page, oldest first, and the command for the next page |
 //! | `show ID [--json]` | every field, the payload and the last error (type, message, causes) pretty-printed |
 //! | `requeue ID`, `requeue --all-dead-lettered [--name N]` | dead letters become pending with their attempts reset |
+//! | `skip ID` | a dead letter stops holding its ordering key; the key's next message goes on |
 //! | `purge --status delivered\|dead_lettered --older-than 7d [--yes]` | delete settled messages older than the horizon |
 //! | `drain --once\|--every 1s --exec CMD\|--print` | deliver messages as stored, with the actor runtime |
 //! | `relay --to nats://…\|amqp://…\|redis://… --subject-prefix P [--once]` | publish messages as stored to NATS JetStream, RabbitMQ or Redis Streams |
@@ -241,9 +242,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let access = match cli.command {
         Command::Migrate => Access::Create,
         Command::Status(_) | Command::List(_) | Command::Show(_) => Access::Read,
-        Command::Requeue(_) | Command::Purge(_) | Command::Drain(_) | Command::Relay(_) => {
-            Access::Write
-        }
+        Command::Requeue(_)
+        | Command::Skip(_)
+        | Command::Purge(_)
+        | Command::Drain(_)
+        | Command::Relay(_) => Access::Write,
         Command::Web(ref args) if args.read_only => Access::Read,
         Command::Web(_) => Access::Write,
     };
@@ -264,6 +267,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::List(args) => admin::list(&store, table_flag, args).await,
         Command::Show(args) => admin::show(&store, args).await,
         Command::Requeue(args) => admin::requeue(&store, args).await,
+        Command::Skip(args) => admin::skip(&store, args).await,
         Command::Purge(args) => admin::purge(&store, args).await,
         Command::Drain(args) => drain::drain(&store, args).await,
         Command::Relay(args) => relay::relay(&store, args).await,

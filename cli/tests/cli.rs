@@ -202,6 +202,7 @@ impl<S: OutboxStore + OutboxAdmin> Fixture<S> {
         let mut batch = self
             .store
             .claim_batch(ClaimBatch {
+                on_dead_letter: Default::default(),
                 limit: 1,
                 now: at,
                 lease,
@@ -295,7 +296,97 @@ on_every_store!(
     drain_flags_are_validated_before_anything_runs,
     drain_every_stops_on_a_signal_and_releases_claims,
     drain_once_counts_every_pass_and_exits_3_when_a_delivery_failed,
+    skip_unblocks_an_ordering_key_that_status_lists,
 );
+
+async fn skip_unblocks_an_ordering_key_that_status_lists<S: OutboxStore + OutboxAdmin>(
+    f: Fixture<S>,
+) {
+    let at = hours_ago(1);
+    let keyed = |n: u64| {
+        NewMessage::new(
+            MessageKind::Event,
+            "order.step",
+            serde_json::json!({ "n": n }).into(),
+        )
+        .with_ordering_key("order-7")
+        .at(at)
+    };
+    let head = f.store.enqueue(keyed(1)).await.unwrap().into_id();
+    let next = f.store.enqueue(keyed(2)).await.unwrap().into_id();
+    let mut batch = f
+        .store
+        .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
+            limit: 10,
+            now: at,
+            lease: Duration::from_secs(60),
+        })
+        .await
+        .unwrap();
+    let claimed = batch.claimed.pop().unwrap();
+    assert_eq!(
+        (claimed.id.as_str(), batch.claimed.len()),
+        (head.as_str(), 0)
+    );
+    f.store
+        .mark_failed(MarkFailed {
+            id: head.clone(),
+            claim_token: claimed.claim_token,
+            error: error("rejected"),
+            dead_letter: true,
+            now: at,
+            retry_at: None,
+        })
+        .await
+        .unwrap();
+
+    let status = f.run(&["status"]).ok().stdout;
+    assert!(
+        status.contains("1 ordering key held by a dead letter"),
+        "{status}"
+    );
+    assert!(
+        status.contains("order-7") && status.contains(&head),
+        "{status}"
+    );
+    let json = f.run(&["status", "--json"]).ok().json();
+    assert_eq!(json["blocked_keys"], 1);
+    assert_eq!(json["blocked"][0]["head_id"], head.as_str());
+    assert_eq!(json["blocked"][0]["waiting"], 1);
+    let list = f.run(&["list"]).ok().stdout;
+    assert!(list.lines().next().unwrap().contains("KEY"), "{list}");
+    assert!(list.contains("order-7"), "{list}");
+
+    // Only a dead letter can be skipped.
+    let refused = f.run(&["skip", &next]).code(1);
+    assert!(
+        refused.stderr.contains("not dead-lettered"),
+        "{}",
+        refused.stderr
+    );
+    let skipped = f.run(&["skip", &head]).ok().stdout;
+    assert!(skipped.contains("\"order-7\""), "{skipped}");
+    let show = f.run(&["show", &head]).ok().stdout;
+    assert!(
+        show.contains("skipped at") && show.contains("order-7"),
+        "{show}"
+    );
+    let status = f.run(&["status"]).ok().stdout;
+    assert!(!status.contains("held by a dead letter"), "{status}");
+    let batch = f
+        .store
+        .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
+            limit: 10,
+            now: Utc::now(),
+            lease: Duration::from_secs(60),
+        })
+        .await
+        .unwrap();
+    assert_eq!(batch.claimed.len(), 1);
+    assert_eq!(batch.claimed[0].id, next);
+}
 
 async fn migrate_creates_the_table_once_and_commands_need_it<S: OutboxStore + OutboxAdmin>(
     f: Fixture<S>,
@@ -333,11 +424,16 @@ async fn migrate_creates_the_table_once_and_commands_need_it<S: OutboxStore + Ou
     assert!(
         created
             .stdout
-            .starts_with(&format!("created table {other}: applied 1 migration")),
+            .starts_with(&format!("created table {other}: applied 2 migrations")),
         "{}",
         created.stdout
     );
     assert!(created.stdout.contains("0001 outbox"), "{}", created.stdout);
+    assert!(
+        created.stdout.contains("0002 ordering"),
+        "{}",
+        created.stdout
+    );
     status(&args("status")).ok();
 }
 

@@ -23,9 +23,9 @@ use crate::store::postgres::PostgresOutbox;
 #[cfg(feature = "sqlite")]
 use crate::store::sqlite::SqliteOutbox;
 use crate::store::{
-    ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, MinuteActivity,
-    OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
-    RequeueDeadLetters, RetryNow, Wakeups,
+    BlockedKey, ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage,
+    MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
+    RequeueDeadLetters, RetryNow, SkipDeadLetter, Wakeups,
 };
 
 /// A SQL outbox on SQLite or PostgreSQL, chosen by URL at start-up.
@@ -583,5 +583,15 @@ impl OutboxAdmin for AnyOutbox {
 
     async fn retry_now(&self, params: RetryNow) -> Result<()> {
         on_backend!(self, AnyOutbox, |store| store.retry_now(params).await)
+    }
+
+    async fn skip_dead_letter(&self, params: SkipDeadLetter) -> Result<()> {
+        on_backend!(self, AnyOutbox, |store| store
+            .skip_dead_letter(params)
+            .await)
+    }
+
+    async fn blocked_keys(&self, limit: usize) -> Result<Vec<BlockedKey>> {
+        on_backend!(self, AnyOutbox, |store| store.blocked_keys(limit).await)
     }
 }

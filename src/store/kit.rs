@@ -79,6 +79,15 @@ pub fn lease_end(now: DateTime<Utc>, lease: Duration) -> Result<DateTime<Utc>> {
         .ok_or_else(|| Error::invalid("lease", "is too long to add to now"))
 }
 
+/// The end of an idempotency window of `window` that opens at `now`; the
+/// latest representable time when it would overflow.
+pub fn window_end(now: DateTime<Utc>, window: std::time::Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(window)
+        .ok()
+        .and_then(|window| now.checked_add_signed(window))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
 /// Input checks every store runs before touching anything, so invalid
 /// parameters are refused the same way everywhere and change nothing.
 pub mod check {
@@ -113,6 +122,22 @@ pub mod check {
         }
         if claim_token.is_empty() {
             return Err(Error::invalid("claim_token", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    /// `1 <= limit <= 10 000` for [`blocked_keys`](crate::OutboxAdmin::blocked_keys).
+    pub fn blocked_keys(limit: usize) -> Result<()> {
+        if limit == 0 || limit > 10_000 {
+            return Err(Error::invalid("limit", "must be between 1 and 10000"));
+        }
+        Ok(())
+    }
+
+    /// A non-empty id to skip.
+    pub fn skip(id: &str) -> Result<()> {
+        if id.is_empty() {
+            return Err(Error::invalid("id", "must not be empty"));
         }
         Ok(())
     }

@@ -8,15 +8,17 @@ use chrono::{DateTime, Utc};
 
 use super::kit::{WakeupSender, check, lease_end};
 use super::{
-    ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, MinuteActivity,
-    OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
-    RequeueDeadLetters, RetryNow, Wakeups, merge_activity,
+    BlockedKey, ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage,
+    MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
+    RequeueDeadLetters, RetryNow, SkipDeadLetter, Wakeups, merge_activity,
 };
 use crate::error::{
     AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result,
 };
 use crate::kind::MessageStatus;
-use crate::message::{ClaimedMessage, Enqueued, NewMessage, OutboxMessage, new_claim_token};
+use crate::message::{
+    ClaimedMessage, Enqueued, NewMessage, OnDeadLetter, OutboxMessage, new_claim_token,
+};
 
 /// An outbox held in process memory. Cheap to clone; clones share the data.
 ///
@@ -66,6 +68,59 @@ struct State {
     listing: BTreeMap<(DateTime<Utc>, Arc<str>), usize>,
     next_seq: u64,
     counts: [u64; 4],
+    /// Keyed messages that still hold their ordering key, per key.
+    keys: HashMap<Arc<str>, KeyState>,
+    /// Idempotency keys: the message holding each, and when its window ends.
+    idempotency: HashMap<String, (Arc<str>, DateTime<Utc>)>,
+}
+
+/// The messages of one ordering key that are not delivered (nor skipped).
+#[derive(Default)]
+struct KeyState {
+    /// By enqueue order.
+    unsettled: BTreeMap<u64, usize>,
+    /// Enqueue order of the claimed ones.
+    claimed: BTreeSet<u64>,
+}
+
+/// Whether a message with this status and skip mark holds its key.
+fn holds_key(message: &OutboxMessage) -> bool {
+    message.status != MessageStatus::Delivered && message.skipped_at.is_none()
+}
+
+/// `true` when the message in `slot` is the head of its ordering key (or has
+/// none): no earlier message of the key is pending or claimed (or, while
+/// `block`, a dead letter not skipped), and no later one is claimed.
+fn is_head(
+    slots: &[Option<Stored>],
+    keys: &HashMap<Arc<str>, KeyState>,
+    slot: usize,
+    block: bool,
+) -> bool {
+    let stored = slots[slot]
+        .as_ref()
+        .expect("a candidate slot holds a message");
+    let Some(key) = stored.message.ordering_key.as_deref() else {
+        return true;
+    };
+    let Some(state) = keys.get(key) else {
+        return true;
+    };
+    if state.claimed.range(stored.seq + 1..).next().is_some() {
+        return false;
+    }
+    for &earlier in state.unsettled.range(..stored.seq).map(|(_, slot)| slot) {
+        let message = &slots[earlier]
+            .as_ref()
+            .expect("a keyed slot holds a message")
+            .message;
+        match message.status {
+            MessageStatus::Pending | MessageStatus::Claimed => return false,
+            MessageStatus::DeadLettered if block => return false,
+            MessageStatus::DeadLettered | MessageStatus::Delivered => {}
+        }
+    }
+    true
 }
 
 struct Stored {
@@ -149,8 +204,32 @@ impl State {
             Place::Settled => true,
         };
         let before = stored.message.status;
+        let held_before = holds_key(&stored.message);
         let result = change(&mut stored.message);
         let after = stored.message.status;
+        if let Some(key) = stored.message.ordering_key.as_deref() {
+            let seq = stored.seq;
+            let held_after = holds_key(&stored.message);
+            let state = self.keys.entry(Arc::from(key)).or_default();
+            if before == MessageStatus::Claimed {
+                state.claimed.remove(&seq);
+            }
+            if after == MessageStatus::Claimed {
+                state.claimed.insert(seq);
+            }
+            match (held_before, held_after) {
+                (true, false) => {
+                    state.unsettled.remove(&seq);
+                }
+                (false, true) => {
+                    state.unsettled.insert(seq, slot);
+                }
+                _ => {}
+            }
+            if state.unsettled.is_empty() && state.claimed.is_empty() {
+                self.keys.remove(key);
+            }
+        }
         stored.place = match after {
             MessageStatus::Pending => {
                 self.pending.insert(stored.due_key(slot));
@@ -186,8 +265,9 @@ impl State {
         Ok(slot)
     }
 
-    /// Up to `limit` claimable slots at `now`, in claim order.
-    fn select(&mut self, limit: usize, now: DateTime<Utc>) -> Vec<usize> {
+    /// Up to `limit` claimable slots at `now`, in claim order, at most the
+    /// head of each ordering key.
+    fn select(&mut self, limit: usize, now: DateTime<Utc>, block: bool) -> Vec<usize> {
         // Leases that ran out by `now` join the claimable, in claim order.
         // Each claim moves once, so this costs nothing when none expired.
         while let Some(lease) = self.leases.first().copied() {
@@ -203,10 +283,12 @@ impl State {
         }
 
         let slots = &self.slots;
+        let keys = &self.keys;
         let mut pending = self
             .pending
             .iter()
             .take_while(|key| key.available_at <= now)
+            .filter(|key| is_head(slots, keys, key.slot, block))
             .peekable();
         // A claim found expired stays claimable; this only matters when
         // callers' clocks disagree and `now` is earlier than that claim's.
@@ -217,7 +299,7 @@ impl State {
                 let message = &slots[key.slot]
                     .as_ref()
                     .expect("an expired slot holds a message");
-                message.message.is_claimable(now)
+                message.message.is_claimable(now) && is_head(slots, keys, key.slot, block)
             })
             .peekable();
         let mut selected = Vec::with_capacity(limit.min(1024));
@@ -289,13 +371,27 @@ impl MemoryOutbox {
                 created_at: now,
                 updated_at: now,
                 delivered_at: None,
+                ordering_key: message.ordering_key,
+                skipped_at: None,
             },
             seq: 0,
             place: Place::Pending,
         };
         let mut state = self.lock();
+        if let Some(idempotency) = &message.idempotency
+            && let Some((holder, until)) = state.idempotency.get(&idempotency.key)
+            && *until > now
+        {
+            return Ok(Enqueued::AlreadyExists(holder.to_string()));
+        }
         if state.ids.contains_key(&id) {
             return Ok(Enqueued::AlreadyExists(id.to_string()));
+        }
+        if let Some(idempotency) = message.idempotency {
+            let until = crate::store::kit::window_end(now, idempotency.window);
+            state
+                .idempotency
+                .insert(idempotency.key, (id.clone(), until));
         }
         let seq = state.next_seq;
         state.next_seq += 1;
@@ -308,6 +404,10 @@ impl MemoryOutbox {
             }
         };
         state.pending.insert(stored.due_key(slot));
+        if let Some(key) = stored.message.ordering_key.as_deref() {
+            let keyed = state.keys.entry(Arc::from(key)).or_default();
+            keyed.unsettled.insert(seq, slot);
+        }
         state.slots[slot] = Some(stored);
         state.ids.insert(id.clone(), slot);
         state.listing.insert((now, id.clone()), slot);
@@ -319,11 +419,17 @@ impl MemoryOutbox {
 
     fn claim_now(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         check::claim_batch(&params)?;
-        let ClaimBatch { limit, now, lease } = params;
+        let ClaimBatch {
+            on_dead_letter,
+            limit,
+            now,
+            lease,
+        } = params;
         let locked_until = lease_end(now, lease)?;
         let mut state = self.lock();
         let mut batch = ClaimedBatch::default();
-        for slot in state.select(limit, now) {
+        let block = on_dead_letter == OnDeadLetter::Block;
+        for slot in state.select(limit, now, block) {
             let message = &state.stored(slot).message;
             if message.attempts >= message.max_attempts {
                 let error = ErrorRecord::from_error(&AbandonedClaimError {
@@ -359,6 +465,7 @@ impl MemoryOutbox {
                     max_attempts: message.max_attempts,
                     available_at: message.available_at,
                     created_at: message.created_at,
+                    ordering_key: message.ordering_key.clone(),
                     claim_token,
                     claimed_at: now,
                     locked_until,
@@ -439,6 +546,15 @@ impl MemoryOutbox {
             dead_lettered: count(MessageStatus::DeadLettered),
             ..OutboxStats::default()
         };
+        stats.blocked_keys = state
+            .keys
+            .values()
+            .filter(|key| {
+                key.unsettled
+                    .values()
+                    .any(|&slot| state.stored(slot).message.status == MessageStatus::DeadLettered)
+            })
+            .count() as u64;
         let claims = state.leases.iter().map(|key| key.slot);
         for slot in claims.chain(state.expired.iter().map(|key| key.slot)) {
             if state.stored(slot).message.has_live_claim(now) {
@@ -543,6 +659,7 @@ impl MemoryOutbox {
                 message.attempts = 0;
                 message.available_at = now;
                 message.updated_at = now;
+                message.skipped_at = None;
             });
         }
         drop(state);
@@ -550,6 +667,73 @@ impl MemoryOutbox {
             self.wake.wake();
         }
         Ok(targets.len() as u64)
+    }
+
+    fn skip_now(&self, params: SkipDeadLetter) -> Result<()> {
+        check::skip(&params.id)?;
+        let mut state = self.lock();
+        let slot = *state
+            .ids
+            .get(params.id.as_str())
+            .ok_or_else(|| Error::NotFound {
+                id: params.id.clone(),
+            })?;
+        let message = &state.stored(slot).message;
+        if message.has_live_claim(params.now) {
+            return Err(AdminError::ClaimLive {
+                id: params.id,
+                locked_until: message.locked_until.expect("a live claim has a lease"),
+            }
+            .into());
+        }
+        if message.status != MessageStatus::DeadLettered {
+            return Err(AdminError::NotDeadLettered {
+                id: params.id,
+                status: message.status,
+            }
+            .into());
+        }
+        state.update(slot, |message| {
+            message.skipped_at = Some(params.now);
+            message.updated_at = params.now;
+        });
+        drop(state);
+        self.wake.wake();
+        Ok(())
+    }
+
+    fn blocked_now(&self, limit: usize) -> Result<Vec<BlockedKey>> {
+        check::blocked_keys(limit)?;
+        let state = self.lock();
+        let mut blocked: Vec<BlockedKey> = state
+            .keys
+            .iter()
+            .filter_map(|(key, keyed)| {
+                let (&head_seq, &head) = keyed.unsettled.iter().find(|&(_, &slot)| {
+                    state.stored(slot).message.status == MessageStatus::DeadLettered
+                })?;
+                let head = &state.stored(head).message;
+                let waiting = keyed
+                    .unsettled
+                    .range(head_seq + 1..)
+                    .filter(|&(_, &slot)| {
+                        matches!(
+                            state.stored(slot).message.status,
+                            MessageStatus::Pending | MessageStatus::Claimed
+                        )
+                    })
+                    .count();
+                Some(BlockedKey::new(
+                    key.to_string(),
+                    head.id.clone(),
+                    head.name.clone(),
+                    waiting as u64,
+                ))
+            })
+            .collect();
+        blocked.sort_by(|a, b| a.ordering_key.cmp(&b.ordering_key));
+        blocked.truncate(limit);
+        Ok(blocked)
     }
 
     fn purge_now(&self, params: PurgeMessages) -> Result<u64> {
@@ -563,6 +747,7 @@ impl MemoryOutbox {
             .filter(|(_, message)| purgeable(message, &params))
             .map(|(slot, _)| slot)
             .collect();
+        let mut gone = std::collections::HashSet::new();
         for &slot in &doomed {
             let stored = state.slots[slot]
                 .take()
@@ -575,9 +760,23 @@ impl MemoryOutbox {
                 .remove_entry(message.id.as_str())
                 .map(|(id, _)| id)
                 .expect("a stored message has an id entry");
-            state.listing.remove(&(message.created_at, id));
+            state.listing.remove(&(message.created_at, id.clone()));
             state.counts[status_index(message.status)] -= 1;
+            if let Some(key) = message.ordering_key.as_deref()
+                && let Some(keyed) = state.keys.get_mut(key)
+            {
+                keyed.unsettled.remove(&stored.seq);
+                if keyed.unsettled.is_empty() && keyed.claimed.is_empty() {
+                    state.keys.remove(key);
+                }
+            }
+            gone.insert(id);
             state.free.push(slot);
+        }
+        if !gone.is_empty() {
+            state
+                .idempotency
+                .retain(|_, (holder, _)| !gone.contains(holder));
         }
         Ok(doomed.len() as u64)
     }
@@ -698,6 +897,14 @@ impl OutboxAdmin for MemoryOutbox {
         self.wake.wake();
         Ok(())
     }
+
+    async fn skip_dead_letter(&self, params: SkipDeadLetter) -> Result<()> {
+        self.skip_now(params)
+    }
+
+    async fn blocked_keys(&self, limit: usize) -> Result<Vec<BlockedKey>> {
+        self.blocked_now(limit)
+    }
 }
 
 /// Whether a purge with `params` deletes `message`.
@@ -723,6 +930,7 @@ mod tests {
         let lease = Duration::from_secs(10);
         store
             .claim_now(ClaimBatch {
+                on_dead_letter: Default::default(),
                 limit,
                 now: at(now),
                 lease,

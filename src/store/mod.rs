@@ -50,7 +50,7 @@ use futures_util::future::BoxFuture;
 use crate::error::Result;
 use crate::error::{ErrorRecord, UnreadableMessage};
 use crate::kind::MessageStatus;
-use crate::message::{ClaimedMessage, Enqueued, NewMessage, OutboxMessage};
+use crate::message::{ClaimedMessage, Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
@@ -78,8 +78,17 @@ pub(crate) mod sqlite;
 /// A selected message that already used `max_attempts` is dead-lettered with
 /// an abandoned-claim error instead of claimed. Claimed and dead-lettered
 /// together never exceed `limit`.
+///
+/// A message with an ordering key is eligible only when no earlier message
+/// of its key (lower enqueue sequence) is pending or claimed, no later one
+/// is claimed, and, with [`OnDeadLetter::Block`], no earlier one is a dead
+/// letter that was not skipped. So a claim takes at most the head of each
+/// key, and a retried head keeps its place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimBatch {
+    /// Whether an earlier dead letter holds the later messages of its
+    /// ordering key; the drain's `ordering.on_dead_letter`.
+    pub on_dead_letter: OnDeadLetter,
     /// Most messages to select; at least 1.
     pub limit: usize,
     /// The caller's clock, read before the call. A store that judges leases
@@ -248,6 +257,10 @@ pub struct OutboxStats {
     pub expired_claims: u64,
     /// `available_at` of the oldest pending message that is due.
     pub oldest_due_at: Option<DateTime<Utc>>,
+    /// Ordering keys held by a dead letter that was not skipped (see
+    /// [`OutboxAdmin::blocked_keys`]); under
+    /// [`OnDeadLetter::Skip`] they do not hold their later messages.
+    pub blocked_keys: u64,
 }
 
 impl OutboxStats {
@@ -360,6 +373,44 @@ pub struct RequeueDeadLetters {
     pub now: DateTime<Utc>,
 }
 
+/// Skip one dead letter of an ordering key: it stays dead-lettered, with
+/// `skipped_at = now`, and no longer holds the later messages of its key.
+/// Requeueing it later clears the mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkipDeadLetter {
+    /// The dead letter's id.
+    pub id: String,
+    /// The caller's clock; becomes `skipped_at`.
+    pub now: DateTime<Utc>,
+}
+
+/// An ordering key held by a dead letter: its earliest dead letter that was
+/// not skipped, and how many messages of the key wait behind it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct BlockedKey {
+    /// The ordering key.
+    pub ordering_key: String,
+    /// The id of the dead letter that holds it.
+    pub head_id: String,
+    /// The head's registered name.
+    pub head_name: String,
+    /// Pending or claimed messages of the key after the head.
+    pub waiting: u64,
+}
+
+impl BlockedKey {
+    /// A blocked key, as a store reports it.
+    pub fn new(ordering_key: String, head_id: String, head_name: String, waiting: u64) -> Self {
+        BlockedKey {
+            ordering_key,
+            head_id,
+            head_name,
+            waiting,
+        }
+    }
+}
+
 /// Delete terminal messages that settled before a horizon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PurgeMessages {
@@ -426,6 +477,18 @@ pub trait OutboxAdmin: Send + Sync + 'static {
         &self,
         params: RequeueDeadLetters,
     ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Mark a dead letter as skipped so the later messages of its ordering
+    /// key go on; see [`SkipDeadLetter`]. Anything but a dead letter is
+    /// refused with
+    /// [`AdminError::NotDeadLettered`](crate::AdminError::NotDeadLettered)
+    /// (or [`AdminError::ClaimLive`](crate::AdminError::ClaimLive)), an
+    /// unknown id with [`Error::NotFound`](crate::Error::NotFound).
+    fn skip_dead_letter(&self, params: SkipDeadLetter) -> impl Future<Output = Result<()>> + Send;
+
+    /// Up to `limit` (1 to 10 000) ordering keys held by a dead letter that
+    /// was not skipped, by key.
+    fn blocked_keys(&self, limit: usize) -> impl Future<Output = Result<Vec<BlockedKey>>> + Send;
 
     /// Delete terminal messages settled before the horizon; returns how many.
     /// Pending and claimed messages are never touched; asking for them is

@@ -40,14 +40,14 @@ use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoA
 use super::fenced::{FencedBackend, FencedWrite, FencedWriter};
 use super::kit::check;
 use super::{
-    ListCursor, MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeMessages, ReleaseClaim,
-    RenewClaim, RequeueDeadLetters,
+    BlockedKey, ListCursor, MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeMessages,
+    ReleaseClaim, RenewClaim, RequeueDeadLetters, SkipDeadLetter,
 };
 use crate::error::{
     AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result, UnreadableMessage,
 };
 use crate::kind::{MessageKind, MessageStatus};
-use crate::message::{ClaimedMessage, NewMessage, OutboxMessage};
+use crate::message::{ClaimedMessage, Enqueued, NewMessage, OutboxMessage};
 use crate::payload::Payload;
 use crate::trace::TraceCarrier;
 
@@ -349,6 +349,8 @@ pub(crate) struct MessageRow {
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) updated_at: DateTime<Utc>,
     pub(crate) delivered_at: Option<DateTime<Utc>>,
+    pub(crate) ordering_key: Option<String>,
+    pub(crate) skipped_at: Option<DateTime<Utc>>,
 }
 
 impl MessageRow {
@@ -401,6 +403,8 @@ impl MessageRow {
             created_at: self.created_at,
             updated_at: self.updated_at,
             delivered_at: self.delivered_at,
+            ordering_key: self.ordering_key,
+            skipped_at: self.skipped_at,
         })
     }
 }
@@ -427,6 +431,7 @@ pub(crate) fn claimed_view(message: OutboxMessage) -> Result<ClaimedMessage> {
         max_attempts: message.max_attempts,
         available_at: message.available_at,
         created_at: message.created_at,
+        ordering_key: message.ordering_key,
         claim_token,
         claimed_at,
         locked_until,
@@ -553,6 +558,52 @@ pub(crate) struct SharedStatements {
     pub(crate) requeue_state: Arc<str>,
     /// Delete terminal messages. Binds: status or NULL, horizon.
     pub(crate) purge: Arc<str>,
+    /// Mark one dead letter skipped. Binds: id, now.
+    pub(crate) skip: Arc<str>,
+    /// Blocked ordering keys with their heads. Binds: limit.
+    pub(crate) blocked: Arc<str>,
+    /// The row holding an idempotency key and its window's end. Binds: key.
+    pub(crate) idempotency_holder: Arc<str>,
+    /// Free an idempotency key whose window ended. Binds: key, now.
+    pub(crate) idempotency_release: Arc<str>,
+}
+
+/// The claim's test that the row `m` is the head of its ordering key (or has
+/// no key): no earlier message of the key is pending or claimed, or a dead
+/// letter not skipped while `block` (a bound boolean) holds; and no later
+/// one is claimed (an earlier one can appear after a later one was claimed:
+/// a requeued dead letter, or on PostgreSQL a transaction that committed
+/// after a later one). Both probes are answered from the partial indexes of
+/// unsettled and claimed keyed rows.
+pub(crate) fn head_test(t: &str, block: &str) -> String {
+    format!(
+        "(m.ordering_key IS NULL OR ( \
+           NOT EXISTS (SELECT 1 FROM {t} AS e \
+             WHERE e.ordering_key = m.ordering_key AND e.ordering_key IS NOT NULL \
+               AND e.status <> 'delivered' AND e.seq < m.seq \
+               AND (e.status <> 'dead_lettered' OR ({block} AND e.skipped_at IS NULL))) \
+           AND NOT EXISTS (SELECT 1 FROM {t} AS e \
+             WHERE e.ordering_key = m.ordering_key AND e.ordering_key IS NOT NULL \
+               AND e.status = 'claimed' AND e.seq > m.seq)))"
+    )
+}
+
+/// Blocked ordering keys: each key's earliest dead letter not skipped, with
+/// the count of unsettled messages after it, by key, up to `limit`.
+pub(crate) fn blocked_keys(t: &str, limit: &str) -> Arc<str> {
+    format!(
+        "SELECT d.ordering_key, d.id, d.name, \
+           (SELECT count(*) FROM {t} AS w WHERE w.ordering_key = d.ordering_key \
+             AND w.ordering_key IS NOT NULL AND w.status <> 'delivered' \
+             AND w.status IN ('pending', 'claimed') AND w.seq > d.seq) AS waiting \
+         FROM {t} AS d \
+         WHERE d.ordering_key IS NOT NULL AND d.status = 'dead_lettered' AND d.skipped_at IS NULL \
+           AND NOT EXISTS (SELECT 1 FROM {t} AS e WHERE e.ordering_key = d.ordering_key \
+             AND e.ordering_key IS NOT NULL AND e.status <> 'delivered' \
+             AND e.status = 'dead_lettered' AND e.skipped_at IS NULL AND e.seq < d.seq) \
+         ORDER BY d.ordering_key LIMIT {limit}"
+    )
+    .into()
 }
 
 /// What a SQL store's core gives the shared half.
@@ -751,6 +802,7 @@ where
         let claimed = count(1)?;
         let live_claims = count(4)?;
         let oldest: Option<B::Time> = row.try_get(5).map_err(db("stats"))?;
+        let blocked_keys = count(6)?;
         Ok(OutboxStats {
             pending: count(0)?,
             claimed,
@@ -759,6 +811,7 @@ where
             live_claims,
             expired_claims: claimed.saturating_sub(live_claims),
             oldest_due_at: oldest.map(StoredTime::load).transpose()?,
+            blocked_keys,
         })
     }
 
@@ -884,6 +937,108 @@ where
         refuse(id, status, until, now)
     }
 
+    pub(crate) async fn skip_dead_letter(&self, params: SkipDeadLetter) -> Result<()> {
+        check::skip(&params.id)?;
+        let done = {
+            let _write = self.core.write_lock().await;
+            sqlx::query(AssertSqlSafe(self.core.parts().shared.skip.clone()))
+                .bind(params.id.as_str())
+                .bind(B::Time::store(params.now))
+                .execute(&self.core.parts().pool)
+                .await
+                .map_err(db("skip_dead_letter"))?
+        };
+        if done.count() == 0 {
+            return Err(self.refusal(&params.id, params.now, requeue_refusal).await);
+        }
+        // The key's next message may be claimable now.
+        self.core.after_requeue().await;
+        Ok(())
+    }
+
+    pub(crate) async fn blocked_keys(&self, limit: usize) -> Result<Vec<BlockedKey>> {
+        check::blocked_keys(limit)?;
+        let rows = sqlx::query(AssertSqlSafe(self.core.parts().shared.blocked.clone()))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.core.parts().pool)
+            .await
+            .map_err(db("blocked_keys"))?;
+        rows.iter()
+            .map(|row| {
+                let waiting: i64 = row.try_get(3).map_err(db("blocked_keys"))?;
+                Ok(BlockedKey::new(
+                    row.try_get(0).map_err(db("blocked_keys"))?,
+                    row.try_get(1).map_err(db("blocked_keys"))?,
+                    row.try_get(2).map_err(db("blocked_keys"))?,
+                    u64::try_from(waiting).unwrap_or(0),
+                ))
+            })
+            .collect()
+    }
+
+    /// Run `insert` (which answers whether it stored a row), honouring the
+    /// message's idempotency key: a key held by a row whose window is still
+    /// open answers that row's id; a key whose window ended is freed and the
+    /// insert tried once more. Every statement is a plain insert, select or
+    /// update that raises nothing on a taken id or key, so the caller's
+    /// transaction stays usable.
+    pub(crate) async fn insert_idempotent<F>(
+        parts: &SqlParts<B::Db>,
+        conn: &mut <B::Db as Database>::Connection,
+        message: &NewMessage,
+        id: String,
+        mut insert: F,
+    ) -> Result<Enqueued>
+    where
+        F: for<'c> FnMut(
+            &'c mut <B::Db as Database>::Connection,
+        ) -> futures_util::future::BoxFuture<'c, Result<bool>>,
+    {
+        let shared = &parts.shared;
+        for _ in 0..2 {
+            if insert(&mut *conn).await? {
+                return Ok(Enqueued::Inserted(id));
+            }
+            let Some(idempotency) = &message.idempotency else {
+                return Ok(Enqueued::AlreadyExists(id));
+            };
+            let holder = sqlx::query(AssertSqlSafe(shared.idempotency_holder.clone()))
+                .bind(idempotency.key.as_str())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(db("enqueue"))?;
+            let Some(holder) = holder else {
+                // The id was taken, not the key.
+                return Ok(Enqueued::AlreadyExists(id));
+            };
+            let holder_id: String = holder.try_get(0).map_err(db("enqueue"))?;
+            let until: Option<B::Time> = holder.try_get(1).map_err(db("enqueue"))?;
+            let until = until.map(StoredTime::load).transpose()?;
+            if until.is_none_or(|until| until > message.now) {
+                return Ok(Enqueued::AlreadyExists(holder_id));
+            }
+            sqlx::query(AssertSqlSafe(shared.idempotency_release.clone()))
+                .bind(idempotency.key.as_str())
+                .bind(B::Time::store(message.now))
+                .execute(&mut *conn)
+                .await
+                .map_err(db("enqueue"))?;
+        }
+        // Freed and taken again by a concurrent enqueue between our two
+        // tries: that enqueue's message is the one within the window.
+        let holder = match &message.idempotency {
+            Some(idempotency) => {
+                sqlx::query_scalar::<_, String>(AssertSqlSafe(shared.idempotency_holder.clone()))
+                    .bind(idempotency.key.as_str())
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(db("enqueue"))?
+            }
+            None => None,
+        };
+        Ok(Enqueued::AlreadyExists(holder.unwrap_or(id)))
+    }
+
     pub(crate) async fn purge(&self, params: PurgeMessages) -> Result<u64> {
         check::purge(&params)?;
         let _write = self.core.write_lock().await;
@@ -896,8 +1051,9 @@ where
         Ok(done.count())
     }
 
-    /// The insert of `message` with its eight common binds, and the id it
-    /// gets: id, kind, name, payload, trace, max attempts, available at, now.
+    /// The insert of `message` with its eleven common binds, and the id it
+    /// gets: id, kind, name, payload, trace, max attempts, available at, now,
+    /// ordering key, idempotency key, idempotency window end.
     /// `available_at` is the message's, else its `now`, else (when
     /// `server_default`) NULL, for the statement to fill in the database's
     /// time.
@@ -927,7 +1083,15 @@ where
             .bind(trace_json(message.trace.as_ref()))
             .bind(i64::from(message.max_attempts))
             .bind(available_at.map(B::Time::store))
-            .bind(B::Time::store(now));
+            .bind(B::Time::store(now))
+            .bind(message.ordering_key.clone())
+            .bind(message.idempotency.as_ref().map(|i| i.key.clone()))
+            .bind(
+                message
+                    .idempotency
+                    .as_ref()
+                    .map(|i| B::Time::store(super::kit::window_end(now, i.window))),
+            );
         (id, query)
     }
 
@@ -1054,6 +1218,8 @@ where
             created_at: time("created_at")?,
             updated_at: time("updated_at")?,
             delivered_at: optional_time("delivered_at")?,
+            ordering_key: row.try_get("ordering_key").map_err(corrupt)?,
+            skipped_at: optional_time("skipped_at")?,
             id: id.clone(),
         })
     }
@@ -1104,6 +1270,28 @@ macro_rules! sql_store {
                 payload: &E,
             ) -> $crate::Result<$crate::Enqueued> {
                 self.enqueue_in(conn, $crate::NewMessage::event(payload)?).await
+            }
+
+            #[doc = concat!("[`", stringify!($store), "::enqueue_in`] for an event of registered type `E`, with [`EnqueueOptions`](crate::EnqueueOptions).")]
+            pub async fn enqueue_event_with<E: $crate::Event>(
+                &self,
+                conn: &mut $conn,
+                payload: &E,
+                options: $crate::EnqueueOptions,
+            ) -> $crate::Result<$crate::Enqueued> {
+                self.enqueue_in(conn, $crate::NewMessage::event(payload)?.with_options(options))
+                    .await
+            }
+
+            #[doc = concat!("[`", stringify!($store), "::enqueue_in`] for a job of registered type `J`, with [`EnqueueOptions`](crate::EnqueueOptions).")]
+            pub async fn enqueue_job_with<J: $crate::Job>(
+                &self,
+                conn: &mut $conn,
+                payload: &J,
+                options: $crate::EnqueueOptions,
+            ) -> $crate::Result<$crate::Enqueued> {
+                self.enqueue_in(conn, $crate::NewMessage::job(payload)?.with_options(options))
+                    .await
             }
 
             #[doc = concat!("[`", stringify!($store), "::enqueue_in`] for a job of registered type `J`.")]
@@ -1203,6 +1391,14 @@ macro_rules! sql_store {
                 self.inner
                     .retry_now(self.inner.core.retry_statement(), &params.id, params.now)
                     .await
+            }
+
+            async fn skip_dead_letter(&self, params: $crate::SkipDeadLetter) -> $crate::Result<()> {
+                self.inner.skip_dead_letter(params).await
+            }
+
+            async fn blocked_keys(&self, limit: usize) -> $crate::Result<Vec<$crate::BlockedKey>> {
+                self.inner.blocked_keys(limit).await
             }
         }
     };

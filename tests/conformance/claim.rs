@@ -410,12 +410,14 @@ pub(crate) async fn invalid_claim_parameters_change_nothing<
     let before = everything(&store).await;
 
     let zero_limit = ClaimBatch {
+        on_dead_letter: Default::default(),
         limit: 0,
         now: at(SECOND),
         lease: lease(MINUTE),
     };
     assert_invalid(store.claim_batch(zero_limit).await, "limit");
     let zero_lease = ClaimBatch {
+        on_dead_letter: Default::default(),
         limit: 10,
         now: at(SECOND),
         lease: Duration::ZERO,

@@ -27,6 +27,7 @@ pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod enqueue;
 pub(crate) mod fenced;
+pub(crate) mod ordering;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -127,7 +128,34 @@ macro_rules! conformance_suite {
             conformance_count_purgeable_matches_purge => admin::count_purgeable_matches_purge,
             conformance_activity_counts_settled_messages_per_minute
                 => admin::activity_counts_settled_messages_per_minute,
+            conformance_a_claim_takes_only_the_head_of_each_key
+                => ordering::a_claim_takes_only_the_head_of_each_key,
+            conformance_a_retried_head_keeps_its_place => ordering::a_retried_head_keeps_its_place,
+            conformance_an_expired_head_is_reclaimed_before_the_next
+                => ordering::an_expired_head_is_reclaimed_before_the_next,
+            conformance_a_dead_letter_blocks_its_key_until_skipped
+                => ordering::a_dead_letter_blocks_its_key_until_skipped,
+            conformance_under_skip_a_dead_letter_does_not_hold_its_key
+                => ordering::under_skip_a_dead_letter_does_not_hold_its_key,
+            conformance_a_requeued_dead_letter_is_the_head_again
+                => ordering::a_requeued_dead_letter_is_the_head_again,
+            conformance_a_requeued_earlier_message_waits_for_a_claimed_later_one
+                => ordering::a_requeued_earlier_message_waits_for_a_claimed_later_one,
+            conformance_skip_refuses_what_is_not_a_dead_letter
+                => ordering::skip_refuses_what_is_not_a_dead_letter,
+            conformance_enqueue_options_set_time_key_and_budget
+                => ordering::enqueue_options_set_time_key_and_budget,
+            conformance_an_idempotency_key_holds_for_its_window
+                => ordering::an_idempotency_key_holds_for_its_window,
+            conformance_invalid_enqueue_options_change_nothing
+                => ordering::invalid_enqueue_options_change_nothing,
         );
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn conformance_concurrent_claims_keep_each_key_in_order() {
+            $crate::conformance::ordering::concurrent_claims_keep_each_key_in_order($setup().await)
+                .await;
+        }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn conformance_concurrent_claims_never_share_a_live_message() {
@@ -199,6 +227,7 @@ async fn put_at<S: OutboxStore>(
 async fn claim<S: OutboxStore>(store: &S, limit: usize, now: i64, lease_ms: i64) -> ClaimedBatch {
     let batch = store
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit,
             now: at(now),
             lease: lease(lease_ms),

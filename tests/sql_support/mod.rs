@@ -72,6 +72,7 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
     }
     let batch = store
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 10,
             now: now + secs(10),
             lease: LEASE,
@@ -325,6 +326,68 @@ macro_rules! sql_conformance_suite {
         }
 
         #[tokio::test]
+        async fn an_idempotent_enqueue_in_a_transaction_keeps_it_and_its_business_rows() {
+            use $crate::sql_support::OrderPlaced;
+            use outbox::{EnqueueOptions, Enqueued, OutboxAdmin, SettlementMode};
+            use sqlx::AssertSqlSafe;
+            use std::time::Duration;
+
+            let (_database, pool) = $database().await;
+            let outbox = $open(&pool, &$tx_table, SettlementMode::default()).await;
+            let (orders, create_orders, insert_order) = $orders();
+            sqlx::query(AssertSqlSafe(create_orders))
+                .execute(&pool)
+                .await
+                .unwrap();
+            let options = || {
+                EnqueueOptions::new()
+                    .idempotency_key("order-20-placed", Duration::from_secs(3600))
+                    .ordering_key("order-20")
+                    .delay(Duration::from_secs(5))
+            };
+            let mut tx = pool.begin().await.unwrap();
+            let first = outbox
+                .enqueue_event_with(&mut tx, &OrderPlaced { order_id: 20 }, options())
+                .await
+                .unwrap();
+            assert!(first.is_inserted());
+            tx.commit().await.unwrap();
+
+            // The retried request: its business row and a second enqueue
+            // with the same key, which finds the first and writes nothing.
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query(AssertSqlSafe(insert_order.clone()))
+                .bind(20_i64)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let again = outbox
+                .enqueue_event_with(&mut tx, &OrderPlaced { order_id: 20 }, options())
+                .await
+                .unwrap();
+            assert_eq!(again, Enqueued::AlreadyExists(first.id().to_owned()));
+            sqlx::query(AssertSqlSafe(insert_order.clone()))
+                .bind(21_i64)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+
+            let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT count(*) FROM {orders} WHERE id IN (20, 21)"
+            )))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(rows, 2, "both business rows committed");
+            let stats = outbox.stats(chrono::Utc::now()).await.unwrap();
+            assert_eq!(stats.pending, 1, "one message for the two enqueues");
+            let stored = outbox.get_message(first.id()).await.unwrap();
+            assert_eq!(stored.ordering_key.as_deref(), Some("order-20"));
+            assert!(stored.available_at > stored.created_at);
+        }
+
+        #[tokio::test]
         async fn transactional_enqueue_commits_or_vanishes_with_the_business_rows() {
             use $crate::sql_support::OrderPlaced;
             use outbox::{
@@ -408,6 +471,7 @@ macro_rules! sql_conformance_suite {
             assert_eq!(ids, [3]);
             let batch = outbox
                 .claim_batch(ClaimBatch {
+ on_dead_letter: Default::default(),
                     limit: 10,
                     now: outbox::SystemClock.now(),
                     lease: $crate::sql_support::LEASE,

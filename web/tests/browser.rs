@@ -64,6 +64,7 @@ async fn settle(store: &SqliteOutbox, name: &str, count: usize, minutes_ago: i64
     }
     let batch = store
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: count,
             now: at,
             lease: Duration::from_secs(60),
@@ -118,6 +119,7 @@ async fn seeded(url: &str) -> SqliteOutbox {
     store.enqueue(hostile).await.unwrap();
     let batch = store
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 1,
             now,
             lease: Duration::from_secs(60),

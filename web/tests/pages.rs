@@ -35,6 +35,7 @@ async fn seeded() -> MemoryOutbox {
     store.enqueue(dead).await.unwrap();
     let claimed = store
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 10,
             now,
             lease: Duration::from_secs(30),
@@ -285,6 +286,7 @@ async fn retry_now_makes_a_backed_off_message_due_and_refuses_live_claims() {
 
     let claimed = store
         .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
             limit: 10,
             now: Utc::now(),
             lease: Duration::from_secs(600),

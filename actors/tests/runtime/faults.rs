@@ -40,6 +40,7 @@ fn abandoned_messages_are_dead_lettered_at_claim_and_observed() {
         let taken = h
             .store
             .claim_batch(ClaimBatch {
+                on_dead_letter: Default::default(),
                 limit: 1,
                 now: h.clock.now(),
                 lease: Duration::from_secs(30),

@@ -23,6 +23,7 @@ mod support;
 
 mod faults;
 mod lease;
+mod ordering;
 mod outages;
 mod passes;
 mod registry;

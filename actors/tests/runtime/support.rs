@@ -286,6 +286,7 @@ impl OutboxStore for FaultStore {
         let fault = self.next_fault(Op::Claim);
         let params = match fault {
             Some(Fault::OverClaim) => ClaimBatch {
+                on_dead_letter: Default::default(),
                 limit: params.limit + 1,
                 ..params
             },

@@ -340,6 +340,7 @@ fn abandoned_dead_letters_are_labelled_and_never_claimed() {
         let taken = h
             .store
             .claim_batch(ClaimBatch {
+                on_dead_letter: Default::default(),
                 limit: 1,
                 now: h.clock.now(),
                 lease: Duration::from_secs(30),

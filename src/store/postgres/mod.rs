@@ -58,9 +58,9 @@ use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts,
 use super::{ClaimBatch, ClaimedBatch};
 use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Backend, Error, Result};
-use crate::message::{Enqueued, NewMessage, OutboxMessage};
+use crate::message::{Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
 use listener::ListenerShared;
-use statements::{Statements, channel_of};
+use statements::{ClaimPass, Statements, channel_of};
 
 mod admin;
 mod listener;
@@ -309,12 +309,20 @@ impl PostgresOutbox {
         &self.inner.core.channel
     }
 
-    /// The statement that claims up to `limit` messages; see
-    /// `Statements::claim`.
+    /// The statement that claims up to `limit` messages (its first pass,
+    /// keyless rows, under the `block` policy); see `Statements::claim`.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
     pub fn claim_statement(&self, limit: usize) -> String {
-        self.inner.core.sql.claim(limit)
+        self.inner.core.sql.claim(limit, true, ClaimPass::Keyless)
+    }
+
+    /// The keyed pass of the claim of up to `limit` messages; `$3` is the
+    /// locked key hashes.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn keyed_claim_statement(&self, limit: usize) -> String {
+        self.inner.core.sql.claim(limit, true, ClaimPass::Keyed)
     }
 
     /// The fenced write statement; see `Statements::fenced`.
@@ -393,20 +401,26 @@ impl Core {
     /// (`ON CONFLICT DO NOTHING`), which would abort the caller's
     /// transaction; the statement returns a row only when it inserted.
     async fn insert(&self, conn: &mut PgConnection, message: NewMessage) -> Result<Enqueued> {
-        let (id, mut query) = Shared::insert(&self.sql.insert, &message, self.server_clock);
-        if self.notify {
-            query = query.bind(&self.channel);
-        }
-        let inserted = query
-            .fetch_optional(conn)
-            .await
-            .map_err(enqueue_error)?
-            .is_some();
-        Ok(if inserted {
-            Enqueued::Inserted(id)
-        } else {
-            Enqueued::AlreadyExists(id)
+        let id = message.resolve_id();
+        let message = NewMessage {
+            id: Some(id.clone()),
+            ..message
+        };
+        let sql = self.sql.insert.clone();
+        Shared::insert_idempotent(&self.parts, conn, &message, id, |conn| {
+            let (_, mut query) = Shared::insert(&sql, &message, self.server_clock);
+            if self.notify {
+                query = query.bind(self.channel.clone());
+            }
+            Box::pin(async move {
+                Ok(query
+                    .fetch_optional(conn)
+                    .await
+                    .map_err(enqueue_error)?
+                    .is_some())
+            })
         })
+        .await
     }
 
     /// The server's time, when the store judges leases by it, to name why
@@ -429,23 +443,94 @@ impl Core {
 
     async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         check::claim_batch(&params)?;
-        let ClaimBatch { limit, now, lease } = params;
+        let ClaimBatch {
+            on_dead_letter,
+            limit,
+            now,
+            lease,
+        } = params;
         let locked_until = lease_end(now, lease)?;
         let lease_micros = i64::try_from(lease.as_micros())
             .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
-        let rows = sqlx::query(AssertSqlSafe(self.sql.claim(limit)))
-            .bind(self.bound_now(now))
-            .bind(lease_micros)
-            .fetch_all(&self.parts.pool)
-            .await
-            .map_err(db("claim_batch"))?;
+        let block = on_dead_letter == OnDeadLetter::Block;
+        let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
+            limit,
+            block,
+            ClaimPass::Keyless,
+        )))
+        .bind(self.bound_now(now))
+        .bind(lease_micros)
+        .fetch_all(&self.parts.pool)
+        .await
+        .map_err(db("claim_batch"))?;
+        let mut keys = Vec::new();
+        for row in &rows {
+            let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
+            if outcome == "keyed" {
+                let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
+                keys.push(hash);
+            }
+        }
         let mut claimed = Vec::with_capacity(rows.len());
         let mut abandoned = Vec::new();
-        for row in &rows {
+        self.read_claimed(&rows, now, locked_until, &mut claimed, &mut abandoned)
+            .await?;
+        if !keys.is_empty() {
+            // Sorted: every claimer takes its key locks in one order.
+            keys.sort_unstable();
+            keys.dedup();
+            let limit = keys.len();
+            let mut tx = self.parts.pool.begin().await.map_err(db("claim_batch"))?;
+            sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
+                .bind(&keys)
+                .execute(&mut *tx)
+                .await
+                .map_err(db("claim_batch"))?;
+            let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
+                limit,
+                block,
+                ClaimPass::Keyed,
+            )))
+            .bind(self.bound_now(now))
+            .bind(lease_micros)
+            .bind(&keys)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db("claim_batch"))?;
+            tx.commit().await.map_err(db("claim_batch"))?;
+            self.read_claimed(&rows, now, locked_until, &mut claimed, &mut abandoned)
+                .await?;
+        }
+        claimed.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
+        claimed.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
+        let mut batch = ClaimedBatch {
+            claimed: claimed.into_iter().map(|(_, m)| m).collect(),
+            dead_lettered: Vec::new(),
+        };
+        if !abandoned.is_empty() {
+            batch.dead_lettered = self.dead_letter_abandoned(abandoned, now).await?;
+        }
+        Ok(batch)
+    }
+
+    /// Sort the rows of one pass into claimed and abandoned, quarantining
+    /// unreadable ones; rows left for the second pass are skipped.
+    async fn read_claimed(
+        &self,
+        rows: &[PgRow],
+        now: DateTime<Utc>,
+        locked_until: DateTime<Utc>,
+        claimed: &mut Vec<(i64, crate::ClaimedMessage)>,
+        abandoned: &mut Vec<(i64, OutboxMessage)>,
+    ) -> Result<()> {
+        for row in rows {
+            let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
+            if outcome == "keyed" {
+                continue;
+            }
             let decoded = Shared::decode(row).and_then(|r| Ok((r.seq, r.into_message()?)));
-            let is_abandoned: bool = row.try_get("abandoned").map_err(db("claim_batch"))?;
             match decoded {
-                Ok((seq, message)) if is_abandoned => abandoned.push((seq, message)),
+                Ok((seq, message)) if outcome == "abandoned" => abandoned.push((seq, message)),
                 Ok((seq, message)) => {
                     let mut message = sql::claimed_view(message)?;
                     if self.server_clock {
@@ -463,15 +548,7 @@ impl Core {
                 Err(unreadable) => self.quarantine(row, unreadable, now).await?,
             }
         }
-        claimed.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
-        let mut batch = ClaimedBatch {
-            claimed: claimed.into_iter().map(|(_, m)| m).collect(),
-            dead_lettered: Vec::new(),
-        };
-        if !abandoned.is_empty() {
-            batch.dead_lettered = self.dead_letter_abandoned(abandoned, now).await?;
-        }
-        Ok(batch)
+        Ok(())
     }
 
     /// Dead-letter the rows a claim found out of attempts, if they still are.

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::store::sql::{SharedStatements, TableName};
+use crate::store::sql::{SharedStatements, TableName, head_test};
 
 /// The time a statement judges leases by: the caller's (`$1`, bound when
 /// the store runs on the caller's clock) or, when `$1` is NULL, the
@@ -37,6 +37,8 @@ pub(super) fn columns(prefix: &str) -> String {
         "created_at",
         "updated_at",
         "delivered_at",
+        "ordering_key",
+        "skipped_at",
     ]
     .iter()
     .map(|c| format!("{prefix}{c}"))
@@ -49,12 +51,17 @@ pub(super) fn columns(prefix: &str) -> String {
 pub(super) struct Statements {
     /// Insert one message unless its id is taken (and notify, when the store
     /// does and it inserted); returns a row when it inserted. A NULL
-    /// `available_at` is the database's time. Binds: `$1` id ... `$8` now (see
-    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$9` the
-    /// channel.
+    /// `available_at` is the database's time. Binds: `$1` id ... `$11`
+    /// idempotency window end (see
+    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$12`
+    /// the channel.
     pub(super) insert: Arc<str>,
     /// Claim, with `{limit}` to write out; see [`Statements::claim`].
     claim: Arc<str>,
+    /// Take the advisory lock of each key hash, in the order given (sorted,
+    /// so two claimers never wait on each other in a cycle). Binds: `$1` the
+    /// hashes.
+    pub(super) lock_keys: Arc<str>,
     /// Dead-letter rows out of attempts if they still are. Binds: now (NULL
     /// for the database's), then arrays of ids, attempts and errors.
     pub(super) abandoned: Arc<str>,
@@ -79,12 +86,15 @@ impl Statements {
         let t = table.quoted();
         let all = columns("");
         let m_all = columns("m.");
+        // `{block}` and `{keys}` are written out per claim, like `{limit}`.
+        let head = format!("{} {{keys}}", head_test(&t, "{block}"));
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
-             available_at, created_at, updated_at) \
+             available_at, created_at, updated_at, ordering_key, idempotency_key, \
+             idempotency_until) \
              VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, \
-               coalesce($7, statement_timestamp()), $8, $8) \
-             ON CONFLICT (id) DO NOTHING RETURNING 1"
+               coalesce($7, statement_timestamp()), $8, $8, $9, $10, $11) \
+             ON CONFLICT DO NOTHING RETURNING 1"
         );
         let own = Statements {
             // NOTIFY in the inserting statement: delivered at commit, never
@@ -93,7 +103,7 @@ impl Statements {
             insert: if notify {
                 format!(
                     "WITH inserted AS ({insert}) \
-                     SELECT pg_notify($9, '') FROM inserted"
+                     SELECT pg_notify($12, '') FROM inserted"
                 )
             } else {
                 insert
@@ -103,17 +113,28 @@ impl Statements {
             // skipping rows another claimer holds; the union is cut to the
             // limit again. Rows out of attempts are returned untouched.
             // `{limit}` is written out per claim; see `Statements::claim`.
+            //
+            // Keyed rows need more than row locks: the head test reads the
+            // statement's snapshot, which a concurrent claim of the same key
+            // may have changed since. So the first pass claims
+            // keyless rows only and returns the keyed heads it saw as
+            // `keyed`; the second pass runs in a transaction holding an
+            // advisory lock per key hash (`$3`), taken before the statement
+            // began, so its snapshot holds every claim of those keys.
             claim: format!(
                 "WITH pending AS ( \
-                   SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
-                   FROM {t} WHERE status = 'pending' AND available_at <= {NOW} \
+                   SELECT id, available_at, created_at, seq, ordering_key, \
+                     attempts >= max_attempts AS abandoned \
+                   FROM {t} AS m WHERE status = 'pending' AND available_at <= {NOW} AND {head} \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  expired AS ( \
-                   SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
-                   FROM {t} WHERE status = 'claimed' AND locked_until <= {NOW} \
+                   SELECT id, available_at, created_at, seq, ordering_key, \
+                     attempts >= max_attempts AS abandoned \
+                   FROM {t} AS m WHERE status = 'claimed' AND locked_until <= {NOW} AND {head} \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  picked AS ( \
-                   SELECT * FROM pending UNION ALL SELECT * FROM expired \
+                   SELECT *, {{deferred}} AS deferred \
+                   FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) AS u \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
                  claimed AS ( \
                    UPDATE {t} AS m SET status = 'claimed', attempts = m.attempts + 1, \
@@ -121,13 +142,18 @@ impl Statements {
                      locked_until = {NOW} + $2::bigint * interval '1 microsecond', \
                      updated_at = {NOW} \
                    FROM picked WHERE m.id = picked.id AND NOT picked.abandoned \
+                     AND NOT picked.deferred \
                    RETURNING {m_all}) \
-                 SELECT false AS abandoned, * FROM claimed \
+                 SELECT 'claimed' AS outcome, NULL::bigint AS key_hash, * FROM claimed \
                  UNION ALL \
-                 SELECT true, {m_all} FROM {t} AS m JOIN picked ON m.id = picked.id \
-                 WHERE picked.abandoned"
+                 SELECT CASE WHEN picked.deferred THEN 'keyed' ELSE 'abandoned' END, \
+                   hashtextextended(m.ordering_key, 0), {m_all} \
+                 FROM {t} AS m JOIN picked ON m.id = picked.id \
+                 WHERE picked.abandoned OR picked.deferred"
             )
             .into(),
+            lock_keys: "SELECT count(pg_advisory_xact_lock(h)) FROM unnest($1::bigint[]) AS h"
+                .into(),
             abandoned: format!(
                 "UPDATE {t} AS m SET status = 'dead_lettered', claim_token = NULL, \
                    claimed_at = NULL, locked_until = NULL, last_error = v.error, \
@@ -191,16 +217,20 @@ impl Statements {
                    (SELECT count(*) FROM {t} WHERE status = 'dead_lettered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'claimed' AND locked_until > {NOW}), \
                    (SELECT min(available_at) FROM {t} \
-                     WHERE status = 'pending' AND available_at <= {NOW})"
+                     WHERE status = 'pending' AND available_at <= {NOW}), \
+                   (SELECT count(DISTINCT ordering_key) FROM {t} WHERE ordering_key IS NOT NULL \
+                     AND status = 'dead_lettered' AND skipped_at IS NULL)"
             )
             .into(),
             requeue_one: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = $2, updated_at = $2 \
+                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = $2, updated_at = $2, \
+                   skipped_at = NULL \
                  WHERE id = $1 AND status = 'dead_lettered'"
             )
             .into(),
             requeue_all: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = $1, updated_at = $1 \
+                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = $1, updated_at = $1, \
+                   skipped_at = NULL \
                  WHERE status = 'dead_lettered' AND ($2::text IS NULL OR name = $2)"
             )
             .into(),
@@ -210,6 +240,21 @@ impl Statements {
                  AND ($1::text IS NULL OR status = $1) AND updated_at < $2"
             )
             .into(),
+            skip: format!(
+                "UPDATE {t} SET skipped_at = $2, updated_at = $2 \
+                 WHERE id = $1 AND status = 'dead_lettered'"
+            )
+            .into(),
+            blocked: crate::store::sql::blocked_keys(&t, "$1"),
+            idempotency_holder: format!(
+                "SELECT id, idempotency_until FROM {t} WHERE idempotency_key = $1"
+            )
+            .into(),
+            idempotency_release: format!(
+                "UPDATE {t} SET idempotency_key = NULL \
+                 WHERE idempotency_key = $1 AND idempotency_until <= $2"
+            )
+            .into(),
             table: t.into(),
         };
         (own, shared)
@@ -217,19 +262,44 @@ impl Statements {
 }
 
 impl Statements {
-    /// The claim statement for up to `limit` messages. A number is the only
-    /// thing written into it.
+    /// The claim statement for up to `limit` messages, for one pass, with
+    /// the dead-letter policy `block`. A number, two boolean literals and
+    /// one of two fixed fragments are all that is written into it.
     ///
     /// The limit is written into the statement rather than bound: PostgreSQL
     /// cannot see a bound `LIMIT` when it plans a statement for reuse and
     /// assumes a tenth of the table, so it planned every claim afresh. With
     /// the limit written out, each size of claim is a prepared statement of
     /// its own whose plan is reused. Binds: `$1` now (NULL for the
-    /// database's), `$2` the lease in µs. Rows
-    /// out of attempts come back with `abandoned = true`, untouched.
-    pub(super) fn claim(&self, limit: usize) -> String {
-        self.claim.replace("{limit}", &limit.to_string())
+    /// database's), `$2` the lease in µs, and in the keyed pass `$3` the
+    /// locked key hashes. Each row
+    /// comes back with its `outcome`: `claimed`; `abandoned` (out of
+    /// attempts, untouched); or `keyed` (a keyed head the first pass left
+    /// for the second, untouched, with its `key_hash`).
+    pub(super) fn claim(&self, limit: usize, block: bool, pass: ClaimPass) -> String {
+        let (keys, deferred) = match pass {
+            ClaimPass::Keyless => ("", "ordering_key IS NOT NULL"),
+            ClaimPass::Keyed => (
+                "AND m.ordering_key IS NOT NULL \
+                 AND hashtextextended(m.ordering_key, 0) = ANY($3::bigint[])",
+                "false",
+            ),
+        };
+        self.claim
+            .replace("{limit}", &limit.to_string())
+            .replace("{block}", if block { "true" } else { "false" })
+            .replace("{keys}", keys)
+            .replace("{deferred}", deferred)
     }
+}
+
+/// Which pass of a claim a statement is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClaimPass {
+    /// Claims keyless rows; returns the keyed heads it saw as `keyed`.
+    Keyless,
+    /// Claims the heads of the keys whose locks the transaction holds.
+    Keyed,
 }
 
 /// The channel of `table`: readable when it fits in an identifier.

@@ -75,7 +75,7 @@ use super::{ClaimBatch, ClaimedBatch, Wakeups};
 use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::kind::MessageStatus;
-use crate::message::{Enqueued, NewMessage};
+use crate::message::{Enqueued, NewMessage, OnDeadLetter};
 use statements::{FencedWrites, Statements};
 
 mod admin;
@@ -118,7 +118,7 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// let now = outbox::SystemClock.now();
 /// let batch = outbox
-///     .claim_batch(ClaimBatch { limit: 10, now, lease: std::time::Duration::from_secs(30) })
+///     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now, lease: std::time::Duration::from_secs(30) })
 ///     .await?;
 /// assert_eq!(batch.claimed.len(), 1);
 /// # std::fs::remove_dir_all(&dir).ok();
@@ -372,18 +372,30 @@ impl Core {
     /// violation (`ON CONFLICT DO NOTHING`), so the caller's transaction
     /// goes on as if the statement had not run.
     async fn insert(&self, conn: &mut SqliteConnection, message: NewMessage) -> Result<Enqueued> {
-        let (id, query) = Shared::insert(&self.sql.insert, &message, false);
-        let done = query.execute(conn).await.map_err(db("enqueue"))?;
-        Ok(if done.rows_affected() == 0 {
-            Enqueued::AlreadyExists(id)
-        } else {
-            Enqueued::Inserted(id)
+        let id = message.resolve_id();
+        let message = NewMessage {
+            id: Some(id.clone()),
+            ..message
+        };
+        let sql = self.sql.insert.clone();
+        Shared::insert_idempotent(&self.parts, conn, &message, id, |conn| {
+            let (_, query) = Shared::insert(&sql, &message, false);
+            Box::pin(async move {
+                let done = query.execute(conn).await.map_err(db("enqueue"))?;
+                Ok(done.rows_affected() > 0)
+            })
         })
+        .await
     }
 
     async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         check::claim_batch(&params)?;
-        let ClaimBatch { limit, now, lease } = params;
+        let ClaimBatch {
+            on_dead_letter,
+            limit,
+            now,
+            lease,
+        } = params;
         let locked_until = lease_end(now, lease)?;
         let _write = self.write.lock().await;
         let mut conn = self.parts.pool.acquire().await.map_err(db("claim_batch"))?;
@@ -395,6 +407,7 @@ impl Core {
             .bind(micros(now))
             .bind(micros(locked_until))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(on_dead_letter == OnDeadLetter::Block)
             .fetch_all(&mut *tx)
             .await
             .map_err(db("claim_batch"))?;
@@ -639,6 +652,7 @@ mod tests {
         }
         let batch = store
             .claim_batch(ClaimBatch {
+                on_dead_letter: Default::default(),
                 limit: count,
                 now: t0(),
                 lease: Duration::from_secs(30),

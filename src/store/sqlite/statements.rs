@@ -8,7 +8,7 @@ use crate::store::sql::{SharedStatements, TableName};
 /// Every column, in the order rows are read.
 pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, attempts, max_attempts, \
     available_at, claim_token, claimed_at, locked_until, last_error, created_at, updated_at, \
-    delivered_at";
+    delivered_at, ordering_key, skipped_at";
 
 /// The rendered statements for one table.
 #[derive(Debug)]
@@ -18,7 +18,7 @@ pub(super) struct Statements {
     /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)).
     pub(super) insert: Arc<str>,
     /// Claim. Binds: `?1` now and `?2` lease end (µs since the epoch), `?3`
-    /// limit.
+    /// limit, `?4` 1 when a dead letter holds its ordering key, else 0.
     pub(super) claim: Arc<str>,
     /// Record why a claimed row was dead-lettered. Binds: error, seq.
     pub(super) abandoned: Arc<str>,
@@ -34,16 +34,20 @@ impl Statements {
     /// The store's own statements, and those it runs the shared way.
     pub(super) fn new(table: &TableName) -> (Self, SharedStatements) {
         let t = table.quoted();
+        let head = head(&t, "?4");
         let own = Statements {
             insert: format!(
                 "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
-                 available_at, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8) \
-                 ON CONFLICT (id) DO NOTHING"
+                 available_at, created_at, updated_at, ordering_key, idempotency_key, \
+                 idempotency_until) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8, ?9, ?10, ?11) \
+                 ON CONFLICT DO NOTHING"
             )
             .into(),
             // Each arm is answered from its own partial index, in claim
-            // order; the union is cut to the limit again.
+            // order; the union is cut to the limit again. The head test reads
+            // the state before this statement, so a claim takes at most one
+            // message per ordering key.
             claim: format!(
                 "UPDATE {t} SET \
                    status = CASE WHEN attempts >= max_attempts THEN 'dead_lettered' ELSE 'claimed' END, \
@@ -55,13 +59,13 @@ impl Statements {
                  WHERE seq IN ( \
                    SELECT seq FROM ( \
                      SELECT * FROM ( \
-                       SELECT seq, available_at, created_at FROM {t} \
-                       WHERE status = 'pending' AND available_at <= ?1 \
+                       SELECT seq, available_at, created_at FROM {t} AS m \
+                       WHERE status = 'pending' AND available_at <= ?1 AND {head} \
                        ORDER BY available_at, created_at, seq LIMIT ?3) \
                      UNION ALL \
                      SELECT * FROM ( \
-                       SELECT seq, available_at, created_at FROM {t} \
-                       WHERE status = 'claimed' AND locked_until <= ?1 \
+                       SELECT seq, available_at, created_at FROM {t} AS m \
+                       WHERE status = 'claimed' AND locked_until <= ?1 AND {head} \
                        ORDER BY available_at, created_at, seq LIMIT ?3)) \
                    ORDER BY available_at, created_at, seq LIMIT ?3) \
                  RETURNING {COLUMNS}"
@@ -89,16 +93,20 @@ impl Statements {
                    (SELECT count(*) FROM {t} WHERE status = 'delivered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'dead_lettered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'claimed' AND locked_until > ?1), \
-                   (SELECT min(available_at) FROM {t} WHERE status = 'pending' AND available_at <= ?1)"
+                   (SELECT min(available_at) FROM {t} WHERE status = 'pending' AND available_at <= ?1), \
+                   (SELECT count(DISTINCT ordering_key) FROM {t} WHERE ordering_key IS NOT NULL \
+                     AND status = 'dead_lettered' AND skipped_at IS NULL)"
             )
             .into(),
             requeue_one: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = ?2, updated_at = ?2 \
+                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = ?2, updated_at = ?2, \
+                   skipped_at = NULL \
                  WHERE id = ?1 AND status = 'dead_lettered'"
             )
             .into(),
             requeue_all: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = ?1, updated_at = ?1 \
+                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = ?1, updated_at = ?1, \
+                   skipped_at = NULL \
                  WHERE status = 'dead_lettered' AND (?2 IS NULL OR name = ?2)"
             )
             .into(),
@@ -108,10 +116,31 @@ impl Statements {
                  AND (?1 IS NULL OR status = ?1) AND updated_at < ?2"
             )
             .into(),
+            skip: format!(
+                "UPDATE {t} SET skipped_at = ?2, updated_at = ?2 \
+                 WHERE id = ?1 AND status = 'dead_lettered'"
+            )
+            .into(),
+            blocked: crate::store::sql::blocked_keys(&t, "?1"),
+            idempotency_holder: format!(
+                "SELECT id, idempotency_until FROM {t} WHERE idempotency_key = ?1"
+            )
+            .into(),
+            idempotency_release: format!(
+                "UPDATE {t} SET idempotency_key = NULL \
+                 WHERE idempotency_key = ?1 AND idempotency_until <= ?2"
+            )
+            .into(),
             table: t.into(),
         };
         (own, shared)
     }
+}
+
+/// The claim's test that `m` is the head of its ordering key, or has none;
+/// `block` is the parameter that says whether a dead letter holds its key.
+fn head(t: &str, block: &str) -> String {
+    crate::store::sql::head_test(t, block)
 }
 
 /// The fenced write statements, one per kind of write.
