@@ -113,6 +113,9 @@ pub(crate) struct Claimer {
     active: HashMap<u64, (Addr<DeliveryActor>, bool)>,
     /// Deliveries whose handler still runs.
     handling: usize,
+    /// Live deliveries of messages with an ordering key: when one ends, the
+    /// next message of its key may have become claimable.
+    keyed: std::collections::HashSet<u64>,
     /// The slot number the next delivery gets.
     next_slot: u64,
     /// Deliveries started; the coordinator waits for that many outcomes.
@@ -148,6 +151,7 @@ impl Claimer {
             next_arbiter: 0,
             active: HashMap::new(),
             handling: 0,
+            keyed: std::collections::HashSet::new(),
             next_slot: 0,
             claimed: 0,
             claiming: false,
@@ -330,6 +334,9 @@ impl Claimer {
         let slot = self.next_slot;
         self.next_slot += 1;
         self.claimed += 1;
+        if message.ordering_key.is_some() {
+            self.keyed.insert(slot);
+        }
         let reporter = Reporter::new(
             self.pass,
             slot,
@@ -447,6 +454,13 @@ impl Handler<DeliveryEnded> for Claimer {
             self.pause(ctx);
         } else {
             self.backoff = Duration::ZERO;
+        }
+        // The settled message held its key: the empty claim that idled this
+        // pass may have been empty only because of it, so claim again rather
+        // than leave the key's next message to the next tick or wake-up
+        // (which, on PostgreSQL, only an enqueue sends).
+        if self.keyed.remove(&ended.slot) && self.phase == Phase::Idle {
+            self.phase = Phase::Claiming;
         }
         self.slot_freed(handler_was_running, ctx);
     }

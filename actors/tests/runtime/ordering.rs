@@ -156,3 +156,53 @@ fn each_key_is_delivered_in_order_at_concurrency_16_with_failures() {
         assert_eq!(seen.delivered["-"].len(), KEYLESS as usize);
     });
 }
+
+/// A key's next message becomes claimable only when the one before it
+/// settles, after the pass's claim for it came back empty: the pass claims
+/// again then, so one `Drain` walks the whole key instead of one message per
+/// tick or wake-up (PostgreSQL sends wake-ups on enqueue only).
+#[test]
+fn one_pass_follows_a_key_from_message_to_message() {
+    run(|| async {
+        const PER_KEY: u32 = 5;
+        let clock = clock();
+        let store = outbox::MemoryOutbox::new();
+        for n in 0..PER_KEY {
+            let message = NewMessage::event(&Ping {
+                n,
+                work_ms: 10,
+                ..Ping::default()
+            })
+            .unwrap()
+            .with_options(EnqueueOptions::new().ordering_key("order-7"))
+            .at(clock.now());
+            store.enqueue(message).await.unwrap();
+        }
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let bus = {
+            let order = order.clone();
+            InProcessBus::new().on(move |ping: Arc<Ping>, _: DeliveryContext| {
+                let order = order.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(ping.work_ms)).await;
+                    order.lock().unwrap().push(ping.n);
+                    Ok(())
+                }
+            })
+        };
+        let coordinator = DrainCoordinator::builder(store.clone())
+            .registry(registry())
+            .event_bus(bus)
+            .config(DrainConfig {
+                concurrency: 4,
+                ..DrainConfig::default()
+            })
+            .clock(clock.clone())
+            .wake_on_insert(false)
+            .start()
+            .unwrap();
+        let report = coordinator.send(Drain).await.unwrap().unwrap();
+        assert_eq!(report.delivered, u64::from(PER_KEY), "{report}");
+        assert_eq!(*order.lock().unwrap(), (0..PER_KEY).collect::<Vec<_>>());
+    });
+}
