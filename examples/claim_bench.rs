@@ -69,6 +69,7 @@ async fn claim_cost(store: &impl OutboxStore, now: DateTime<Utc>) -> Duration {
             limit: CLAIM,
             now,
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         };
         let started = Instant::now();
         let batch = store.claim_batch(params).await.expect("claim");
@@ -175,6 +176,7 @@ async fn measure<S: OutboxStore + OutboxAdmin>(
                 limit: CLAIM,
                 now,
                 lease: LEASE,
+                max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             };
             let batch = store.claim_batch(params).await.expect("claim");
             claims += 1;
@@ -209,6 +211,7 @@ async fn measure<S: OutboxStore + OutboxAdmin>(
             limit: CLAIM,
             now,
             lease: Duration::from_secs(3_600),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         };
         held += store
             .claim_batch(params)

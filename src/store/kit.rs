@@ -92,6 +92,12 @@ pub mod check {
         if params.limit == 0 {
             return Err(Error::invalid("limit", "must be at least 1"));
         }
+        if params.max_attempts == 0 {
+            return Err(Error::invalid(
+                "max_attempts",
+                "must be at least 1 (the cap of messages enqueued without one)",
+            ));
+        }
         positive_lease(params.lease)
     }
 

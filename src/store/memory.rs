@@ -279,7 +279,8 @@ impl MemoryOutbox {
                 trace: message.trace,
                 status: MessageStatus::Pending,
                 attempts: 0,
-                max_attempts: message.max_attempts,
+                max_attempts: message.max_attempts.unwrap_or(crate::DEFAULT_MAX_ATTEMPTS),
+                max_attempts_set: message.max_attempts.is_some(),
                 available_at: message.available_at.unwrap_or(now),
                 claim_token: None,
                 claimed_at: None,
@@ -318,17 +319,23 @@ impl MemoryOutbox {
 
     fn claim_now(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         check::claim_batch(&params)?;
-        let ClaimBatch { limit, now, lease } = params;
+        let ClaimBatch {
+            limit,
+            now,
+            lease,
+            max_attempts: cap,
+        } = params;
         let locked_until = lease_end(now, lease)?;
         let mut state = self.lock();
         let mut batch = ClaimedBatch::default();
         for slot in state.select(limit, now) {
             let message = &state.stored(slot).message;
-            if message.attempts >= message.max_attempts {
+            let max_attempts = message.effective_max_attempts(cap);
+            if message.attempts >= max_attempts {
                 let error = ErrorRecord::from_error(&AbandonedClaimError {
                     id: message.id.clone(),
                     attempts: message.attempts,
-                    max_attempts: message.max_attempts,
+                    max_attempts,
                 });
                 let dead = state.update(slot, |message| {
                     message.status = MessageStatus::DeadLettered;
@@ -355,7 +362,8 @@ impl MemoryOutbox {
                     payload: message.payload.clone(),
                     trace: message.trace.clone(),
                     attempts: message.attempts,
-                    max_attempts: message.max_attempts,
+                    max_attempts,
+                    max_attempts_set: message.max_attempts_set,
                     available_at: message.available_at,
                     created_at: message.created_at,
                     claim_token,
@@ -663,6 +671,7 @@ mod tests {
                 limit,
                 now: at(now),
                 lease,
+                max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
             })
             .unwrap()
     }

@@ -70,9 +70,10 @@ pub(crate) mod sqlite;
 ///
 /// Eligible: `Pending` with `available_at <= now`, or `Claimed` with
 /// `locked_until <= now`. Oldest `available_at` first, then `created_at`.
-/// A selected message that already used `max_attempts` is dead-lettered with
-/// an abandoned-claim error instead of claimed. Claimed and dead-lettered
-/// together never exceed `limit`.
+/// A selected message that already used its attempt cap (its own when it was
+/// set at enqueue, otherwise [`ClaimBatch::max_attempts`]) is dead-lettered
+/// with an abandoned-claim error instead of claimed. Claimed and
+/// dead-lettered together never exceed `limit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimBatch {
     /// Most messages to select; at least 1.
@@ -83,6 +84,11 @@ pub struct ClaimBatch {
     pub now: DateTime<Utc>,
     /// Lease length; `locked_until = now + lease`.
     pub lease: Duration,
+    /// The attempt cap of messages enqueued without one of their own: the
+    /// drain's `retry.max_attempts`, or
+    /// [`DEFAULT_MAX_ATTEMPTS`](crate::DEFAULT_MAX_ATTEMPTS); at least 1.
+    /// Claimed messages carry the cap that applied to them.
+    pub max_attempts: u32,
 }
 
 /// What a claim selected.

@@ -341,6 +341,7 @@ pub(crate) struct MessageRow {
     pub(crate) status: String,
     pub(crate) attempts: i64,
     pub(crate) max_attempts: i64,
+    pub(crate) max_attempts_set: bool,
     pub(crate) available_at: DateTime<Utc>,
     pub(crate) claim_token: Option<String>,
     pub(crate) claimed_at: Option<DateTime<Utc>>,
@@ -393,6 +394,7 @@ impl MessageRow {
             status,
             attempts,
             max_attempts,
+            max_attempts_set: self.max_attempts_set,
             available_at: self.available_at,
             claim_token: self.claim_token,
             claimed_at: self.claimed_at,
@@ -405,8 +407,10 @@ impl MessageRow {
     }
 }
 
-/// A just-claimed message as a delivery sees it.
-pub(crate) fn claimed_view(message: OutboxMessage) -> Result<ClaimedMessage> {
+/// A just-claimed message as a delivery sees it, under the claim's attempt
+/// cap `cap` when the message has none of its own.
+pub(crate) fn claimed_view(message: OutboxMessage, cap: u32) -> Result<ClaimedMessage> {
+    let max_attempts = message.effective_max_attempts(cap);
     let (Some(claim_token), Some(claimed_at), Some(locked_until)) = (
         message.claim_token,
         message.claimed_at,
@@ -424,7 +428,8 @@ pub(crate) fn claimed_view(message: OutboxMessage) -> Result<ClaimedMessage> {
         payload: message.payload,
         trace: message.trace,
         attempts: message.attempts,
-        max_attempts: message.max_attempts,
+        max_attempts,
+        max_attempts_set: message.max_attempts_set,
         available_at: message.available_at,
         created_at: message.created_at,
         claim_token,
@@ -638,6 +643,7 @@ where
     for<'q> Option<B::Time>: Encode<'q, B::Db>,
     for<'r> String: Decode<'r, B::Db> + sqlx::Type<B::Db>,
     for<'r> i64: Decode<'r, B::Db> + sqlx::Type<B::Db>,
+    for<'q> bool: Encode<'q, B::Db> + Decode<'q, B::Db> + sqlx::Type<B::Db>,
     for<'a> &'a str: ColumnIndex<<B::Db as Database>::Row>,
     usize: ColumnIndex<<B::Db as Database>::Row>,
 {
@@ -806,8 +812,9 @@ where
         Ok(done.count())
     }
 
-    /// The insert of `message` with its eight common binds, and the id it
-    /// gets: id, kind, name, payload, trace, max attempts, available at, now.
+    /// The insert of `message` with its nine common binds, and the id it
+    /// gets: id, kind, name, payload, trace, max attempts, available at, now,
+    /// whether the max attempts were set.
     /// `available_at` is the message's, else its `now`, else (when
     /// `server_default`) NULL, for the statement to fill in the database's
     /// time.
@@ -835,9 +842,14 @@ where
             .bind(message.name.as_str())
             .bind(message.payload.as_str())
             .bind(trace_json(message.trace.as_ref()))
-            .bind(i64::from(message.max_attempts))
+            .bind(i64::from(
+                message
+                    .max_attempts
+                    .unwrap_or(crate::message::DEFAULT_MAX_ATTEMPTS),
+            ))
             .bind(available_at.map(B::Time::store))
-            .bind(B::Time::store(now));
+            .bind(B::Time::store(now))
+            .bind(message.max_attempts.is_some());
         (id, query)
     }
 
@@ -956,6 +968,7 @@ where
             status: row.try_get("status").map_err(corrupt)?,
             attempts: row.try_get("attempts").map_err(corrupt)?,
             max_attempts: row.try_get("max_attempts").map_err(corrupt)?,
+            max_attempts_set: row.try_get("max_attempts_set").map_err(corrupt)?,
             available_at: time("available_at")?,
             claim_token: row.try_get("claim_token").map_err(corrupt)?,
             claimed_at: optional_time("claimed_at")?,

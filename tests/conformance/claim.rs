@@ -413,12 +413,14 @@ pub(crate) async fn invalid_claim_parameters_change_nothing<
         limit: 0,
         now: at(SECOND),
         lease: lease(MINUTE),
+        max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
     };
     assert_invalid(store.claim_batch(zero_limit).await, "limit");
     let zero_lease = ClaimBatch {
         limit: 10,
         now: at(SECOND),
         lease: Duration::ZERO,
+        max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
     };
     assert_invalid(store.claim_batch(zero_lease).await, "lease");
     assert_eq!(everything(&store).await, before);

@@ -24,6 +24,7 @@
 //! - after every refusal the test re-reads what it refused to touch.
 
 pub(crate) mod admin;
+pub(crate) mod budget;
 pub(crate) mod claim;
 pub(crate) mod enqueue;
 pub(crate) mod fenced;
@@ -120,6 +121,9 @@ macro_rules! conformance_suite {
                 => admin::purge_removes_only_old_terminal_messages,
             conformance_purge_refuses_pending_and_claimed
                 => admin::purge_refuses_pending_and_claimed,
+            conformance_claim_cap_applies_to_messages_without_their_own
+                => budget::claim_cap_applies_to_messages_without_their_own,
+            conformance_zero_claim_cap_is_refused => budget::zero_claim_cap_is_refused,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -195,6 +199,7 @@ async fn claim<S: OutboxStore>(store: &S, limit: usize, now: i64, lease_ms: i64)
             limit,
             now: at(now),
             lease: lease(lease_ms),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .expect("claim_batch");

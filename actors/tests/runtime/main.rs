@@ -21,6 +21,7 @@
 
 mod support;
 
+mod budget;
 mod faults;
 mod lease;
 mod outages;

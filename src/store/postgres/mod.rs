@@ -429,13 +429,19 @@ impl Core {
 
     async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         check::claim_batch(&params)?;
-        let ClaimBatch { limit, now, lease } = params;
+        let ClaimBatch {
+            limit,
+            now,
+            lease,
+            max_attempts: cap,
+        } = params;
         let locked_until = lease_end(now, lease)?;
         let lease_micros = i64::try_from(lease.as_micros())
             .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
         let rows = sqlx::query(AssertSqlSafe(self.sql.claim(limit)))
             .bind(self.bound_now(now))
             .bind(lease_micros)
+            .bind(i64::from(cap))
             .fetch_all(&self.parts.pool)
             .await
             .map_err(db("claim_batch"))?;
@@ -447,7 +453,7 @@ impl Core {
             match decoded {
                 Ok((seq, message)) if is_abandoned => abandoned.push((seq, message)),
                 Ok((seq, message)) => {
-                    let mut message = sql::claimed_view(message)?;
+                    let mut message = sql::claimed_view(message, cap)?;
                     if self.server_clock {
                         // The lease began on the server no earlier than
                         // the caller read `now`, so it ends no earlier than
@@ -469,7 +475,7 @@ impl Core {
             dead_lettered: Vec::new(),
         };
         if !abandoned.is_empty() {
-            batch.dead_lettered = self.dead_letter_abandoned(abandoned, now).await?;
+            batch.dead_lettered = self.dead_letter_abandoned(abandoned, now, cap).await?;
         }
         Ok(batch)
     }
@@ -479,6 +485,7 @@ impl Core {
         &self,
         abandoned: Vec<(i64, OutboxMessage)>,
         now: DateTime<Utc>,
+        cap: u32,
     ) -> Result<Vec<OutboxMessage>> {
         let mut ids = Vec::with_capacity(abandoned.len());
         let mut attempts = Vec::with_capacity(abandoned.len());
@@ -490,7 +497,7 @@ impl Core {
                 ErrorRecord::from_error(&AbandonedClaimError {
                     id: message.id.clone(),
                     attempts: message.attempts,
-                    max_attempts: message.max_attempts,
+                    max_attempts: message.effective_max_attempts(cap),
                 })
                 .to_json(),
             );
@@ -500,6 +507,7 @@ impl Core {
             .bind(ids)
             .bind(attempts)
             .bind(errors)
+            .bind(i64::from(cap))
             .fetch_all(&self.parts.pool)
             .await
             .map_err(db("claim_batch"))?;

@@ -14,6 +14,10 @@ use crate::store::sql::{SharedStatements, TableName};
 /// its own, where the two agree.
 const NOW: &str = "coalesce($1::timestamptz, statement_timestamp())";
 
+/// The attempt cap of a claim's row: its own when set at enqueue, else the
+/// claim's (`$3`).
+const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE $3 END)";
+
 /// [`NOW`] for the row `v` of a fenced write batch.
 const ROW_NOW: &str = "coalesce(v.now, statement_timestamp())";
 
@@ -37,6 +41,7 @@ pub(super) fn columns(prefix: &str) -> String {
         "created_at",
         "updated_at",
         "delivered_at",
+        "max_attempts_set",
     ]
     .iter()
     .map(|c| format!("{prefix}{c}"))
@@ -49,14 +54,16 @@ pub(super) fn columns(prefix: &str) -> String {
 pub(super) struct Statements {
     /// Insert one message unless its id is taken (and notify, when the store
     /// does and it inserted); returns a row when it inserted. A NULL
-    /// `available_at` is the database's time. Binds: `$1` id ... `$8` now (see
-    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$9` the
-    /// channel.
+    /// `available_at` is the database's time. Binds: `$1` id ... `$9` max
+    /// attempts set (see
+    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$10`
+    /// the channel.
     pub(super) insert: Arc<str>,
     /// Claim, with `{limit}` to write out; see [`Statements::claim`].
     claim: Arc<str>,
     /// Dead-letter rows out of attempts if they still are. Binds: now (NULL
-    /// for the database's), then arrays of ids, attempts and errors.
+    /// for the database's), then arrays of ids, attempts and errors, then
+    /// the attempt cap of rows without their own.
     pub(super) abandoned: Arc<str>,
     /// Dead-letter an unreadable row. Binds: error, now (NULL for the
     /// database's), seq, token.
@@ -81,9 +88,9 @@ impl Statements {
         let m_all = columns("m.");
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
-             available_at, created_at, updated_at) \
+             available_at, created_at, updated_at, max_attempts_set) \
              VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, \
-               coalesce($7, statement_timestamp()), $8, $8) \
+               coalesce($7, statement_timestamp()), $8, $8, $9) \
              ON CONFLICT (id) DO NOTHING RETURNING 1"
         );
         let own = Statements {
@@ -93,7 +100,7 @@ impl Statements {
             insert: if notify {
                 format!(
                     "WITH inserted AS ({insert}) \
-                     SELECT pg_notify($9, '') FROM inserted"
+                     SELECT pg_notify($10, '') FROM inserted"
                 )
             } else {
                 insert
@@ -105,11 +112,11 @@ impl Statements {
             // `{limit}` is written out per claim; see `Statements::claim`.
             claim: format!(
                 "WITH pending AS ( \
-                   SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
+                   SELECT id, available_at, created_at, seq, attempts >= {CAP} AS abandoned \
                    FROM {t} WHERE status = 'pending' AND available_at <= {NOW} \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  expired AS ( \
-                   SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
+                   SELECT id, available_at, created_at, seq, attempts >= {CAP} AS abandoned \
                    FROM {t} WHERE status = 'claimed' AND locked_until <= {NOW} \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  picked AS ( \
@@ -133,7 +140,8 @@ impl Statements {
                    claimed_at = NULL, locked_until = NULL, last_error = v.error, \
                    updated_at = {NOW} \
                  FROM unnest($2::text[], $3::bigint[], $4::text[]) AS v(id, attempts, error) \
-                 WHERE m.id = v.id AND m.attempts = v.attempts AND m.attempts >= m.max_attempts \
+                 WHERE m.id = v.id AND m.attempts = v.attempts \
+                   AND m.attempts >= (CASE WHEN m.max_attempts_set THEN m.max_attempts ELSE $5 END) \
                    AND ((m.status = 'pending' AND m.available_at <= {NOW}) \
                      OR (m.status = 'claimed' AND m.locked_until <= {NOW})) \
                  RETURNING {m_all}"
@@ -225,7 +233,8 @@ impl Statements {
     /// assumes a tenth of the table, so it planned every claim afresh. With
     /// the limit written out, each size of claim is a prepared statement of
     /// its own whose plan is reused. Binds: `$1` now (NULL for the
-    /// database's), `$2` the lease in µs. Rows
+    /// database's), `$2` the lease in µs, `$3` the attempt cap of rows
+    /// without their own. Rows
     /// out of attempts come back with `abandoned = true`, untouched.
     pub(super) fn claim(&self, limit: usize) -> String {
         self.claim.replace("{limit}", &limit.to_string())

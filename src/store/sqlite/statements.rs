@@ -8,17 +8,21 @@ use crate::store::sql::{SharedStatements, TableName};
 /// Every column, in the order rows are read.
 pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, attempts, max_attempts, \
     available_at, claim_token, claimed_at, locked_until, last_error, created_at, updated_at, \
-    delivered_at";
+    delivered_at, max_attempts_set";
+
+/// The attempt cap of a row: its own when set at enqueue, else the claim's
+/// (`?4`).
+const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE ?4 END)";
 
 /// The rendered statements for one table.
 #[derive(Debug)]
 pub(super) struct Statements {
     /// Insert one message unless its id is taken (then nothing changes).
-    /// Binds: `?1` id ... `?8` now (see
+    /// Binds: `?1` id ... `?9` max attempts set (see
     /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)).
     pub(super) insert: Arc<str>,
     /// Claim. Binds: `?1` now and `?2` lease end (µs since the epoch), `?3`
-    /// limit.
+    /// limit, `?4` the attempt cap of messages without their own.
     pub(super) claim: Arc<str>,
     /// Record why a claimed row was dead-lettered. Binds: error, seq.
     pub(super) abandoned: Arc<str>,
@@ -37,8 +41,8 @@ impl Statements {
         let own = Statements {
             insert: format!(
                 "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
-                 available_at, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8) \
+                 available_at, created_at, updated_at, max_attempts_set) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8, ?9) \
                  ON CONFLICT (id) DO NOTHING"
             )
             .into(),
@@ -46,11 +50,11 @@ impl Statements {
             // order; the union is cut to the limit again.
             claim: format!(
                 "UPDATE {t} SET \
-                   status = CASE WHEN attempts >= max_attempts THEN 'dead_lettered' ELSE 'claimed' END, \
-                   attempts = CASE WHEN attempts >= max_attempts THEN attempts ELSE attempts + 1 END, \
-                   claim_token = CASE WHEN attempts >= max_attempts THEN NULL ELSE lower(hex(randomblob(16))) END, \
-                   claimed_at = CASE WHEN attempts >= max_attempts THEN NULL ELSE ?1 END, \
-                   locked_until = CASE WHEN attempts >= max_attempts THEN NULL ELSE ?2 END, \
+                   status = CASE WHEN attempts >= {CAP} THEN 'dead_lettered' ELSE 'claimed' END, \
+                   attempts = CASE WHEN attempts >= {CAP} THEN attempts ELSE attempts + 1 END, \
+                   claim_token = CASE WHEN attempts >= {CAP} THEN NULL ELSE lower(hex(randomblob(16))) END, \
+                   claimed_at = CASE WHEN attempts >= {CAP} THEN NULL ELSE ?1 END, \
+                   locked_until = CASE WHEN attempts >= {CAP} THEN NULL ELSE ?2 END, \
                    updated_at = ?1 \
                  WHERE seq IN ( \
                    SELECT seq FROM ( \
