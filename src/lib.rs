@@ -107,7 +107,7 @@ mod trace;
 mod transport;
 
 pub use clock::{Clock, SharedClock, SystemClock, TokioClock};
-pub use config::{DrainConfig, SettlementConfig};
+pub use config::{DrainConfig, RetentionConfig, SettlementConfig};
 pub use error::{
     AbandonedClaimError, AdminError, Backend, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
     DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedSource,
@@ -134,8 +134,8 @@ pub use store::sql::{MAX_TABLE_NAME_PART, SettlementMode, TableName};
 pub use store::sqlite::{DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, SqliteOutbox};
 pub use store::{
     ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages, MarkDelivered, MarkFailed,
-    MessagePage, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
-    RequeueDeadLetters, SharedStore, Wakeups,
+    MessagePage, OutboxAdmin, OutboxStats, OutboxStore, PurgeBatch, PurgeMessages, ReleaseClaim,
+    RenewClaim, RequeueDeadLetters, SharedStore, Wakeups,
 };
 pub use trace::TraceCarrier;
 pub use transport::{

@@ -9,7 +9,8 @@ use chrono::{DateTime, Utc};
 use super::kit::{WakeupSender, check, lease_end};
 use super::{
     ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage, OutboxAdmin,
-    OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, Wakeups,
+    OutboxStats, OutboxStore, PurgeBatch, PurgeMessages, ReleaseClaim, RenewClaim,
+    RequeueDeadLetters, Wakeups,
 };
 use crate::error::{
     AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result,
@@ -561,19 +562,38 @@ impl MemoryOutbox {
 
     fn purge_now(&self, params: PurgeMessages) -> Result<u64> {
         check::purge(&params)?;
+        Ok(self.purge_where(params.status, params.older_than, usize::MAX))
+    }
+
+    fn purge_batch_now(&self, params: PurgeBatch) -> Result<u64> {
+        check::purge_batch(&params)?;
+        Ok(self.purge_where(Some(params.status), params.older_than, params.limit))
+    }
+
+    /// Delete up to `limit` terminal messages (of `status`) last changed
+    /// before `older_than`, oldest first.
+    fn purge_where(
+        &self,
+        status: Option<MessageStatus>,
+        older_than: DateTime<Utc>,
+        limit: usize,
+    ) -> u64 {
         let mut state = self.lock();
-        let doomed: Vec<usize> = state
+        let mut doomed: Vec<(DateTime<Utc>, usize)> = state
             .slots
             .iter()
             .enumerate()
             .filter_map(|(slot, stored)| Some((slot, &stored.as_ref()?.message)))
             .filter(|(_, message)| {
                 message.status.is_terminal()
-                    && params.status.is_none_or(|status| status == message.status)
-                    && message.updated_at < params.older_than
+                    && status.is_none_or(|status| status == message.status)
+                    && message.updated_at < older_than
             })
-            .map(|(slot, _)| slot)
+            .map(|(slot, message)| (message.updated_at, slot))
             .collect();
+        doomed.sort_unstable();
+        doomed.truncate(limit);
+        let doomed: Vec<usize> = doomed.into_iter().map(|(_, slot)| slot).collect();
         for &slot in &doomed {
             let stored = state.slots[slot]
                 .take()
@@ -590,7 +610,7 @@ impl MemoryOutbox {
             state.counts[status_index(message.status)] -= 1;
             state.free.push(slot);
         }
-        Ok(doomed.len() as u64)
+        doomed.len() as u64
     }
 }
 
@@ -621,6 +641,10 @@ impl OutboxStore for MemoryOutbox {
 
     fn wakeups(&self) -> Option<Wakeups> {
         Some(self.wake.subscribe())
+    }
+
+    async fn purge_batch(&self, params: PurgeBatch) -> Result<u64> {
+        self.purge_batch_now(params)
     }
 
     async fn pending_count(&self) -> Result<Option<u64>> {

@@ -221,6 +221,19 @@ pub trait OutboxStore: Send + Sync + 'static {
         None
     }
 
+    /// Delete up to `limit` terminal messages of `status` settled before
+    /// `older_than`, oldest first; returns how many. One bounded statement:
+    /// rows other workers hold are skipped, never waited for. The default
+    /// refuses, for stores that cannot delete (retention then reports the
+    /// error and deletes nothing).
+    fn purge_batch(&self, params: PurgeBatch) -> impl Future<Output = Result<u64>> + Send {
+        let _ = params;
+        std::future::ready(Err(crate::Error::invalid(
+            "retention",
+            "this store does not delete settled messages; leave DrainConfig.retention unset",
+        )))
+    }
+
     /// How many messages are `Pending` (due or not), when the store can
     /// count them cheaply; the runtime samples it after each drain pass for
     /// its pending-messages gauge. The default, `None`, leaves that gauge
@@ -370,6 +383,18 @@ pub struct PurgeMessages {
     pub older_than: DateTime<Utc>,
 }
 
+/// Delete one bounded batch of terminal messages of one status that settled
+/// before a horizon: what retention runs, one short statement at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeBatch {
+    /// `Delivered` or `DeadLettered`; anything else is refused.
+    pub status: MessageStatus,
+    /// Only messages whose last change (`updated_at`) is before this.
+    pub older_than: DateTime<Utc>,
+    /// Most rows to delete; 1 to 10 000.
+    pub limit: usize,
+}
+
 /// The operator path of a store.
 pub trait OutboxAdmin: Send + Sync + 'static {
     /// Counts per status, live and expired claims, oldest due message.
@@ -418,6 +443,8 @@ pub trait DynOutboxStore: Send + Sync + 'static {
     fn release_claim(&self, params: ReleaseClaim) -> BoxFuture<'_, Result<()>>;
     /// See [`OutboxStore::wakeups`].
     fn wakeups(&self) -> Option<Wakeups>;
+    /// See [`OutboxStore::purge_batch`].
+    fn purge_batch(&self, params: PurgeBatch) -> BoxFuture<'_, Result<u64>>;
     /// See [`OutboxStore::pending_count`].
     fn pending_count(&self) -> BoxFuture<'_, Result<Option<u64>>> {
         Box::pin(std::future::ready(Ok(None)))
@@ -445,6 +472,9 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn wakeups(&self) -> Option<Wakeups> {
         OutboxStore::wakeups(self)
+    }
+    fn purge_batch(&self, params: PurgeBatch) -> BoxFuture<'_, Result<u64>> {
+        Box::pin(OutboxStore::purge_batch(self, params))
     }
     fn pending_count(&self) -> BoxFuture<'_, Result<Option<u64>>> {
         Box::pin(OutboxStore::pending_count(self))

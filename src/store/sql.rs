@@ -40,8 +40,8 @@ use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoA
 use super::fenced::{FencedBackend, FencedWrite, FencedWriter};
 use super::kit::check;
 use super::{
-    ListCursor, MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeMessages, ReleaseClaim,
-    RenewClaim, RequeueDeadLetters,
+    ListCursor, MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeBatch, PurgeMessages,
+    ReleaseClaim, RenewClaim, RequeueDeadLetters,
 };
 use crate::error::{
     AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result, UnreadableMessage,
@@ -511,8 +511,9 @@ pub(crate) struct SharedStatements {
     pub(crate) requeue_all: Arc<str>,
     /// Status and lease of one message, to name a refused requeue. Binds: id.
     pub(crate) requeue_state: Arc<str>,
-    /// Delete terminal messages. Binds: status or NULL, horizon.
-    pub(crate) purge: Arc<str>,
+    /// Delete a batch of terminal messages of one status, oldest first.
+    /// Binds: status, horizon, limit.
+    pub(crate) purge_batch: Arc<str>,
 }
 
 /// What a SQL store's core gives the shared half.
@@ -800,12 +801,41 @@ where
         requeue_refusal(id, status, until, now)
     }
 
+    /// A purge in batches, each a statement of its own, so no lock is held
+    /// for long however many rows go.
     pub(crate) async fn purge(&self, params: PurgeMessages) -> Result<u64> {
         check::purge(&params)?;
+        const BATCH: usize = 10_000;
+        let statuses = match params.status {
+            Some(status) => vec![status],
+            None => vec![MessageStatus::Delivered, MessageStatus::DeadLettered],
+        };
+        let mut deleted = 0;
+        for status in statuses {
+            loop {
+                let batch = PurgeBatch {
+                    status,
+                    older_than: params.older_than,
+                    limit: BATCH,
+                };
+                let done = self.purge_batch(batch).await?;
+                deleted += done;
+                if done < BATCH as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// One bounded delete; see [`OutboxStore::purge_batch`](crate::OutboxStore::purge_batch).
+    pub(crate) async fn purge_batch(&self, params: PurgeBatch) -> Result<u64> {
+        check::purge_batch(&params)?;
         let _write = self.core.write_lock().await;
-        let done = sqlx::query(AssertSqlSafe(self.core.parts().shared.purge.clone()))
-            .bind(params.status.map(MessageStatus::as_str))
+        let done = sqlx::query(AssertSqlSafe(self.core.parts().shared.purge_batch.clone()))
+            .bind(params.status.as_str())
             .bind(B::Time::store(params.older_than))
+            .bind(i64::try_from(params.limit).unwrap_or(i64::MAX))
             .execute(&self.core.parts().pool)
             .await
             .map_err(db("purge"))?;
@@ -1072,6 +1102,10 @@ macro_rules! sql_store {
 
             fn wakeups(&self) -> Option<$crate::Wakeups> {
                 self.subscribe()
+            }
+
+            async fn purge_batch(&self, params: $crate::PurgeBatch) -> $crate::Result<u64> {
+                self.inner.purge_batch(params).await
             }
 
             /// Counts from the partial index of pending rows, never touching

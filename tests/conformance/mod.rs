@@ -28,6 +28,7 @@ pub(crate) mod budget;
 pub(crate) mod claim;
 pub(crate) mod enqueue;
 pub(crate) mod fenced;
+pub(crate) mod retention;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -124,6 +125,10 @@ macro_rules! conformance_suite {
             conformance_claim_cap_applies_to_messages_without_their_own
                 => budget::claim_cap_applies_to_messages_without_their_own,
             conformance_zero_claim_cap_is_refused => budget::zero_claim_cap_is_refused,
+            conformance_purge_batch_deletes_oldest_settled_first_and_is_bounded
+                => retention::purge_batch_deletes_oldest_settled_first_and_is_bounded,
+            conformance_purge_batch_refuses_live_statuses_and_bad_limits
+                => retention::purge_batch_refuses_live_statuses_and_bad_limits,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

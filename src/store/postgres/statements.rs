@@ -213,9 +213,14 @@ impl Statements {
             )
             .into(),
             requeue_state: format!("SELECT status, locked_until FROM {t} WHERE id = $1").into(),
-            purge: format!(
-                "DELETE FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
-                 AND ($1::text IS NULL OR status = $1) AND updated_at < $2"
+            // The literal status list is the index of settled rows' own
+            // predicate, so the planner reads that index; rows another
+            // transaction holds are left for the next batch.
+            purge_batch: format!(
+                "DELETE FROM {t} WHERE id IN ( \
+                   SELECT id FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+                   AND status = $1 AND updated_at < $2 \
+                   ORDER BY status, updated_at LIMIT $3 FOR UPDATE SKIP LOCKED)"
             )
             .into(),
             table: t.into(),

@@ -107,9 +107,13 @@ impl Statements {
             )
             .into(),
             requeue_state: format!("SELECT status, locked_until FROM {t} WHERE id = ?1").into(),
-            purge: format!(
-                "DELETE FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
-                 AND (?1 IS NULL OR status = ?1) AND updated_at < ?2"
+            // The literal status list is the index of settled rows' own
+            // predicate, which SQLite needs to see to use that index.
+            purge_batch: format!(
+                "DELETE FROM {t} WHERE seq IN ( \
+                   SELECT seq FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+                   AND status = ?1 AND updated_at < ?2 \
+                   ORDER BY status, updated_at LIMIT ?3)"
             )
             .into(),
             table: t.into(),
