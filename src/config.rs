@@ -388,4 +388,32 @@ mod tests {
             "{bad_duration}"
         );
     }
+
+    #[test]
+    fn retention_is_validated_with_each_field_named() {
+        let config: DrainConfig = serde_json::from_str(
+            r#"{"retention":{"delivered":"7d","delete_on_delivery":true,
+                "batch_size":0,"every":"0s","dead_lettered":"2y"}}"#,
+        )
+        .unwrap();
+        let error = config.validate().unwrap_err();
+        let fields: Vec<&str> = error.violations.iter().map(|v| v.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "retention.delete_on_delivery",
+                "retention.batch_size",
+                "retention.every",
+                "retention.dead_lettered",
+            ]
+        );
+        let bad: std::result::Result<DrainConfig, _> =
+            serde_json::from_str(r#"{"retention":{"delivered":"a week"}}"#);
+        assert!(bad.is_err());
+        let on: DrainConfig =
+            serde_json::from_str(r#"{"retention":{"delete_on_delivery":true}}"#).unwrap();
+        on.validate().unwrap();
+        assert_eq!(on.retention.delivered_horizon(), Some(Duration::ZERO));
+        assert!(!DrainConfig::default().retention.is_enabled());
+    }
 }

@@ -154,6 +154,7 @@ mod messages;
 pub mod metrics;
 mod notices;
 mod recipient;
+mod retention;
 mod settlement;
 mod telemetry;
 

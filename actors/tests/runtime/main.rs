@@ -27,6 +27,7 @@ mod lease;
 mod outages;
 mod passes;
 mod registry;
+mod retention;
 mod settlement;
 mod shutdown;
 mod telemetry;

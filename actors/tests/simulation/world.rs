@@ -258,6 +258,7 @@ fn draw_config(rng: &mut Rng, seed: u64) -> DrainConfig {
             .chance(0.3)
             .then(|| Duration::from_millis(rng.range(500, 20_000))),
         delivery_arbiters: 0,
+        retention: Default::default(),
     }
 }
 
