@@ -185,10 +185,8 @@ mod sqlite {
     }
 
     pub(super) async fn main(messages: usize) {
-        let path = std::env::temp_dir().join(format!(
-            "outbox-retention-bench-{}.db",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("outbox-retention-bench-{}.db", std::process::id()));
         let store = SqliteOutbox::connect(&format!("sqlite://{}", path.display()))
             .await
             .expect("open the bench database");
@@ -270,7 +268,13 @@ mod postgres {
             .build();
         drop_table(&store).await;
         store.setup().await.expect("create the bench table");
-        run("postgres", store.clone(), &Postgres(store.clone()), messages).await;
+        run(
+            "postgres",
+            store.clone(),
+            &Postgres(store.clone()),
+            messages,
+        )
+        .await;
         drop_table(&store).await;
     }
 }
