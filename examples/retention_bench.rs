@@ -5,8 +5,8 @@
 //! Each round enqueues 10 000 messages, delivers them (claims of 100, each
 //! message settled with `mark_delivered`), then runs retention as the
 //! runtime does: `purge_batch` of at most 1 000 rows until a batch comes
-//! back short. A round is a minute of the store's clock and the horizon is
-//! five minutes, so about 50 000 delivered rows are kept at any time. With
+//! back short, deleting what settled before the fifth-last round started, so
+//! about 50 000 delivered rows are kept at any time. With
 //! retention working, the claim cost and the table size of the last rounds
 //! are those of the first rounds after the horizon filled.
 //!
@@ -22,7 +22,7 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use futures_util::future::{BoxFuture, join_all};
 use outbox::{
     ClaimBatch, MarkDelivered, MessageKind, MessageStatus, NewMessage, OutboxStore, Payload,
@@ -35,10 +35,6 @@ const RETENTION_BATCH: usize = 1_000;
 const HORIZON_ROUNDS: i64 = 5;
 /// Rounds whose figures are averaged at each end of the run.
 const WINDOW: usize = 10;
-
-fn at(ms: i64) -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap() + chrono::Duration::milliseconds(ms)
-}
 
 fn message(i: usize, now: DateTime<Utc>) -> NewMessage {
     let payload = Payload::from_json(format!(r#"{{"order":{i}}}"#)).expect("valid JSON");
@@ -68,8 +64,12 @@ async fn run<S: OutboxStore + Clone>(label: &str, store: S, table: &dyn Table, m
     let mut sizes = Vec::with_capacity(rounds);
     let mut deleted_total = 0u64;
     let size_empty = table.size().await;
+    // The system clock: the PostgreSQL store stamps settlements with the
+    // server's time, so a horizon on any other clock would match nothing.
+    let mut round_started: Vec<DateTime<Utc>> = Vec::with_capacity(rounds);
     for round in 0..rounds {
-        let now = at(round as i64 * 60_000);
+        let now = Utc::now();
+        round_started.push(now);
         table.fill(round * ROUND, now).await;
         let mut timings = Vec::with_capacity(ROUND / CLAIM);
         loop {
@@ -97,7 +97,16 @@ async fn run<S: OutboxStore + Clone>(label: &str, store: S, table: &dyn Table, m
             .collect::<outbox::Result<Vec<()>>>()
             .expect("mark_delivered");
         }
-        let horizon = now - chrono::Duration::minutes(HORIZON_ROUNDS);
+        // Keep the last HORIZON_ROUNDS rounds: delete what settled before
+        // the oldest of them started.
+        let Some(&horizon) = round
+            .checked_sub(HORIZON_ROUNDS as usize - 1)
+            .map(|r| &round_started[r])
+        else {
+            claim_us.push(median(timings));
+            sizes.push(table.size().await as f64);
+            continue;
+        };
         loop {
             let done = store
                 .purge_batch(PurgeBatch {
