@@ -285,6 +285,7 @@ async fn baseline(store: SharedStore, messages: u64, concurrency: usize) -> Dura
                     limit: concurrency - in_flight.len(),
                     now: SystemClock.now(),
                     lease,
+                    max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                 })
                 .await
                 .expect("claim");

@@ -89,6 +89,7 @@ async fn claim_cost(store: &impl OutboxStore, now: DateTime<Utc>) -> Duration {
             limit: CLAIM,
             now,
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         };
         let started = Instant::now();
         let batch = store.claim_batch(params).await.expect("claim");
@@ -254,6 +255,7 @@ async fn measure<S: OutboxStore + OutboxAdmin>(
                 limit: CLAIM,
                 now,
                 lease: LEASE,
+                max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             };
             let batch = store.claim_batch(params).await.expect("claim");
             claims += 1;
@@ -289,6 +291,7 @@ async fn measure<S: OutboxStore + OutboxAdmin>(
             limit: CLAIM,
             now,
             lease: Duration::from_secs(3_600),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         };
         held += store
             .claim_batch(params)

@@ -54,6 +54,9 @@ pub struct DrainConfig {
     pub delivery_arbiters: usize,
     /// How ordering keys behave.
     pub ordering: OrderingConfig,
+    /// How long settled messages are kept. Default: for ever (nothing is
+    /// deleted; `outbox purge` still can).
+    pub retention: RetentionConfig,
 }
 
 /// How ordering keys behave (see
@@ -73,6 +76,103 @@ pub struct OrderingConfig {
     pub on_dead_letter: OnDeadLetter,
 }
 
+/// How long settled messages are kept, and how the runtime deletes older
+/// ones: in batches of at most `batch_size` rows, each a statement of its
+/// own (no long lock), at most every `every`, beside the drain passes.
+///
+/// ```
+/// let config: outbox::DrainConfig = serde_json::from_str(
+///     r#"{ "retention": { "delivered": "7d", "dead_lettered": "30d" } }"#,
+/// ).unwrap();
+/// config.validate().unwrap();
+/// assert_eq!(config.retention.delivered, Some(std::time::Duration::from_secs(7 * 86_400)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Delete delivered messages this long after they were delivered.
+    /// Default: keep them.
+    #[serde(with = "humantime_serde")]
+    pub delivered: Option<Duration>,
+    /// Delete dead-lettered messages this long after they were
+    /// dead-lettered. Default: keep them.
+    #[serde(with = "humantime_serde")]
+    pub dead_lettered: Option<Duration>,
+    /// Delete delivered messages at the first retention run after their
+    /// delivery: the same as `delivered: "0s"`. Not with `delivered`.
+    pub delete_on_delivery: bool,
+    /// Most rows one delete statement removes; 1 to 10 000. Default 1 000.
+    pub batch_size: usize,
+    /// Time between retention runs. Default 60 s.
+    #[serde(with = "humantime_serde")]
+    pub every: Duration,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            delivered: None,
+            dead_lettered: None,
+            delete_on_delivery: false,
+            batch_size: 1_000,
+            every: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// How long delivered messages are kept, if they are deleted at all.
+    pub fn delivered_horizon(&self) -> Option<Duration> {
+        if self.delete_on_delivery {
+            Some(Duration::ZERO)
+        } else {
+            self.delivered
+        }
+    }
+
+    /// `true` when some settled messages are to be deleted.
+    pub fn is_enabled(&self) -> bool {
+        self.delivered_horizon().is_some() || self.dead_lettered.is_some()
+    }
+
+    fn check(&self, out: &mut Vec<ConfigViolation>) {
+        let mut bad = |field, rule: String| out.push(ConfigViolation { field, rule });
+        let show = |d: Duration| humantime::format_duration(d).to_string();
+        if self.delete_on_delivery && self.delivered.is_some() {
+            bad(
+                "retention.delete_on_delivery",
+                "cannot be set with retention.delivered; keep one of the two".into(),
+            );
+        }
+        if !(1..=10_000).contains(&self.batch_size) {
+            bad(
+                "retention.batch_size",
+                format!("must be between 1 and 10000 ({} given)", self.batch_size),
+            );
+        }
+        if self.every.is_zero() {
+            bad("retention.every", "must be longer than zero".into());
+        }
+        let limits = [
+            ("retention.delivered", self.delivered),
+            ("retention.dead_lettered", self.dead_lettered),
+            ("retention.every", Some(self.every)),
+        ];
+        for (field, value) in limits {
+            if let Some(value) = value.filter(|v| *v > MAX_DURATION) {
+                bad(
+                    field,
+                    format!(
+                        "must be at most {} ({} given)",
+                        show(MAX_DURATION),
+                        show(value)
+                    ),
+                );
+            }
+        }
+    }
+}
+
 impl Default for DrainConfig {
     fn default() -> Self {
         DrainConfig {
@@ -86,6 +186,7 @@ impl Default for DrainConfig {
             every: None,
             delivery_arbiters: 0,
             ordering: OrderingConfig::default(),
+            retention: RetentionConfig::default(),
         }
     }
 }
@@ -203,6 +304,7 @@ impl DrainConfig {
             }
         }
         self.retry.check(&mut out);
+        self.retention.check(&mut out);
 
         if out.is_empty() {
             Ok(())
@@ -306,5 +408,33 @@ mod tests {
             bad_duration.to_string().contains("soon") || bad_duration.to_string().contains("unit"),
             "{bad_duration}"
         );
+    }
+
+    #[test]
+    fn retention_is_validated_with_each_field_named() {
+        let config: DrainConfig = serde_json::from_str(
+            r#"{"retention":{"delivered":"7d","delete_on_delivery":true,
+                "batch_size":0,"every":"0s","dead_lettered":"2y"}}"#,
+        )
+        .unwrap();
+        let error = config.validate().unwrap_err();
+        let fields: Vec<&str> = error.violations.iter().map(|v| v.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "retention.delete_on_delivery",
+                "retention.batch_size",
+                "retention.every",
+                "retention.dead_lettered",
+            ]
+        );
+        let bad: std::result::Result<DrainConfig, _> =
+            serde_json::from_str(r#"{"retention":{"delivered":"a week"}}"#);
+        assert!(bad.is_err());
+        let on: DrainConfig =
+            serde_json::from_str(r#"{"retention":{"delete_on_delivery":true}}"#).unwrap();
+        on.validate().unwrap();
+        assert_eq!(on.retention.delivered_horizon(), Some(Duration::ZERO));
+        assert!(!DrainConfig::default().retention.is_enabled());
     }
 }

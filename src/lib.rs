@@ -88,7 +88,7 @@
 //! let id = store.enqueue(NewMessage::event(&OrderPlaced { order_id: 7 })?).await?.into_id();
 //!
 //! let batch = store
-//!     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30) })
+//!     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS })
 //!     .await?;
 //! assert_eq!(batch.claimed[0].id, id);
 //! # Ok(())
@@ -110,7 +110,7 @@ mod trace;
 mod transport;
 
 pub use clock::{Clock, SharedClock, SystemClock, TokioClock};
-pub use config::{DrainConfig, OrderingConfig, SettlementConfig};
+pub use config::{DrainConfig, OrderingConfig, RetentionConfig, SettlementConfig};
 pub use error::{
     AbandonedClaimError, AdminError, Backend, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
     DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedSource,
@@ -142,8 +142,9 @@ pub use store::sql::{MAX_TABLE_NAME_PART, SettlementMode, TableName};
 pub use store::sqlite::{DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, SqliteOutbox};
 pub use store::{
     BlockedKey, ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages, MarkDelivered,
-    MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages,
-    ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow, SharedStore, SkipDeadLetter, Wakeups,
+    MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeBatch,
+    PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow, SharedStore,
+    SkipDeadLetter, Wakeups,
 };
 pub use trace::TraceCarrier;
 pub use transport::{

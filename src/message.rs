@@ -12,8 +12,13 @@ use crate::payload::Payload;
 use crate::payload::{Event, Job};
 use crate::trace::TraceCarrier;
 
-/// Attempts a message gets when the enqueuer does not say otherwise.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+/// Attempts a message gets when neither the enqueuer, its job's policy nor
+/// the drain's `retry.max_attempts` says otherwise.
+///
+/// With the default [`RetryPolicy`](crate::RetryPolicy) backoff, 25 attempts
+/// span at least 24 hours even when jitter shortens every delay as far as it
+/// can, so an outage of a day dead-letters nothing.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
 
 // Parsing fails with `Error`, whose variants name the kinds: kept here, above
 // both, so `kind.rs` stays a leaf.
@@ -66,8 +71,15 @@ pub struct OutboxMessage {
     pub status: MessageStatus,
     /// Claims made so far.
     pub attempts: u32,
-    /// Claims allowed before the message is dead-lettered.
+    /// The attempt cap stored with the message: the one given at enqueue
+    /// when `max_attempts_set`, otherwise [`DEFAULT_MAX_ATTEMPTS`] as it was
+    /// when the message was enqueued. See
+    /// [`OutboxMessage::effective_max_attempts`] for the cap that applies.
     pub max_attempts: u32,
+    /// `true` when the enqueuer (or the job's retry policy) set the attempt
+    /// cap; `false` when the draining worker's `retry.max_attempts` decides.
+    #[serde(default = "set_by_default")]
+    pub max_attempts_set: bool,
     /// Not claimable before this time.
     pub available_at: DateTime<Utc>,
     /// The token of the current claim, while claimed.
@@ -92,7 +104,22 @@ pub struct OutboxMessage {
     pub skipped_at: Option<DateTime<Utc>>,
 }
 
+fn set_by_default() -> bool {
+    true
+}
+
 impl OutboxMessage {
+    /// The attempt cap that applies to this message under a drain whose cap
+    /// (its `retry.max_attempts`, or [`DEFAULT_MAX_ATTEMPTS`]) is
+    /// `drain_cap`: the message's own when it was set, the drain's otherwise.
+    pub fn effective_max_attempts(&self, drain_cap: u32) -> u32 {
+        if self.max_attempts_set {
+            self.max_attempts
+        } else {
+            drain_cap
+        }
+    }
+
     /// `true` when a claim made at `now` could take this message.
     pub fn is_claimable(&self, now: DateTime<Utc>) -> bool {
         match self.status {
@@ -123,8 +150,14 @@ pub struct ClaimedMessage {
     pub trace: Option<TraceCarrier>,
     /// Claims made so far, this one included.
     pub attempts: u32,
-    /// Claims allowed before the message is dead-lettered.
+    /// Claims allowed before the message is dead-lettered: the message's
+    /// own cap when it was set, otherwise the cap of the claim
+    /// ([`ClaimBatch::max_attempts`](crate::ClaimBatch::max_attempts)).
     pub max_attempts: u32,
+    /// `true` when `max_attempts` is the message's own cap (set at enqueue
+    /// or by its job's policy); `false` when it is the claim's.
+    #[serde(default = "set_by_default")]
+    pub max_attempts_set: bool,
     /// When the message became available.
     pub available_at: DateTime<Utc>,
     /// When the message was enqueued.
@@ -206,8 +239,10 @@ pub struct NewMessage {
     pub payload: Payload,
     /// Trace context to store with the message.
     pub trace: Option<TraceCarrier>,
-    /// Claims allowed before dead-lettering; at least 1.
-    pub max_attempts: u32,
+    /// Claims allowed before dead-lettering; at least 1. `None` leaves it to
+    /// the draining worker: its `retry.max_attempts`, or
+    /// [`DEFAULT_MAX_ATTEMPTS`].
+    pub max_attempts: Option<u32>,
     /// Not claimable before this time; `None` means `now`.
     pub available_at: Option<DateTime<Utc>>,
     /// The enqueue time: `created_at` and `updated_at` of the stored message.
@@ -234,7 +269,8 @@ pub struct Idempotency {
 }
 
 impl NewMessage {
-    /// A raw message with the default attempt budget, enqueued now.
+    /// A raw message, enqueued now, whose attempt cap the draining worker
+    /// decides (see [`NewMessage::max_attempts`]).
     pub fn new(kind: MessageKind, name: impl Into<String>, payload: Payload) -> Self {
         NewMessage {
             id: None,
@@ -242,7 +278,7 @@ impl NewMessage {
             name: name.into(),
             payload,
             trace: TraceCarrier::current(),
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            max_attempts: None,
             available_at: None,
             now: crate::clock::system_now(),
             ordering_key: None,
@@ -261,7 +297,7 @@ impl NewMessage {
         let payload = encode(MessageKind::Job, J::NAME, payload)?;
         let mut message = Self::new(MessageKind::Job, J::NAME, payload);
         if let Some(max_attempts) = J::retry_policy().and_then(|policy| policy.max_attempts) {
-            message.max_attempts = max_attempts;
+            message.max_attempts = Some(max_attempts);
         }
         Ok(message)
     }
@@ -272,9 +308,10 @@ impl NewMessage {
         self
     }
 
-    /// Allow this many claims before dead-lettering.
+    /// Allow this many claims before dead-lettering. The message's own cap
+    /// wins over its job's policy and over the drain's `retry.max_attempts`.
     pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
-        self.max_attempts = max_attempts;
+        self.max_attempts = Some(max_attempts);
         self
     }
 
@@ -333,7 +370,7 @@ impl NewMessage {
             self.idempotency = Some(idempotency);
         }
         if let Some(max_attempts) = options.max_attempts {
-            self.max_attempts = max_attempts;
+            self.max_attempts = Some(max_attempts);
         }
         self
     }
@@ -356,7 +393,7 @@ impl NewMessage {
                 "must not be empty; leave it unset to generate one",
             ));
         }
-        if self.max_attempts == 0 {
+        if self.max_attempts == Some(0) {
             return Err(Error::invalid("max_attempts", "must be at least 1"));
         }
         if let Some(key) = &self.ordering_key {

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ConfigViolation, DeliveryError};
 use crate::limits::MAX_DURATION;
+use crate::message::{ClaimedMessage, DEFAULT_MAX_ATTEMPTS};
 
 /// A predicate that decides whether an error is worth another attempt.
 pub type ShouldRetry = Arc<dyn Fn(&DeliveryError) -> bool + Send + Sync>;
@@ -22,11 +23,29 @@ pub type ShouldRetry = Arc<dyn Fn(&DeliveryError) -> bool + Send + Sync>;
 /// `min(initial_delay * multiplier^(n-1), max_delay)`, then reduced by up to
 /// `jitter` of itself. Jitter is a pure function of `seed`, the message id and
 /// the attempt, so a seeded policy gives exact, repeatable delays.
+///
+/// # Attempt cap
+///
+/// The cap on a message's attempts is, first to be given wins:
+///
+/// 1. the message's own, given at enqueue
+///    ([`NewMessage::with_max_attempts`](crate::NewMessage::with_max_attempts));
+/// 2. its job's policy's `max_attempts` (stamped on the message at enqueue by
+///    [`NewMessage::job`](crate::NewMessage::job));
+/// 3. the drain's `retry.max_attempts`, which can raise or lower it;
+/// 4. [`DEFAULT_MAX_ATTEMPTS`] (25).
+///
+/// The default policy (1 s doubling, capped at 3 h, jitter 0.2) with 25
+/// attempts keeps a message at least 27 h 38 min before it is dead-lettered
+/// (34 h 33 min without jitter),
+/// even when jitter shortens every delay by its full 20 %
+/// ([`RetryPolicy::shortest_total_delay`]).
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryPolicy {
-    /// Attempts allowed in all; `None` leaves it to each message's own
-    /// `max_attempts`. When both are set the smaller wins.
+    /// Attempts allowed in all, for messages enqueued without a cap of their
+    /// own; `None` means [`DEFAULT_MAX_ATTEMPTS`]. It can raise the cap as
+    /// well as lower it; see "Attempt cap" above.
     pub max_attempts: Option<u32>,
     /// Delay after the first failure.
     #[serde(with = "humantime_serde")]
@@ -51,7 +70,7 @@ impl Default for RetryPolicy {
             max_attempts: None,
             initial_delay: Duration::from_secs(1),
             multiplier: 2.0,
-            max_delay: Duration::from_secs(300),
+            max_delay: Duration::from_secs(3 * 60 * 60),
             jitter: 0.2,
             seed: None,
             should_retry: None,
@@ -128,26 +147,53 @@ impl RetryPolicy {
         self
     }
 
-    /// Whether a message that has been claimed `attempts` times, with its own
-    /// budget of `message_max_attempts`, gets another attempt after `error`.
-    pub fn allows_retry(
-        &self,
-        attempts: u32,
-        message_max_attempts: u32,
-        error: &DeliveryError,
-    ) -> bool {
-        let cap = self
-            .max_attempts
-            .map_or(message_max_attempts, |max| max.min(message_max_attempts));
-        attempts < cap && self.should_retry.as_ref().is_none_or(|retry| retry(error))
+    /// The attempt cap of `message` under this policy: the message's own
+    /// when it was set at enqueue, else this policy's `max_attempts`, else
+    /// the cap the message was claimed under (the drain's).
+    pub fn max_attempts_for(&self, message: &ClaimedMessage) -> u32 {
+        if message.max_attempts_set {
+            message.max_attempts
+        } else {
+            self.max_attempts.unwrap_or(message.max_attempts)
+        }
+    }
+
+    /// This policy's cap for messages without their own:
+    /// `max_attempts`, or [`DEFAULT_MAX_ATTEMPTS`].
+    pub fn attempt_cap(&self) -> u32 {
+        self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS)
+    }
+
+    /// Whether a message that has been claimed `attempts` times, under a cap
+    /// of `max_attempts` (see [`RetryPolicy::max_attempts_for`]), gets
+    /// another attempt after `error`.
+    pub fn allows_retry(&self, attempts: u32, max_attempts: u32, error: &DeliveryError) -> bool {
+        attempts < max_attempts && self.should_retry.as_ref().is_none_or(|retry| retry(error))
+    }
+
+    /// The delay after the `attempts`th failure before jitter: what
+    /// [`RetryPolicy::delay`] shortens at random.
+    pub fn nominal_delay(&self, attempts: u32) -> Duration {
+        let exponent = attempts.saturating_sub(1).min(1024) as i32;
+        let base = self.initial_delay.as_secs_f64() * self.multiplier.powi(exponent);
+        Duration::from_secs_f64(base.min(self.max_delay.as_secs_f64()).max(0.0))
+    }
+
+    /// The least time a message with `max_attempts` attempts can spend
+    /// between its first attempt and its last, whatever the jitter: the sum
+    /// of its `max_attempts - 1` delays, each shortened by the full
+    /// `jitter`. Handler run time comes on top.
+    pub fn shortest_total_delay(&self, max_attempts: u32) -> Duration {
+        let keep = 1.0 - self.jitter.clamp(0.0, 1.0);
+        (1..max_attempts)
+            .map(|n| self.nominal_delay(n).mul_f64(keep))
+            .sum()
     }
 
     /// The delay before the next attempt of message `id` after its
     /// `attempts`th failed attempt.
     pub fn delay(&self, attempts: u32, id: &str) -> Duration {
-        let exponent = attempts.saturating_sub(1).min(1024) as i32;
-        let base = self.initial_delay.as_secs_f64() * self.multiplier.powi(exponent);
-        let capped = base.min(self.max_delay.as_secs_f64());
+        let capped = self.nominal_delay(attempts).as_secs_f64();
         let jitter = self.jitter.clamp(0.0, 1.0) * unit_interval(self.seed(), id, attempts);
         Duration::from_secs_f64((capped * (1.0 - jitter)).max(0.0))
     }
@@ -245,14 +291,78 @@ mod tests {
         }
     }
 
+    fn claimed(max_attempts: u32, set: bool) -> ClaimedMessage {
+        let now = chrono::DateTime::UNIX_EPOCH;
+        ClaimedMessage {
+            id: "m".into(),
+            kind: crate::MessageKind::Event,
+            name: "e".into(),
+            payload: crate::Payload::from_json("{}".to_string()).unwrap(),
+            trace: None,
+            ordering_key: None,
+            attempts: 1,
+            max_attempts,
+            max_attempts_set: set,
+            available_at: now,
+            created_at: now,
+            claim_token: "t".into(),
+            claimed_at: now,
+            locked_until: now,
+        }
+    }
+
     #[test]
-    fn attempt_cap_is_the_smaller_budget() {
+    fn attempt_cap_precedence_message_then_policy_then_claim() {
+        let policy = RetryPolicy::default().with_max_attempts(3);
+        // Set at enqueue: the message's own cap wins, higher or lower.
+        assert_eq!(policy.max_attempts_for(&claimed(40, true)), 40);
+        assert_eq!(policy.max_attempts_for(&claimed(2, true)), 2);
+        // Not set: the policy's cap, higher or lower than the claim's.
+        assert_eq!(policy.max_attempts_for(&claimed(25, false)), 3);
+        let generous = RetryPolicy::default().with_max_attempts(50);
+        assert_eq!(generous.max_attempts_for(&claimed(25, false)), 50);
+        // Neither: the cap the message was claimed under.
+        assert_eq!(
+            RetryPolicy::default().max_attempts_for(&claimed(25, false)),
+            25
+        );
+        assert_eq!(RetryPolicy::default().attempt_cap(), DEFAULT_MAX_ATTEMPTS);
+        assert_eq!(generous.attempt_cap(), 50);
+    }
+
+    #[test]
+    fn default_budget_outlasts_a_day_with_the_worst_jitter() {
+        let policy = RetryPolicy::default();
+        let day = Duration::from_secs(24 * 60 * 60);
+        let shortest = policy.shortest_total_delay(DEFAULT_MAX_ATTEMPTS);
+        assert!(shortest >= day, "{shortest:?}");
+        // The bound holds for the delays actually drawn, for any seed and id.
+        for seed in 0..200u64 {
+            let seeded = policy.clone().with_seed(seed);
+            let id = format!("message-{seed}");
+            let total: Duration = (1..DEFAULT_MAX_ATTEMPTS)
+                .map(|n| seeded.delay(n, &id))
+                .sum();
+            assert!(total >= shortest, "seed {seed}: {total:?} < {shortest:?}");
+        }
+        // Each delay: doubling from 1 s, capped at 3 h.
+        let nominal: Vec<u64> = (1..DEFAULT_MAX_ATTEMPTS)
+            .map(|n| policy.nominal_delay(n).as_secs())
+            .collect();
+        assert_eq!(&nominal[..3], [1, 2, 4]);
+        assert_eq!(nominal[12], 4096);
+        assert_eq!(nominal[13], 8192);
+        assert!(nominal[14..].iter().all(|&d| d == 3 * 60 * 60));
+        assert_eq!(shortest.as_secs(), 99_506);
+    }
+
+    #[test]
+    fn attempt_cap_bounds_retries() {
         let error = DeliveryError::msg("boom");
         let policy = RetryPolicy::default();
         assert!(policy.allows_retry(4, 5, &error));
         assert!(!policy.allows_retry(5, 5, &error));
-        let capped = RetryPolicy::default().with_max_attempts(2);
-        assert!(!capped.allows_retry(2, 5, &error));
+        assert!(policy.allows_retry(24, 25, &error));
         let picky = RetryPolicy::default().with_should_retry(|e| !e.to_string().contains("fatal"));
         assert!(!picky.allows_retry(1, 5, &DeliveryError::msg("fatal: no")));
         assert!(picky.allows_retry(1, 5, &error));

@@ -531,6 +531,7 @@ mod tests {
             trace: None,
             attempts: 1,
             max_attempts: 3,
+            max_attempts_set: true,
             available_at: now,
             created_at: now,
             ordering_key: None,

@@ -46,6 +46,7 @@ fn claim() -> ClaimBatch {
         limit: 10,
         now: chrono::Utc::now(),
         lease: Duration::from_secs(30),
+        max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
     }
 }
 

@@ -150,7 +150,7 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(applied, 2);
+    assert_eq!(applied, outbox::POSTGRES_MIGRATOR.iter().count() as i64);
     let indexes: Vec<String> = sqlx::query_scalar(
         "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname",
     )
@@ -219,7 +219,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
     // a cached statement ends up with.
     let mut conn = pool.acquire().await.unwrap();
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "PREPARE claim_plan (timestamptz, bigint) AS {}; \
+        "PREPARE claim_plan (timestamptz, bigint, bigint) AS {}; \
          PREPARE settle_plan (text[], text[], text[], timestamptz[], bigint[], \
            timestamptz[], text[]) AS {}",
         outbox.claim_statement(10),
@@ -231,14 +231,14 @@ async fn claim_is_answered_from_the_partial_indexes() {
     // On the caller's clock, and on the server's (a NULL `now`).
     let runs = [
         (
-            "'2030-01-01 12:00:00+00', 30000000",
+            "'2030-01-01 12:00:00+00', 30000000, 25",
             "array['deliver', 'deliver'], array['p0', 'p1'], array['t', 't'], \
              array['2030-01-01 12:00:00+00', '2030-01-01 12:00:00+00']::timestamptz[], \
              array[NULL, NULL]::bigint[], array[NULL, NULL]::timestamptz[], \
              array[NULL, NULL]::text[]",
         ),
         (
-            "NULL, 30000000",
+            "NULL, 30000000, 25",
             "array['deliver', 'deliver'], array['p0', 'p1'], array['t', 't'], \
              array[NULL, NULL]::timestamptz[], array[NULL, NULL]::bigint[], \
              array[NULL, NULL]::timestamptz[], array[NULL, NULL]::text[]",
@@ -302,6 +302,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
             limit: 10,
             now: t0(),
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -335,7 +336,7 @@ async fn a_claim_statement_reuses_its_plan() {
         .unwrap();
     let mut tx = pool.begin().await.unwrap();
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "PREPARE reused (timestamptz, bigint) AS {}",
+        "PREPARE reused (timestamptz, bigint, bigint) AS {}",
         outbox.claim_statement(10)
     )))
     .execute(&mut *tx)
@@ -343,7 +344,7 @@ async fn a_claim_statement_reuses_its_plan() {
     .unwrap();
     // PostgreSQL plans the first five executions for their values, then
     // settles on one plan if that costs no more.
-    let run = "EXECUTE reused('2030-01-01 12:00:00+00', 30000000)";
+    let run = "EXECUTE reused('2030-01-01 12:00:00+00', 30000000, 25)";
     for _ in 0..6 {
         sqlx::raw_sql(AssertSqlSafe(run.to_owned()))
             .execute(&mut *tx)
@@ -518,6 +519,7 @@ async fn concurrent_claims_never_take_the_same_message() {
                         limit: 7,
                         now: t0(),
                         lease: LEASE,
+                        max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                     })
                     .await
                     .unwrap();
@@ -581,6 +583,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
                     limit: 2,
                     now: t0(),
                     lease: LEASE,
+                    max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                 })
                 .await
         }
@@ -605,6 +608,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
             limit: 2,
             now: t0(),
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -728,6 +732,7 @@ async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
             limit: 1,
             now: t0() + secs(1),
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -740,6 +745,7 @@ async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
             limit: 5,
             now: later,
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -897,6 +903,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             limit: 10,
             now: behind,
             lease,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -925,6 +932,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             limit: 10,
             now: ahead,
             lease,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -969,6 +977,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             limit: 1,
             now: real(),
             lease: short,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap()
@@ -995,6 +1004,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             limit: 1,
             now: real() - hour,
             lease,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();

@@ -145,7 +145,7 @@ async fn connect_creates_the_file_and_the_table_and_setup_runs_twice() {
         .fetch_one(again.pool())
         .await
         .unwrap();
-    assert_eq!(applied, 2);
+    assert_eq!(applied, outbox::SQLITE_MIGRATOR.iter().count() as i64);
 }
 
 #[tokio::test]
@@ -158,6 +158,7 @@ async fn in_memory_database_works_on_one_connection() {
             limit: 5,
             now: t0(),
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -202,7 +203,11 @@ async fn custom_tables_coexist_and_each_is_set_up_once() {
         .fetch_one(&pool)
         .await
         .unwrap();
-        assert_eq!(applied, 2, "{tracking}");
+        assert_eq!(
+            applied,
+            outbox::SQLITE_MIGRATOR.iter().count() as i64,
+            "{tracking}"
+        );
     }
 }
 
@@ -305,6 +310,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
             limit: 10,
             now: t0(),
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -397,6 +403,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
             limit: 1,
             now: t0(),
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -423,6 +430,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
             limit: 5,
             now: t0(),
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap_err();
@@ -455,6 +463,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
             limit: 5,
             now: t0() + secs(2),
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -500,6 +509,7 @@ async fn timestamps_payloads_and_traces_round_trip_exactly() {
             limit: 1,
             now: now + secs(1),
             lease: Duration::from_micros(1_500_001),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -544,6 +554,7 @@ async fn an_unreadable_row_is_reported_and_does_not_block_claims() {
             limit: 10,
             now: t0() + secs(2),
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -588,6 +599,7 @@ async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
             limit: 1,
             now: t0(),
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap()
@@ -616,6 +628,7 @@ async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
             limit: 1,
             now: t0() + LEASE_CHRONO,
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();

@@ -223,6 +223,7 @@ impl Claimer {
                 limit,
                 now: started,
                 lease,
+                max_attempts: drain.config.retry.attempt_cap(),
             });
             // A claim that outlives a lease is useless even if it succeeds:
             // every lease it took would already be over.

@@ -116,3 +116,11 @@ pub(crate) fn after(at: DateTime<Utc>, duration: Duration) -> DateTime<Utc> {
         .and_then(|d| at.checked_add_signed(d))
         .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
+
+/// `at - duration`, saturating at the start of the calendar.
+pub(crate) fn before(at: DateTime<Utc>, duration: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(duration)
+        .ok()
+        .and_then(|d| at.checked_sub_signed(d))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}

@@ -41,6 +41,7 @@ use crate::error::{Error, Result};
 use crate::messages::{Abandoned, ClaimerDone, DeliveryFinished};
 use crate::notices::{DrainReport, LeaseLost, Notice, Outcome, OutcomeNotice};
 use crate::registrations;
+use crate::retention;
 use crate::telemetry;
 
 /// Run a drain pass and answer with its report.
@@ -149,6 +150,8 @@ pub struct DrainCoordinator {
     shutdown: Option<Vec<oneshot::Sender<DrainReport>>>,
     /// The schedule and the wake-up stream, cancelled at shutdown.
     background: Vec<SpawnHandle>,
+    /// A retention run is going; the next tick skips rather than overlap.
+    retaining: bool,
     /// When work this coordinator left behind becomes claimable again
     /// (retries, lost leases, a failed claim), so it comes back to it
     /// without a schedule or a new insert.
@@ -399,6 +402,20 @@ impl Actor for DrainCoordinator {
                     // No second pass; the running one may claim for idle slots.
                     Some(pass) => pass.claimer.do_send(Refill),
                 }
+            }));
+        }
+        if let Some(every) = retention::every(&self.drain.config.retention) {
+            self.background.push(ctx.run_interval(every, |act, ctx| {
+                if act.shutdown.is_some() || act.retaining {
+                    return;
+                }
+                act.retaining = true;
+                let drain = act.drain.clone();
+                ctx.spawn(
+                    async move { retention::run(&drain).await }
+                        .into_actor(act)
+                        .map(|_, act, _| act.retaining = false),
+                );
             }));
         }
         if self.wake_on_insert
@@ -703,6 +720,7 @@ impl DrainCoordinatorBuilder {
             follow_up: None,
             shutdown: None,
             background: Vec::new(),
+            retaining: false,
             revisits: BTreeSet::new(),
             revisit_timer: None,
             pending_sampled: None,

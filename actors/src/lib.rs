@@ -156,6 +156,7 @@ pub mod metrics;
 mod notices;
 mod recipient;
 mod registrations;
+mod retention;
 mod settlement;
 mod telemetry;
 

@@ -23,6 +23,7 @@
 //! | `outbox_lease_failures_total` | counter | notifications | `kind`, `name`, `state`, `operation` | every [`LeaseLost`] notification: `state` is `lost`, `recovered` or `degraded`, `operation` is `renew` or `max_active` |
 //! | `outbox_delivery_duration_seconds` | histogram | seconds | `kind`, `name`, `outcome` | handler start to settled, for `outcome` `delivered`, `retried` or `dead_lettered` |
 //! | `outbox_enqueue_to_delivered_seconds` | histogram | seconds | `kind`, `name` | `created_at` to settled as delivered: waiting, deliberate delays and retries included |
+//! | `outbox_retention_deleted_total` | counter | messages | `status` | settled messages deleted by retention; `status` is `delivered` or `dead_lettered` |
 //! | `outbox_active_deliveries` | gauge | deliveries | none | deliveries running now, in this process |
 //! | `outbox_pending_messages` | gauge | messages | none | `Pending` messages in the store, sampled after each drain pass |
 //!
@@ -70,6 +71,8 @@ pub const CLAIM_FAILED: &str = "outbox_claim_failed_total";
 pub const PASS_REFUSED: &str = "outbox_pass_refused_total";
 /// Counter: lease notifications, labels `state` and `operation`.
 pub const LEASE_FAILURES: &str = "outbox_lease_failures_total";
+/// Counter: settled messages deleted by retention, label `status`.
+pub const RETENTION_DELETED: &str = "outbox_retention_deleted_total";
 /// Histogram (seconds): handler start to settled, label `outcome`.
 pub const DELIVERY_DURATION: &str = "outbox_delivery_duration_seconds";
 /// Histogram (seconds): enqueue (`created_at`) to settled as delivered.
@@ -114,6 +117,7 @@ pub(crate) fn describe() {
             LEASE_FAILURES,
             "Lease notifications: lost, recovered or degraded.",
         ),
+        (RETENTION_DELETED, "Settled messages deleted by retention."),
     ];
     for (name, help) in counters {
         describe_counter!(name, Unit::Count, help);
@@ -185,6 +189,10 @@ pub(crate) fn release_failed(message: &ClaimedMessage) {
 
 pub(crate) fn claim_failed() {
     counter!(CLAIM_FAILED).increment(1);
+}
+
+pub(crate) fn retention_deleted(status: outbox::MessageStatus, deleted: u64) {
+    counter!(RETENTION_DELETED, "status" => status.as_str()).increment(deleted);
 }
 
 pub(crate) fn pass_refused() {

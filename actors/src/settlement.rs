@@ -280,7 +280,7 @@ fn write_for(
             let failed_at = drain.now();
             let policy = drain.retry_policy(message);
             let retry = !error.is_permanent()
-                && policy.allows_retry(message.attempts, message.max_attempts, &error);
+                && policy.allows_retry(message.attempts, policy.max_attempts_for(message), &error);
             let retry_delay = if retry {
                 policy.delay(message.attempts, &message.id)
             } else {
@@ -616,6 +616,7 @@ mod tests {
                 limit: 1,
                 now: clock.now(),
                 lease: config.lease,
+                max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             })
             .await
             .unwrap();

@@ -7,7 +7,8 @@
 //! `outbox.retry_scheduled`, `outbox.dead_lettered`, `outbox.lease_lost`,
 //! `outbox.renewal_recovered`, `outbox.renewal_degraded`,
 //! `outbox.settlement_failed`, `outbox.released`, `outbox.release_failed`,
-//! `outbox.claim_failed`, `outbox.pass_refused`, `outbox.pass_finished`) so
+//! `outbox.claim_failed`, `outbox.pass_refused`, `outbox.pass_finished`,
+//! `outbox.retention`, `outbox.retention_failed`) so
 //! log pipelines can match on it. Job messages also emit the job-level record (`job.*`).
 //! The payload appears only in `outbox.delivery_started`, at `trace` level.
 
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox::{ClaimedMessage, ErrorRecord, MessageKind, TraceCarrier};
+use outbox::{ClaimedMessage, ErrorRecord, MessageKind, MessageStatus, TraceCarrier};
 use tokio::time::Instant;
 use tracing::Span;
 
@@ -224,6 +225,24 @@ pub(crate) fn claim_failed(error: &Error) {
     tracing::warn!(target: "outbox", event = "outbox.claim_failed", %error,
         "outbox claim failed; this pass stops claiming");
     metrics::claim_failed();
+}
+
+/// A retention run deleted `deleted` messages of `status` older than `horizon`.
+pub(crate) fn retention_deleted(status: MessageStatus, deleted: u64, horizon: Duration) {
+    if deleted > 0 {
+        tracing::info!(target: "outbox", event = "outbox.retention", status = status.as_str(),
+            deleted, horizon_s = horizon.as_secs(), "outbox retention deleted settled messages");
+    } else {
+        tracing::debug!(target: "outbox", event = "outbox.retention", status = status.as_str(),
+            deleted, horizon_s = horizon.as_secs(), "outbox retention found nothing to delete");
+    }
+    metrics::retention_deleted(status, deleted);
+}
+
+/// A retention batch failed; the run stops, the next one tries again.
+pub(crate) fn retention_failed(status: MessageStatus, error: &outbox::Error) {
+    tracing::warn!(target: "outbox", event = "outbox.retention_failed",
+        status = status.as_str(), %error, "outbox retention failed; retrying at the next run");
 }
 
 /// A delivery's store call failed for the store's sake (or a claim came

@@ -5,8 +5,8 @@ use std::io::{BufRead, IsTerminal, Write};
 use chrono::{DateTime, Utc};
 use outbox::kit::check;
 use outbox::{
-    BlockedKey, Clock, ListCursor, ListMessages, OutboxAdmin, OutboxMessage, OutboxStats,
-    PurgeMessages, RequeueDeadLetters, SkipDeadLetter, SystemClock, UnreadableMessage,
+    BlockedKey, Clock, ListCursor, ListMessages, MessagePage, OutboxAdmin, OutboxMessage,
+    OutboxStats, PurgeMessages, RequeueDeadLetters, SkipDeadLetter, SystemClock, UnreadableMessage,
 };
 use serde::Serialize;
 
@@ -204,6 +204,14 @@ pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs
             after,
         })
         .await?;
+    let page = MessagePage::new(
+        page.messages
+            .iter()
+            .map(|message| effective(message, args.max_attempts))
+            .collect(),
+        page.next.clone(),
+    )
+    .with_unreadable(page.unreadable);
     let next = page.next.as_ref().map(encode_cursor);
     if args.json {
         let document = PageDocument {
@@ -321,6 +329,15 @@ fn filters(args: &ListArgs) -> String {
     out
 }
 
+/// `message` with the attempt cap that applies to it under drains capped at
+/// `drain_cap`, rather than the one stored.
+fn effective(message: &OutboxMessage, drain_cap: u32) -> OutboxMessage {
+    OutboxMessage {
+        max_attempts: message.effective_max_attempts(drain_cap),
+        ..message.clone()
+    }
+}
+
 /// `show`: every field of one message.
 pub(crate) async fn show(store: &Store, args: ShowArgs) -> Outcome {
     let message = match store.get_message(&args.id).await {
@@ -336,7 +353,7 @@ pub(crate) async fn show(store: &Store, args: ShowArgs) -> Outcome {
             }
             return Ok(());
         }
-        other => other?,
+        other => effective(&other?, args.max_attempts),
     };
     if args.json {
         outln!("{}", pretty(&message));
@@ -355,7 +372,16 @@ fn describe(message: &OutboxMessage, now: DateTime<Utc>) -> String {
     field("status", message.status.to_string());
     field(
         "attempts",
-        format!("{} of {}", message.attempts, message.max_attempts),
+        format!(
+            "{} of {} ({})",
+            message.attempts,
+            message.max_attempts,
+            if message.max_attempts_set {
+                "its own cap"
+            } else {
+                "the drain's cap"
+            }
+        ),
     );
     field("available at", when(message.available_at));
     field(

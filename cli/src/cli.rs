@@ -282,6 +282,13 @@ pub(crate) struct ListArgs {
     #[arg(long, value_name = "CURSOR")]
     pub(crate) after: Option<String>,
 
+    /// The attempt cap of the drains (their `retry.max_attempts`), which
+    /// messages enqueued without a cap of their own are held to; shown as
+    /// their limit.
+    #[arg(long, value_name = "N", default_value_t = outbox::DEFAULT_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: u32,
+
     /// Print one JSON document: the messages and the cursor of the next page.
     #[arg(long)]
     pub(crate) json: bool,
@@ -292,6 +299,13 @@ pub(crate) struct ListArgs {
 pub(crate) struct ShowArgs {
     /// The message id.
     pub(crate) id: String,
+
+    /// The attempt cap of the drains (their `retry.max_attempts`), which
+    /// messages enqueued without a cap of their own are held to; shown as
+    /// their limit.
+    #[arg(long, value_name = "N", default_value_t = outbox::DEFAULT_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: u32,
 
     /// Print the message as JSON.
     #[arg(long)]
@@ -438,8 +452,14 @@ pub(crate) struct RunArgs {
     pub(crate) retry_delay: Duration,
 
     /// Longest delay between retries.
-    #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, default_value = "3h", value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) retry_max_delay: Duration,
+
+    /// Attempts in all for messages enqueued without a cap of their own
+    /// (raises or lowers the default; a message's own cap wins).
+    #[arg(long, value_name = "N", default_value_t = outbox::DEFAULT_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: u32,
 
     /// At Ctrl-C, how long deliveries in flight may still finish before their
     /// claims are given back.

@@ -122,7 +122,8 @@ fn config(args: &RunArgs, defaults: &Defaults) -> Result<DrainConfig, Failure> {
         lease: args.lease,
         heartbeat: args.heartbeat,
         max_active: args.max_active,
-        retry: RetryPolicy::exponential(args.retry_delay, 2.0, args.retry_max_delay),
+        retry: RetryPolicy::exponential(args.retry_delay, 2.0, args.retry_max_delay)
+            .with_max_attempts(args.max_attempts),
         // The command line asks for each pass itself, to report each one.
         every: None,
         ..DrainConfig::default()
@@ -146,6 +147,7 @@ fn flag(field: &str) -> String {
     match field {
         "retry.initial_delay" => "--retry-delay".to_owned(),
         "retry.max_delay" => "--retry-max-delay".to_owned(),
+        "retry.max_attempts" => "--max-attempts".to_owned(),
         field => format!("--{}", field.replace(['_', '.'], "-")),
     }
 }

@@ -94,12 +94,18 @@ pub mod check {
     use std::time::Duration;
 
     use crate::error::{AdminError, Error, Result};
-    use crate::store::{ClaimBatch, ListMessages, PurgeMessages, RequeueDeadLetters};
+    use crate::store::{ClaimBatch, ListMessages, PurgeBatch, PurgeMessages, RequeueDeadLetters};
 
     /// `limit >= 1`, `lease > 0`.
     pub fn claim_batch(params: &ClaimBatch) -> Result<()> {
         if params.limit == 0 {
             return Err(Error::invalid("limit", "must be at least 1"));
+        }
+        if params.max_attempts == 0 {
+            return Err(Error::invalid(
+                "max_attempts",
+                "must be at least 1 (the cap of messages enqueued without one)",
+            ));
         }
         positive_lease(params.lease)
     }
@@ -156,6 +162,20 @@ pub mod check {
             Some(status) if !status.is_terminal() => Err(AdminError::UnsafePurge { status }.into()),
             _ => Ok(()),
         }
+    }
+
+    /// A terminal status and `1 <= limit <= 10 000`.
+    pub fn purge_batch(params: &PurgeBatch) -> Result<()> {
+        if !params.status.is_terminal() {
+            return Err(AdminError::UnsafePurge {
+                status: params.status,
+            }
+            .into());
+        }
+        if params.limit == 0 || params.limit > 10_000 {
+            return Err(Error::invalid("limit", "must be between 1 and 10000"));
+        }
+        Ok(())
     }
 
     /// A requeue names one id, or a set by name, not both.

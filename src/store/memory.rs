@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use super::kit::{WakeupSender, check, lease_end};
 use super::{
     BlockedKey, ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage,
-    MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
-    RequeueDeadLetters, RetryNow, SkipDeadLetter, Wakeups, merge_activity,
+    MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeBatch, PurgeMessages, ReleaseClaim,
+    RenewClaim, RequeueDeadLetters, RetryNow, SkipDeadLetter, Wakeups, merge_activity,
 };
 use crate::error::{
     AbandonedClaimError, AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result,
@@ -362,7 +362,8 @@ impl MemoryOutbox {
                 trace: message.trace,
                 status: MessageStatus::Pending,
                 attempts: 0,
-                max_attempts: message.max_attempts,
+                max_attempts: message.max_attempts.unwrap_or(crate::DEFAULT_MAX_ATTEMPTS),
+                max_attempts_set: message.max_attempts.is_some(),
                 available_at: message.available_at.unwrap_or(now),
                 claim_token: None,
                 claimed_at: None,
@@ -424,6 +425,7 @@ impl MemoryOutbox {
             limit,
             now,
             lease,
+            max_attempts: cap,
         } = params;
         let locked_until = lease_end(now, lease)?;
         let mut state = self.lock();
@@ -431,11 +433,12 @@ impl MemoryOutbox {
         let block = on_dead_letter == OnDeadLetter::Block;
         for slot in state.select(limit, now, block) {
             let message = &state.stored(slot).message;
-            if message.attempts >= message.max_attempts {
+            let max_attempts = message.effective_max_attempts(cap);
+            if message.attempts >= max_attempts {
                 let error = ErrorRecord::from_error(&AbandonedClaimError {
                     id: message.id.clone(),
                     attempts: message.attempts,
-                    max_attempts: message.max_attempts,
+                    max_attempts,
                 });
                 let dead = state.update(slot, |message| {
                     message.status = MessageStatus::DeadLettered;
@@ -462,7 +465,8 @@ impl MemoryOutbox {
                     payload: message.payload.clone(),
                     trace: message.trace.clone(),
                     attempts: message.attempts,
-                    max_attempts: message.max_attempts,
+                    max_attempts,
+                    max_attempts_set: message.max_attempts_set,
                     available_at: message.available_at,
                     created_at: message.created_at,
                     ordering_key: message.ordering_key.clone(),
@@ -738,15 +742,38 @@ impl MemoryOutbox {
 
     fn purge_now(&self, params: PurgeMessages) -> Result<u64> {
         check::purge(&params)?;
+        Ok(self.purge_where(params.status, params.older_than, usize::MAX))
+    }
+
+    fn purge_batch_now(&self, params: PurgeBatch) -> Result<u64> {
+        check::purge_batch(&params)?;
+        Ok(self.purge_where(Some(params.status), params.older_than, params.limit))
+    }
+
+    /// Delete up to `limit` terminal messages (of `status`) last changed
+    /// before `older_than`, oldest first.
+    fn purge_where(
+        &self,
+        status: Option<MessageStatus>,
+        older_than: DateTime<Utc>,
+        limit: usize,
+    ) -> u64 {
         let mut state = self.lock();
-        let doomed: Vec<usize> = state
+        let mut doomed: Vec<(DateTime<Utc>, usize)> = state
             .slots
             .iter()
             .enumerate()
             .filter_map(|(slot, stored)| Some((slot, &stored.as_ref()?.message)))
-            .filter(|(_, message)| purgeable(message, &params))
-            .map(|(slot, _)| slot)
+            .filter(|(_, message)| {
+                message.status.is_terminal()
+                    && status.is_none_or(|status| status == message.status)
+                    && message.updated_at < older_than
+            })
+            .map(|(slot, message)| (message.updated_at, slot))
             .collect();
+        doomed.sort_unstable();
+        doomed.truncate(limit);
+        let doomed: Vec<usize> = doomed.into_iter().map(|(_, slot)| slot).collect();
         let mut gone = std::collections::HashSet::new();
         for &slot in &doomed {
             let stored = state.slots[slot]
@@ -778,7 +805,7 @@ impl MemoryOutbox {
                 .idempotency
                 .retain(|_, (holder, _)| !gone.contains(holder));
         }
-        Ok(doomed.len() as u64)
+        doomed.len() as u64
     }
 }
 
@@ -809,6 +836,10 @@ impl OutboxStore for MemoryOutbox {
 
     fn wakeups(&self) -> Option<Wakeups> {
         Some(self.wake.subscribe())
+    }
+
+    async fn purge_batch(&self, params: PurgeBatch) -> Result<u64> {
+        self.purge_batch_now(params)
     }
 
     async fn pending_count(&self) -> Result<Option<u64>> {
@@ -934,6 +965,7 @@ mod tests {
                 limit,
                 now: at(now),
                 lease,
+                max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
             })
             .unwrap()
     }

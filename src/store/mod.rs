@@ -75,9 +75,10 @@ pub(crate) mod sqlite;
 ///
 /// Eligible: `Pending` with `available_at <= now`, or `Claimed` with
 /// `locked_until <= now`. Oldest `available_at` first, then `created_at`.
-/// A selected message that already used `max_attempts` is dead-lettered with
-/// an abandoned-claim error instead of claimed. Claimed and dead-lettered
-/// together never exceed `limit`.
+/// A selected message that already used its attempt cap (its own when it was
+/// set at enqueue, otherwise [`ClaimBatch::max_attempts`]) is dead-lettered
+/// with an abandoned-claim error instead of claimed. Claimed and
+/// dead-lettered together never exceed `limit`.
 ///
 /// A message with an ordering key is eligible only when no earlier message
 /// of its key (lower enqueue sequence) is pending or claimed, no later one
@@ -97,6 +98,11 @@ pub struct ClaimBatch {
     pub now: DateTime<Utc>,
     /// Lease length; `locked_until = now + lease`.
     pub lease: Duration,
+    /// The attempt cap of messages enqueued without one of their own: the
+    /// drain's `retry.max_attempts`, or
+    /// [`DEFAULT_MAX_ATTEMPTS`](crate::DEFAULT_MAX_ATTEMPTS); at least 1.
+    /// Claimed messages carry the cap that applied to them.
+    pub max_attempts: u32,
 }
 
 /// What a claim selected.
@@ -227,6 +233,19 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Wake-ups on committed inserts, when the store can tell.
     fn wakeups(&self) -> Option<Wakeups> {
         None
+    }
+
+    /// Delete up to `limit` terminal messages of `status` settled before
+    /// `older_than`, oldest first; returns how many. One bounded statement:
+    /// rows other workers hold are skipped, never waited for. The default
+    /// refuses, for stores that cannot delete (retention then reports the
+    /// error and deletes nothing).
+    fn purge_batch(&self, params: PurgeBatch) -> impl Future<Output = Result<u64>> + Send {
+        let _ = params;
+        std::future::ready(Err(crate::Error::invalid(
+            "retention",
+            "this store does not delete settled messages; leave DrainConfig.retention unset",
+        )))
     }
 
     /// How many messages are `Pending` (due or not), when the store can
@@ -453,6 +472,18 @@ impl MinuteActivity {
     }
 }
 
+/// Delete one bounded batch of terminal messages of one status that settled
+/// before a horizon: what retention runs, one short statement at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeBatch {
+    /// `Delivered` or `DeadLettered`; anything else is refused.
+    pub status: MessageStatus,
+    /// Only messages whose last change (`updated_at`) is before this.
+    pub older_than: DateTime<Utc>,
+    /// Most rows to delete; 1 to 10 000.
+    pub limit: usize,
+}
+
 /// The operator path of a store.
 pub trait OutboxAdmin: Send + Sync + 'static {
     /// Counts per status, live and expired claims, oldest due message.
@@ -553,6 +584,8 @@ pub trait DynOutboxStore: Send + Sync + 'static {
     fn release_claim(&self, params: ReleaseClaim) -> BoxFuture<'_, Result<()>>;
     /// See [`OutboxStore::wakeups`].
     fn wakeups(&self) -> Option<Wakeups>;
+    /// See [`OutboxStore::purge_batch`].
+    fn purge_batch(&self, params: PurgeBatch) -> BoxFuture<'_, Result<u64>>;
     /// See [`OutboxStore::pending_count`].
     fn pending_count(&self) -> BoxFuture<'_, Result<Option<u64>>> {
         Box::pin(std::future::ready(Ok(None)))
@@ -580,6 +613,9 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn wakeups(&self) -> Option<Wakeups> {
         OutboxStore::wakeups(self)
+    }
+    fn purge_batch(&self, params: PurgeBatch) -> BoxFuture<'_, Result<u64>> {
+        Box::pin(OutboxStore::purge_batch(self, params))
     }
     fn pending_count(&self) -> BoxFuture<'_, Result<Option<u64>>> {
         Box::pin(OutboxStore::pending_count(self))

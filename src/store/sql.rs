@@ -40,8 +40,8 @@ use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoA
 use super::fenced::{FencedBackend, FencedWrite, FencedWriter};
 use super::kit::check;
 use super::{
-    BlockedKey, ListCursor, MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeMessages,
-    ReleaseClaim, RenewClaim, RequeueDeadLetters, SkipDeadLetter,
+    BlockedKey, ListCursor, MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeBatch,
+    PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, SkipDeadLetter,
 };
 use crate::error::{
     AdminError, ClaimError, ClaimLoss, Error, ErrorRecord, Result, UnreadableMessage,
@@ -341,6 +341,7 @@ pub(crate) struct MessageRow {
     pub(crate) status: String,
     pub(crate) attempts: i64,
     pub(crate) max_attempts: i64,
+    pub(crate) max_attempts_set: bool,
     pub(crate) available_at: DateTime<Utc>,
     pub(crate) claim_token: Option<String>,
     pub(crate) claimed_at: Option<DateTime<Utc>>,
@@ -395,6 +396,7 @@ impl MessageRow {
             status,
             attempts,
             max_attempts,
+            max_attempts_set: self.max_attempts_set,
             available_at: self.available_at,
             claim_token: self.claim_token,
             claimed_at: self.claimed_at,
@@ -409,8 +411,10 @@ impl MessageRow {
     }
 }
 
-/// A just-claimed message as a delivery sees it.
-pub(crate) fn claimed_view(message: OutboxMessage) -> Result<ClaimedMessage> {
+/// A just-claimed message as a delivery sees it, under the claim's attempt
+/// cap `cap` when the message has none of its own.
+pub(crate) fn claimed_view(message: OutboxMessage, cap: u32) -> Result<ClaimedMessage> {
+    let max_attempts = message.effective_max_attempts(cap);
     let (Some(claim_token), Some(claimed_at), Some(locked_until)) = (
         message.claim_token,
         message.claimed_at,
@@ -428,7 +432,8 @@ pub(crate) fn claimed_view(message: OutboxMessage) -> Result<ClaimedMessage> {
         payload: message.payload,
         trace: message.trace,
         attempts: message.attempts,
-        max_attempts: message.max_attempts,
+        max_attempts,
+        max_attempts_set: message.max_attempts_set,
         available_at: message.available_at,
         created_at: message.created_at,
         ordering_key: message.ordering_key,
@@ -556,8 +561,12 @@ pub(crate) struct SharedStatements {
     pub(crate) requeue_all: Arc<str>,
     /// Status and lease of one message, to name a refused requeue. Binds: id.
     pub(crate) requeue_state: Arc<str>,
-    /// Delete terminal messages. Binds: status or NULL, horizon.
-    pub(crate) purge: Arc<str>,
+    /// Delete a batch of terminal messages of one status, oldest first.
+    /// Binds: status, horizon, limit.
+    pub(crate) purge_batch: Arc<str>,
+    /// Count the terminal messages a purge would delete. Binds: status or
+    /// NULL, horizon.
+    pub(crate) count_purgeable: Arc<str>,
     /// Mark one dead letter skipped. Binds: id, now.
     pub(crate) skip: Arc<str>,
     /// Blocked ordering keys with their heads. Binds: limit.
@@ -734,6 +743,7 @@ where
     for<'q> Option<B::Time>: Encode<'q, B::Db>,
     for<'r> String: Decode<'r, B::Db> + sqlx::Type<B::Db>,
     for<'r> i64: Decode<'r, B::Db> + sqlx::Type<B::Db>,
+    for<'q> bool: Encode<'q, B::Db> + Decode<'q, B::Db> + sqlx::Type<B::Db>,
     for<'a> &'a str: ColumnIndex<<B::Db as Database>::Row>,
     usize: ColumnIndex<<B::Db as Database>::Row>,
 {
@@ -890,14 +900,7 @@ where
     /// How many messages the purge would delete.
     pub(crate) async fn count_purgeable(&self, params: PurgeMessages) -> Result<u64> {
         check::purge(&params)?;
-        // The purge statement itself, counting instead of deleting, so the
-        // count and the purge can never disagree on which rows they mean.
-        let sql = self
-            .core
-            .parts()
-            .shared
-            .purge
-            .replacen("DELETE FROM", "SELECT count(*) FROM", 1);
+        let sql = self.core.parts().shared.count_purgeable.clone();
         let count: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(params.status.map(MessageStatus::as_str))
             .bind(B::Time::store(params.older_than))
@@ -1039,21 +1042,51 @@ where
         Ok(Enqueued::AlreadyExists(holder.unwrap_or(id)))
     }
 
+    /// A purge in batches, each a statement of its own, so no lock is held
+    /// for long however many rows go.
     pub(crate) async fn purge(&self, params: PurgeMessages) -> Result<u64> {
         check::purge(&params)?;
+        const BATCH: usize = 10_000;
+        let statuses = match params.status {
+            Some(status) => vec![status],
+            None => vec![MessageStatus::Delivered, MessageStatus::DeadLettered],
+        };
+        let mut deleted = 0;
+        for status in statuses {
+            loop {
+                let batch = PurgeBatch {
+                    status,
+                    older_than: params.older_than,
+                    limit: BATCH,
+                };
+                let done = self.purge_batch(batch).await?;
+                deleted += done;
+                if done < BATCH as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// One bounded delete; see [`OutboxStore::purge_batch`](crate::OutboxStore::purge_batch).
+    pub(crate) async fn purge_batch(&self, params: PurgeBatch) -> Result<u64> {
+        check::purge_batch(&params)?;
         let _write = self.core.write_lock().await;
-        let done = sqlx::query(AssertSqlSafe(self.core.parts().shared.purge.clone()))
-            .bind(params.status.map(MessageStatus::as_str))
+        let done = sqlx::query(AssertSqlSafe(self.core.parts().shared.purge_batch.clone()))
+            .bind(params.status.as_str())
             .bind(B::Time::store(params.older_than))
+            .bind(i64::try_from(params.limit).unwrap_or(i64::MAX))
             .execute(&self.core.parts().pool)
             .await
             .map_err(db("purge"))?;
         Ok(done.count())
     }
 
-    /// The insert of `message` with its eleven common binds, and the id it
+    /// The insert of `message` with its twelve common binds, and the id it
     /// gets: id, kind, name, payload, trace, max attempts, available at, now,
-    /// ordering key, idempotency key, idempotency window end.
+    /// ordering key, idempotency key, idempotency window end, whether the
+    /// max attempts were set.
     /// `available_at` is the message's, else its `now`, else (when
     /// `server_default`) NULL, for the statement to fill in the database's
     /// time.
@@ -1081,7 +1114,11 @@ where
             .bind(message.name.as_str())
             .bind(message.payload.as_str())
             .bind(trace_json(message.trace.as_ref()))
-            .bind(i64::from(message.max_attempts))
+            .bind(i64::from(
+                message
+                    .max_attempts
+                    .unwrap_or(crate::message::DEFAULT_MAX_ATTEMPTS),
+            ))
             .bind(available_at.map(B::Time::store))
             .bind(B::Time::store(now))
             .bind(message.ordering_key.clone())
@@ -1091,7 +1128,8 @@ where
                     .idempotency
                     .as_ref()
                     .map(|i| B::Time::store(super::kit::window_end(now, i.window))),
-            );
+            )
+            .bind(message.max_attempts.is_some());
         (id, query)
     }
 
@@ -1210,6 +1248,7 @@ where
             status: row.try_get("status").map_err(corrupt)?,
             attempts: row.try_get("attempts").map_err(corrupt)?,
             max_attempts: row.try_get("max_attempts").map_err(corrupt)?,
+            max_attempts_set: row.try_get("max_attempts_set").map_err(corrupt)?,
             available_at: time("available_at")?,
             claim_token: row.try_get("claim_token").map_err(corrupt)?,
             claimed_at: optional_time("claimed_at")?,
@@ -1337,6 +1376,10 @@ macro_rules! sql_store {
 
             fn wakeups(&self) -> Option<$crate::Wakeups> {
                 self.subscribe()
+            }
+
+            async fn purge_batch(&self, params: $crate::PurgeBatch) -> $crate::Result<u64> {
+                self.inner.purge_batch(params).await
             }
 
             /// Counts from the partial index of pending rows, never touching

@@ -414,6 +414,7 @@ pub(crate) async fn invalid_claim_parameters_change_nothing<
         limit: 0,
         now: at(SECOND),
         lease: lease(MINUTE),
+        max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
     };
     assert_invalid(store.claim_batch(zero_limit).await, "limit");
     let zero_lease = ClaimBatch {
@@ -421,6 +422,7 @@ pub(crate) async fn invalid_claim_parameters_change_nothing<
         limit: 10,
         now: at(SECOND),
         lease: Duration::ZERO,
+        max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
     };
     assert_invalid(store.claim_batch(zero_lease).await, "lease");
     assert_eq!(everything(&store).await, before);

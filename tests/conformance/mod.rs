@@ -24,10 +24,12 @@
 //! - after every refusal the test re-reads what it refused to touch.
 
 pub(crate) mod admin;
+pub(crate) mod budget;
 pub(crate) mod claim;
 pub(crate) mod enqueue;
 pub(crate) mod fenced;
 pub(crate) mod ordering;
+pub(crate) mod retention;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -149,6 +151,13 @@ macro_rules! conformance_suite {
                 => ordering::an_idempotency_key_holds_for_its_window,
             conformance_invalid_enqueue_options_change_nothing
                 => ordering::invalid_enqueue_options_change_nothing,
+            conformance_claim_cap_applies_to_messages_without_their_own
+                => budget::claim_cap_applies_to_messages_without_their_own,
+            conformance_zero_claim_cap_is_refused => budget::zero_claim_cap_is_refused,
+            conformance_purge_batch_deletes_oldest_settled_first_and_is_bounded
+                => retention::purge_batch_deletes_oldest_settled_first_and_is_bounded,
+            conformance_purge_batch_refuses_live_statuses_and_bad_limits
+                => retention::purge_batch_refuses_live_statuses_and_bad_limits,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -231,6 +240,7 @@ async fn claim<S: OutboxStore>(store: &S, limit: usize, now: i64, lease_ms: i64)
             limit,
             now: at(now),
             lease: lease(lease_ms),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .expect("claim_batch");

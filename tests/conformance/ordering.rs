@@ -38,6 +38,7 @@ async fn claim_with<S: OutboxStore>(
             limit,
             now: at(now),
             lease: lease(MINUTE),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .expect("claim_batch")

@@ -76,6 +76,7 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
             limit: 10,
             now: now + secs(10),
             lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -475,6 +476,7 @@ macro_rules! sql_conformance_suite {
                     limit: 10,
                     now: outbox::SystemClock.now(),
                     lease: $crate::sql_support::LEASE,
+                    max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                 })
                 .await
                 .unwrap();

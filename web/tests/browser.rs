@@ -68,6 +68,7 @@ async fn settle(store: &SqliteOutbox, name: &str, count: usize, minutes_ago: i64
             limit: count,
             now: at,
             lease: Duration::from_secs(60),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -123,6 +124,7 @@ async fn seeded(url: &str) -> SqliteOutbox {
             limit: 1,
             now,
             lease: Duration::from_secs(60),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();

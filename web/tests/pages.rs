@@ -39,6 +39,7 @@ async fn seeded() -> MemoryOutbox {
             limit: 10,
             now,
             lease: Duration::from_secs(30),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();
@@ -290,6 +291,7 @@ async fn retry_now_makes_a_backed_off_message_due_and_refuses_live_claims() {
             limit: 10,
             now: Utc::now(),
             lease: Duration::from_secs(600),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
         .await
         .unwrap();

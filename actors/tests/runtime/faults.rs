@@ -44,6 +44,7 @@ fn abandoned_messages_are_dead_lettered_at_claim_and_observed() {
                 limit: 1,
                 now: h.clock.now(),
                 lease: Duration::from_secs(30),
+                max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             })
             .await
             .unwrap();

@@ -21,12 +21,14 @@
 
 mod support;
 
+mod budget;
 mod faults;
 mod lease;
 mod ordering;
 mod outages;
 mod passes;
 mod registry;
+mod retention;
 mod settlement;
 mod shutdown;
 mod telemetry;

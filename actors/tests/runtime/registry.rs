@@ -390,7 +390,7 @@ fn a_jobs_own_retry_policy_governs_its_retries() {
         let message = NewMessage::job(&Reindex { shard: 3 })
             .unwrap()
             .at(clock.now());
-        assert_eq!(message.max_attempts, 2, "the job's budget");
+        assert_eq!(message.max_attempts, Some(2), "the job's budget");
         let id = store.enqueue(message).await.unwrap().into_id();
         assert_eq!(coordinator.send(Drain).await.unwrap().unwrap().retried, 1);
         let pending = store.inner().get_message(&id).await.unwrap();

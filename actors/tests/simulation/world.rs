@@ -259,6 +259,7 @@ fn draw_config(rng: &mut Rng, seed: u64) -> DrainConfig {
             .then(|| Duration::from_millis(rng.range(500, 20_000))),
         delivery_arbiters: 0,
         ordering: Default::default(),
+        retention: Default::default(),
     }
 }
 

@@ -448,6 +448,7 @@ impl Core {
             limit,
             now,
             lease,
+            max_attempts: cap,
         } = params;
         let locked_until = lease_end(now, lease)?;
         let lease_micros = i64::try_from(lease.as_micros())
@@ -460,6 +461,7 @@ impl Core {
         )))
         .bind(self.bound_now(now))
         .bind(lease_micros)
+        .bind(i64::from(cap))
         .fetch_all(&self.parts.pool)
         .await
         .map_err(db("claim_batch"))?;
@@ -473,7 +475,7 @@ impl Core {
         }
         let mut claimed = Vec::with_capacity(rows.len());
         let mut abandoned = Vec::new();
-        self.read_claimed(&rows, now, locked_until, &mut claimed, &mut abandoned)
+        self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
             .await?;
         if !keys.is_empty() {
             // Sorted: every claimer takes its key locks in one order.
@@ -493,22 +495,22 @@ impl Core {
             )))
             .bind(self.bound_now(now))
             .bind(lease_micros)
+            .bind(i64::from(cap))
             .bind(&keys)
             .fetch_all(&mut *tx)
             .await
             .map_err(db("claim_batch"))?;
             tx.commit().await.map_err(db("claim_batch"))?;
-            self.read_claimed(&rows, now, locked_until, &mut claimed, &mut abandoned)
+            self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
                 .await?;
         }
-        claimed.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
         claimed.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
         let mut batch = ClaimedBatch {
             claimed: claimed.into_iter().map(|(_, m)| m).collect(),
             dead_lettered: Vec::new(),
         };
         if !abandoned.is_empty() {
-            batch.dead_lettered = self.dead_letter_abandoned(abandoned, now).await?;
+            batch.dead_lettered = self.dead_letter_abandoned(abandoned, now, cap).await?;
         }
         Ok(batch)
     }
@@ -520,6 +522,7 @@ impl Core {
         rows: &[PgRow],
         now: DateTime<Utc>,
         locked_until: DateTime<Utc>,
+        cap: u32,
         claimed: &mut Vec<(i64, crate::ClaimedMessage)>,
         abandoned: &mut Vec<(i64, OutboxMessage)>,
     ) -> Result<()> {
@@ -532,7 +535,7 @@ impl Core {
             match decoded {
                 Ok((seq, message)) if outcome == "abandoned" => abandoned.push((seq, message)),
                 Ok((seq, message)) => {
-                    let mut message = sql::claimed_view(message)?;
+                    let mut message = sql::claimed_view(message, cap)?;
                     if self.server_clock {
                         // The lease began on the server no earlier than
                         // the caller read `now`, so it ends no earlier than
@@ -556,6 +559,7 @@ impl Core {
         &self,
         abandoned: Vec<(i64, OutboxMessage)>,
         now: DateTime<Utc>,
+        cap: u32,
     ) -> Result<Vec<OutboxMessage>> {
         let mut ids = Vec::with_capacity(abandoned.len());
         let mut attempts = Vec::with_capacity(abandoned.len());
@@ -567,7 +571,7 @@ impl Core {
                 ErrorRecord::from_error(&AbandonedClaimError {
                     id: message.id.clone(),
                     attempts: message.attempts,
-                    max_attempts: message.max_attempts,
+                    max_attempts: message.effective_max_attempts(cap),
                 })
                 .to_json(),
             );
@@ -577,6 +581,7 @@ impl Core {
             .bind(ids)
             .bind(attempts)
             .bind(errors)
+            .bind(i64::from(cap))
             .fetch_all(&self.parts.pool)
             .await
             .map_err(db("claim_batch"))?;

@@ -14,6 +14,10 @@ use crate::store::sql::{SharedStatements, TableName, head_test};
 /// its own, where the two agree.
 const NOW: &str = "coalesce($1::timestamptz, statement_timestamp())";
 
+/// The attempt cap of a claim's row: its own when set at enqueue, else the
+/// claim's (`$3`).
+const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE $3 END)";
+
 /// [`NOW`] for the row `v` of a fenced write batch.
 const ROW_NOW: &str = "coalesce(v.now, statement_timestamp())";
 
@@ -39,6 +43,7 @@ pub(super) fn columns(prefix: &str) -> String {
         "delivered_at",
         "ordering_key",
         "skipped_at",
+        "max_attempts_set",
     ]
     .iter()
     .map(|c| format!("{prefix}{c}"))
@@ -51,9 +56,9 @@ pub(super) fn columns(prefix: &str) -> String {
 pub(super) struct Statements {
     /// Insert one message unless its id is taken (and notify, when the store
     /// does and it inserted); returns a row when it inserted. A NULL
-    /// `available_at` is the database's time. Binds: `$1` id ... `$11`
-    /// idempotency window end (see
-    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$12`
+    /// `available_at` is the database's time. Binds: `$1` id ... `$12` max
+    /// attempts set (see
+    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$13`
     /// the channel.
     pub(super) insert: Arc<str>,
     /// Claim, with `{limit}` to write out; see [`Statements::claim`].
@@ -63,7 +68,8 @@ pub(super) struct Statements {
     /// hashes.
     pub(super) lock_keys: Arc<str>,
     /// Dead-letter rows out of attempts if they still are. Binds: now (NULL
-    /// for the database's), then arrays of ids, attempts and errors.
+    /// for the database's), then arrays of ids, attempts and errors, then
+    /// the attempt cap of rows without their own.
     pub(super) abandoned: Arc<str>,
     /// Dead-letter an unreadable row. Binds: error, now (NULL for the
     /// database's), seq, token.
@@ -91,9 +97,9 @@ impl Statements {
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
              available_at, created_at, updated_at, ordering_key, idempotency_key, \
-             idempotency_until) \
+             idempotency_until, max_attempts_set) \
              VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, \
-               coalesce($7, statement_timestamp()), $8, $8, $9, $10, $11) \
+               coalesce($7, statement_timestamp()), $8, $8, $9, $10, $11, $12) \
              ON CONFLICT DO NOTHING RETURNING 1"
         );
         let own = Statements {
@@ -103,7 +109,7 @@ impl Statements {
             insert: if notify {
                 format!(
                     "WITH inserted AS ({insert}) \
-                     SELECT pg_notify($12, '') FROM inserted"
+                     SELECT pg_notify($13, '') FROM inserted"
                 )
             } else {
                 insert
@@ -119,17 +125,17 @@ impl Statements {
             // may have changed since. So the first pass claims
             // keyless rows only and returns the keyed heads it saw as
             // `keyed`; the second pass runs in a transaction holding an
-            // advisory lock per key hash (`$3`), taken before the statement
+            // advisory lock per key hash (`$4`), taken before the statement
             // began, so its snapshot holds every claim of those keys.
             claim: format!(
                 "WITH pending AS ( \
                    SELECT id, available_at, created_at, seq, ordering_key, \
-                     attempts >= max_attempts AS abandoned \
+                     attempts >= {CAP} AS abandoned \
                    FROM {t} AS m WHERE status = 'pending' AND available_at <= {NOW} AND {head} \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  expired AS ( \
                    SELECT id, available_at, created_at, seq, ordering_key, \
-                     attempts >= max_attempts AS abandoned \
+                     attempts >= {CAP} AS abandoned \
                    FROM {t} AS m WHERE status = 'claimed' AND locked_until <= {NOW} AND {head} \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  picked AS ( \
@@ -159,7 +165,8 @@ impl Statements {
                    claimed_at = NULL, locked_until = NULL, last_error = v.error, \
                    updated_at = {NOW} \
                  FROM unnest($2::text[], $3::bigint[], $4::text[]) AS v(id, attempts, error) \
-                 WHERE m.id = v.id AND m.attempts = v.attempts AND m.attempts >= m.max_attempts \
+                 WHERE m.id = v.id AND m.attempts = v.attempts \
+                   AND m.attempts >= (CASE WHEN m.max_attempts_set THEN m.max_attempts ELSE $5 END) \
                    AND ((m.status = 'pending' AND m.available_at <= {NOW}) \
                      OR (m.status = 'claimed' AND m.locked_until <= {NOW})) \
                  RETURNING {m_all}"
@@ -235,8 +242,19 @@ impl Statements {
             )
             .into(),
             requeue_state: format!("SELECT status, locked_until FROM {t} WHERE id = $1").into(),
-            purge: format!(
-                "DELETE FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+            // The literal status list is the index of settled rows' own
+            // predicate, so the planner reads that index; rows another
+            // transaction holds are left for the next batch.
+            purge_batch: format!(
+                "DELETE FROM {t} WHERE id IN ( \
+                   SELECT id FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+                   AND status = $1 AND updated_at < $2 \
+                   ORDER BY status, updated_at LIMIT $3 FOR UPDATE SKIP LOCKED)"
+            )
+            .into(),
+            // The purge's predicate, without its batch limit.
+            count_purgeable: format!(
+                "SELECT count(*) FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
                  AND ($1::text IS NULL OR status = $1) AND updated_at < $2"
             )
             .into(),
@@ -271,8 +289,9 @@ impl Statements {
     /// assumes a tenth of the table, so it planned every claim afresh. With
     /// the limit written out, each size of claim is a prepared statement of
     /// its own whose plan is reused. Binds: `$1` now (NULL for the
-    /// database's), `$2` the lease in µs, and in the keyed pass `$3` the
-    /// locked key hashes. Each row
+    /// database's), `$2` the lease in µs, `$3` the attempt cap of rows
+    /// without their own, and in the keyed pass `$4` the locked key hashes.
+    /// Each row
     /// comes back with its `outcome`: `claimed`; `abandoned` (out of
     /// attempts, untouched); or `keyed` (a keyed head the first pass left
     /// for the second, untouched, with its `key_hash`).
@@ -281,7 +300,7 @@ impl Statements {
             ClaimPass::Keyless => ("", "ordering_key IS NOT NULL"),
             ClaimPass::Keyed => (
                 "AND m.ordering_key IS NOT NULL \
-                 AND hashtextextended(m.ordering_key, 0) = ANY($3::bigint[])",
+                 AND hashtextextended(m.ordering_key, 0) = ANY($4::bigint[])",
                 "false",
             ),
         };

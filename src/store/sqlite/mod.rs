@@ -118,7 +118,7 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// let now = outbox::SystemClock.now();
 /// let batch = outbox
-///     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now, lease: std::time::Duration::from_secs(30) })
+///     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now, lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS })
 ///     .await?;
 /// assert_eq!(batch.claimed.len(), 1);
 /// # std::fs::remove_dir_all(&dir).ok();
@@ -395,6 +395,7 @@ impl Core {
             limit,
             now,
             lease,
+            max_attempts: cap,
         } = params;
         let locked_until = lease_end(now, lease)?;
         let _write = self.write.lock().await;
@@ -408,6 +409,7 @@ impl Core {
             .bind(micros(locked_until))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .bind(on_dead_letter == OnDeadLetter::Block)
+            .bind(i64::from(cap))
             .fetch_all(&mut *tx)
             .await
             .map_err(db("claim_batch"))?;
@@ -428,7 +430,7 @@ impl Core {
                 let record = ErrorRecord::from_error(&AbandonedClaimError {
                     id: message.id.clone(),
                     attempts: message.attempts,
-                    max_attempts: message.max_attempts,
+                    max_attempts: message.effective_max_attempts(cap),
                 });
                 sqlx::query(AssertSqlSafe(self.sql.abandoned.clone()))
                     .bind(record.to_json())
@@ -439,7 +441,7 @@ impl Core {
                 message.last_error = Some(record);
                 batch.dead_lettered.push(message);
             } else {
-                batch.claimed.push(sql::claimed_view(message)?);
+                batch.claimed.push(sql::claimed_view(message, cap)?);
             }
         }
         tx.commit().await.map_err(db("claim_batch"))?;
@@ -656,6 +658,7 @@ mod tests {
                 limit: count,
                 now: t0(),
                 lease: Duration::from_secs(30),
+                max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
             })
             .await
             .unwrap();

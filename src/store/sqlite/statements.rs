@@ -8,17 +8,22 @@ use crate::store::sql::{SharedStatements, TableName};
 /// Every column, in the order rows are read.
 pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, attempts, max_attempts, \
     available_at, claim_token, claimed_at, locked_until, last_error, created_at, updated_at, \
-    delivered_at, ordering_key, skipped_at";
+    delivered_at, ordering_key, skipped_at, max_attempts_set";
+
+/// The attempt cap of a row: its own when set at enqueue, else the claim's
+/// (`?5`).
+const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE ?5 END)";
 
 /// The rendered statements for one table.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// Insert one message unless its id is taken (then nothing changes).
-    /// Binds: `?1` id ... `?8` now (see
+    /// Insert one message unless its id or idempotency key is taken (then
+    /// nothing changes). Binds: `?1` id ... `?12` max attempts set (see
     /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)).
     pub(super) insert: Arc<str>,
     /// Claim. Binds: `?1` now and `?2` lease end (µs since the epoch), `?3`
-    /// limit, `?4` 1 when a dead letter holds its ordering key, else 0.
+    /// limit, `?4` 1 when a dead letter holds its ordering key, else 0, `?5`
+    /// the attempt cap of messages without their own.
     pub(super) claim: Arc<str>,
     /// Record why a claimed row was dead-lettered. Binds: error, seq.
     pub(super) abandoned: Arc<str>,
@@ -39,8 +44,8 @@ impl Statements {
             insert: format!(
                 "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
                  available_at, created_at, updated_at, ordering_key, idempotency_key, \
-                 idempotency_until) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8, ?9, ?10, ?11) \
+                 idempotency_until, max_attempts_set) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8, ?9, ?10, ?11, ?12) \
                  ON CONFLICT DO NOTHING"
             )
             .into(),
@@ -50,11 +55,11 @@ impl Statements {
             // message per ordering key.
             claim: format!(
                 "UPDATE {t} SET \
-                   status = CASE WHEN attempts >= max_attempts THEN 'dead_lettered' ELSE 'claimed' END, \
-                   attempts = CASE WHEN attempts >= max_attempts THEN attempts ELSE attempts + 1 END, \
-                   claim_token = CASE WHEN attempts >= max_attempts THEN NULL ELSE lower(hex(randomblob(16))) END, \
-                   claimed_at = CASE WHEN attempts >= max_attempts THEN NULL ELSE ?1 END, \
-                   locked_until = CASE WHEN attempts >= max_attempts THEN NULL ELSE ?2 END, \
+                   status = CASE WHEN attempts >= {CAP} THEN 'dead_lettered' ELSE 'claimed' END, \
+                   attempts = CASE WHEN attempts >= {CAP} THEN attempts ELSE attempts + 1 END, \
+                   claim_token = CASE WHEN attempts >= {CAP} THEN NULL ELSE lower(hex(randomblob(16))) END, \
+                   claimed_at = CASE WHEN attempts >= {CAP} THEN NULL ELSE ?1 END, \
+                   locked_until = CASE WHEN attempts >= {CAP} THEN NULL ELSE ?2 END, \
                    updated_at = ?1 \
                  WHERE seq IN ( \
                    SELECT seq FROM ( \
@@ -111,8 +116,18 @@ impl Statements {
             )
             .into(),
             requeue_state: format!("SELECT status, locked_until FROM {t} WHERE id = ?1").into(),
-            purge: format!(
-                "DELETE FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+            // The literal status list is the index of settled rows' own
+            // predicate, which SQLite needs to see to use that index.
+            purge_batch: format!(
+                "DELETE FROM {t} WHERE seq IN ( \
+                   SELECT seq FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+                   AND status = ?1 AND updated_at < ?2 \
+                   ORDER BY status, updated_at LIMIT ?3)"
+            )
+            .into(),
+            // The purge's predicate, without its batch limit.
+            count_purgeable: format!(
+                "SELECT count(*) FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
                  AND (?1 IS NULL OR status = ?1) AND updated_at < ?2"
             )
             .into(),
