@@ -201,42 +201,7 @@ impl DrainCoordinator {
         }
     }
 
-    /// Refuse a pass, before claiming anything, when registered messages have
-    /// no transport: claiming them would only burn their attempts.
-    fn check_transports(&self) -> Result<()> {
-        let registry = &self.drain.registry;
-        let missing = [
-            (MessageKind::Event, self.drain.events.is_none(), "event bus"),
-            (
-                MessageKind::Job,
-                self.drain.jobs.is_none(),
-                "job dispatcher",
-            ),
-        ];
-        for (kind, absent, transport) in missing {
-            if absent && registry.has(kind) {
-                let mut names = registry.names(kind);
-                if registry.catches_all(kind) {
-                    names.push("any other name");
-                }
-                return Err(Error::MissingTransport {
-                    kind,
-                    transport,
-                    names: names.join(", "),
-                });
-            }
-        }
-        Ok(())
-    }
-
     fn start_pass(&mut self, waiters: Vec<Waiter>, ctx: &mut Context<Self>) {
-        if let Err(error) = self.check_transports() {
-            telemetry::pass_refused(&error);
-            for waiter in waiters {
-                let _ = waiter.send(Err(error.clone()));
-            }
-            return;
-        }
         let id = self.next_pass;
         self.next_pass += 1;
         let address = ctx.address();

@@ -37,20 +37,6 @@ pub enum Error {
         /// How long the drain waited.
         timeout: Duration,
     },
-    /// A pass cannot run: the registry has messages of a kind that no
-    /// transport delivers.
-    #[error(
-        "cannot drain: the registry has {kind} messages ({names}) but no {transport} \
-         was configured; add one to the builder or remove those registrations"
-    )]
-    MissingTransport {
-        /// The kind of message that has no transport.
-        kind: MessageKind,
-        /// The transport that is missing ("event bus" or "job dispatcher").
-        transport: &'static str,
-        /// The registered names of that kind, comma-separated.
-        names: String,
-    },
     /// The pass stopped claiming because the store failed; the deliveries it
     /// had already started finished, and `report` counts them. The next pass
     /// picks up where this one stopped.

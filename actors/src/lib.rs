@@ -83,7 +83,6 @@
 //! | `outbox.released` | info | claim given back at shutdown |
 //! | `outbox.release_failed` | warn | claim not given back at shutdown; claimable after its lease |
 //! | `outbox.claim_failed` | warn | a claim failed (error when the store broke its contract); the pass stops claiming |
-//! | `outbox.pass_refused` | error | a pass was refused: registered messages have no transport |
 //! | `outbox.pass_finished` | debug | a pass ended, with its tally |
 //! | `outbox.delivery_started` | trace | a handler starts; the only event with the payload |
 //!

@@ -19,7 +19,6 @@
 //! | `outbox_released_total` | counter | messages | `kind`, `name` | claims given back unsettled: at shutdown, or because a claim came back with less lease left than it took |
 //! | `outbox_release_failed_total` | counter | messages | `kind`, `name` | claims not given back (the store failed or did not answer); claimable after their lease |
 //! | `outbox_claim_failed_total` | counter | claims | none | claims that failed or broke the store's contract; each stops its pass claiming |
-//! | `outbox_pass_refused_total` | counter | passes | none | passes refused before claiming because registered messages have no transport |
 //! | `outbox_lease_failures_total` | counter | notifications | `kind`, `name`, `state`, `operation` | every [`LeaseLost`] notification: `state` is `lost`, `recovered` or `degraded`, `operation` is `renew` or `max_active` |
 //! | `outbox_delivery_duration_seconds` | histogram | seconds | `kind`, `name`, `outcome` | handler start to settled, for `outcome` `delivered`, `retried` or `dead_lettered` |
 //! | `outbox_enqueue_to_delivered_seconds` | histogram | seconds | `kind`, `name` | `created_at` to settled as delivered: waiting, deliberate delays and retries included |
@@ -67,8 +66,6 @@ pub const RELEASED: &str = "outbox_released_total";
 pub const RELEASE_FAILED: &str = "outbox_release_failed_total";
 /// Counter: claims that failed; each stops its pass claiming.
 pub const CLAIM_FAILED: &str = "outbox_claim_failed_total";
-/// Counter: passes refused before claiming (a transport is missing).
-pub const PASS_REFUSED: &str = "outbox_pass_refused_total";
 /// Counter: lease notifications, labels `state` and `operation`.
 pub const LEASE_FAILURES: &str = "outbox_lease_failures_total";
 /// Counter: settled messages deleted by retention, label `status`.
@@ -108,10 +105,6 @@ pub(crate) fn describe() {
         (
             CLAIM_FAILED,
             "Claims that failed; each stops its pass claiming.",
-        ),
-        (
-            PASS_REFUSED,
-            "Passes refused before claiming because a transport is missing.",
         ),
         (
             LEASE_FAILURES,
@@ -193,10 +186,6 @@ pub(crate) fn claim_failed() {
 
 pub(crate) fn retention_deleted(status: outbox::MessageStatus, deleted: u64) {
     counter!(RETENTION_DELETED, "status" => status.as_str()).increment(deleted);
-}
-
-pub(crate) fn pass_refused() {
-    counter!(PASS_REFUSED).increment(1);
 }
 
 pub(crate) fn lease(failure: &LeaseLost) {

@@ -7,7 +7,7 @@
 //! `outbox.retry_scheduled`, `outbox.dead_lettered`, `outbox.lease_lost`,
 //! `outbox.renewal_recovered`, `outbox.renewal_degraded`,
 //! `outbox.settlement_failed`, `outbox.released`, `outbox.release_failed`,
-//! `outbox.claim_failed`, `outbox.pass_refused`, `outbox.pass_finished`,
+//! `outbox.claim_failed`, `outbox.pass_finished`,
 //! `outbox.retention`, `outbox.retention_failed`) so
 //! log pipelines can match on it. Job messages also emit the job-level record (`job.*`).
 //! The payload appears only in `outbox.delivery_started`, at `trace` level.
@@ -256,12 +256,6 @@ pub(crate) fn claiming_paused(pause: Duration) {
 pub(crate) fn claim_broke_contract(error: &Error) {
     tracing::error!(target: "outbox", event = "outbox.claim_failed", %error);
     metrics::claim_failed();
-}
-
-/// A pass was refused before claiming: messages have no transport.
-pub(crate) fn pass_refused(error: &Error) {
-    tracing::error!(target: "outbox", event = "outbox.pass_refused", %error);
-    metrics::pass_refused();
 }
 
 /// A coordinator starts: describe the metrics to the installed recorder.

@@ -7,10 +7,11 @@
 //! still passes there. Here each ```` ```rust ```` block becomes a binary of a
 //! generated crate in `target/readme-crate/`, whose `Cargo.toml` is the
 //! Installation section's blocks with the repository's git address replaced
-//! by this checkout's path. Blocks marked `no_run` are built, the others are
-//! built and run twice in a fresh directory (a first example must survive
-//! a second run on its own database file); `ignore` blocks are fragments and
-//! skipped. The crate keeps its own target directory, so only the first run
+//! by this checkout's path. Each block is read as rustdoc reads it (lines
+//! hidden with `# ` included, a block without `main` wrapped in one). Blocks
+//! marked `no_run` are built, the others are built and run twice in a fresh
+//! directory (a first example must survive a second run on its own database
+//! file); `ignore` blocks are fragments and skipped. The crate keeps its own target directory, so only the first run
 //! on a machine builds the dependencies.
 
 use std::collections::BTreeMap;
@@ -87,18 +88,37 @@ fn snippets(readme: &str) -> Vec<Snippet> {
             if words.contains(&"ignore") {
                 return None;
             }
-            assert!(
-                code.contains("fn main"),
-                "README line {line}: a rust block that is not `ignore` must be a whole program \
-                 with a `main`, so a newcomer can paste it"
-            );
             Some(Snippet {
                 line,
-                code,
+                code: as_program(&code),
                 run: !words.contains(&"no_run"),
             })
         })
         .collect()
+}
+
+/// The program a snippet stands for, read the way rustdoc reads it: lines
+/// hidden with `# ` are part of it, and a snippet without a `main` is the
+/// body of one.
+fn as_program(code: &str) -> String {
+    let mut program = String::new();
+    for line in code.lines() {
+        let trimmed = line.trim_start();
+        let shown = if trimmed == "#" {
+            ""
+        } else if let Some(hidden) = trimmed.strip_prefix("# ") {
+            hidden
+        } else {
+            line
+        };
+        program.push_str(shown);
+        program.push('\n');
+    }
+    if program.contains("fn main") {
+        program
+    } else {
+        format!("fn main() {{\n{program}}}\n")
+    }
 }
 
 /// One `name = value` line of a `[dependencies]` table, with its features

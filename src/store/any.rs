@@ -24,8 +24,8 @@ use crate::store::postgres::PostgresOutbox;
 use crate::store::sqlite::SqliteOutbox;
 use crate::store::{
     BlockedKey, ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage,
-    MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeMessages, ReleaseClaim, RenewClaim,
-    RequeueDeadLetters, RetryNow, SkipDeadLetter, Wakeups,
+    MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeBatch, PurgeMessages, ReleaseClaim,
+    RenewClaim, RequeueDeadLetters, RetryNow, SkipDeadLetter, Wakeups,
 };
 
 /// A SQL outbox on SQLite or PostgreSQL, chosen by URL at start-up.
@@ -547,6 +547,10 @@ impl OutboxStore for AnyOutbox {
 
     async fn pending_count(&self) -> Result<Option<u64>> {
         on_backend!(self, AnyOutbox, |store| store.pending_count().await)
+    }
+
+    async fn purge_batch(&self, params: PurgeBatch) -> Result<u64> {
+        on_backend!(self, AnyOutbox, |store| store.purge_batch(params).await)
     }
 }
 
