@@ -30,8 +30,8 @@ use std::time::Duration;
 use actix::prelude::*;
 use chrono::{DateTime, DurationRound, Utc};
 use outbox::{
-    Clock, DrainConfig, EventBus, JobDispatcher, MessageKind, OutboxStore, Registry, RetryPolicy,
-    SharedClock, SharedStore, SystemClock,
+    Clock, DrainConfig, EventBus, JobDispatcher, OutboxStore, Registry, RetryPolicy, SharedClock,
+    SharedStore, SystemClock,
 };
 use tokio::sync::oneshot;
 

@@ -8,8 +8,6 @@
 
 use std::time::Duration;
 
-use outbox::MessageKind;
-
 use crate::notices::DrainReport;
 
 /// `Result` with this crate's [`Error`] as the default error type.
