@@ -32,7 +32,7 @@
 //! It reports to its coordinator through recipients of [`Abandoned`],
 //! [`ClaimerDone`] and (handed to each delivery) `DeliveryFinished`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,7 +115,7 @@ pub(crate) struct Claimer {
     handling: usize,
     /// Live deliveries of messages with an ordering key: when one ends, the
     /// next message of its key may have become claimable.
-    keyed: std::collections::HashSet<u64>,
+    keyed: HashSet<u64>,
     /// The slot number the next delivery gets.
     next_slot: u64,
     /// Deliveries started; the coordinator waits for that many outcomes.
@@ -151,7 +151,7 @@ impl Claimer {
             next_arbiter: 0,
             active: HashMap::new(),
             handling: 0,
-            keyed: std::collections::HashSet::new(),
+            keyed: HashSet::new(),
             next_slot: 0,
             claimed: 0,
             claiming: false,
