@@ -152,6 +152,13 @@ pub(crate) struct WebArgs {
     /// Allow a non-loopback bind without --auth-token (a proxy in front authenticates).
     #[arg(long)]
     pub(crate) allow_remote: bool,
+
+    /// The attempt cap of the drains (their `retry.max_attempts`), which
+    /// messages enqueued without a cap of their own are held to; shown as
+    /// their limit.
+    #[arg(long, value_name = "N", default_value_t = outbox::DEFAULT_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: u32,
 }
 
 const RELAY_AFTER_HELP: &str = "\

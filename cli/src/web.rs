@@ -37,7 +37,9 @@ pub(crate) fn bind_address(args: &WebArgs) -> Result<SocketAddr, Failure> {
 
 /// Serve until Ctrl-C or SIGTERM.
 pub(crate) async fn serve(store: &Store, args: WebArgs, addr: SocketAddr) -> Result<(), Failure> {
-    let mut config = WebConfig::default().read_only(args.read_only);
+    let mut config = WebConfig::default()
+        .read_only(args.read_only)
+        .max_attempts(args.max_attempts);
     if let Some(token) = args.auth_token {
         config = config.auth_token(token);
     }

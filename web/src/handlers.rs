@@ -151,6 +151,14 @@ pub(crate) async fn overview<S: OutboxAdmin>(req: HttpRequest, ctx: Data<S>) -> 
         Ok(activity) => activity,
         Err(e) => return store_error(&e),
     };
+    let blocked = if stats.blocked_keys > 0 {
+        match ctx.store.blocked_keys(BLOCKED_SHOWN).await {
+            Ok(blocked) => blocked,
+            Err(e) => return store_error(&e),
+        }
+    } else {
+        Vec::new()
+    };
     let refresh = ctx.config.refresh.map(|every| every.as_secs().max(1));
     respond(StatusCode::OK, "Overview", refresh, || {
         html! {
@@ -178,6 +186,28 @@ pub(crate) async fn overview<S: OutboxAdmin>(req: HttpRequest, ctx: Data<S>) -> 
                     }
                 } }
                 tr { th { "All messages" } td { (stats.total()) } }
+                tr { th { "Blocked ordering keys" } td id="blocked-keys" { (stats.blocked_keys) } }
+            }
+            @if !blocked.is_empty() {
+                h2 { "Blocked ordering keys" }
+                p.muted {
+                    "Each key waits on a dead letter; requeue it (it runs again) or skip it "
+                    "(`outbox skip ID`: the key moves on without it)."
+                }
+                table #blocked {
+                    tr { th { "Key" } th { "Dead letter at its head" } th { "Name" } th { "Waiting" } }
+                    @for key in &blocked {
+                        tr {
+                            td { a href=(format!("messages?key={}", query_value(&key.ordering_key))) { (key.ordering_key) } }
+                            td { a href=(format!("message?id={}", query_value(&key.head_id))) { (key.head_id) } }
+                            td { (key.head_name) }
+                            td { (key.waiting) }
+                        }
+                    }
+                }
+                @if stats.blocked_keys > blocked.len() as u64 {
+                    p.muted { "The first " (blocked.len()) " of " (stats.blocked_keys) " by key." }
+                }
             }
             h2 { "Delivered and dead-lettered per minute" }
             (activity_chart(&activity, now))
@@ -187,6 +217,9 @@ pub(crate) async fn overview<S: OutboxAdmin>(req: HttpRequest, ctx: Data<S>) -> 
         }
     })
 }
+
+/// Blocked keys listed on the overview; the count covers the rest.
+const BLOCKED_SHOWN: usize = 20;
 
 const STATUSES: [MessageStatus; 4] = [
     MessageStatus::Pending,
@@ -210,6 +243,7 @@ pub(crate) struct ListQuery {
     status: Option<String>,
     name: Option<String>,
     kind: Option<String>,
+    key: Option<String>,
     from: Option<String>,
     to: Option<String>,
     after_at: Option<String>,
@@ -242,6 +276,7 @@ struct Filters {
     status: Option<MessageStatus>,
     name: Option<String>,
     kind: Option<MessageKind>,
+    key: Option<String>,
     from: Option<DateTime<Utc>>,
     to: Option<DateTime<Utc>>,
     after: Option<ListCursor>,
@@ -278,6 +313,7 @@ impl ListQuery {
             status,
             name: blank(&self.name).map(str::to_owned),
             kind,
+            key: blank(&self.key).map(str::to_owned),
             from,
             to,
             after,
@@ -291,6 +327,7 @@ impl ListQuery {
             ("status", &self.status),
             ("name", &self.name),
             ("kind", &self.kind),
+            ("key", &self.key),
             ("from", &self.from),
             ("to", &self.to),
         ] {
@@ -310,8 +347,8 @@ impl ListQuery {
 }
 
 /// At most this many store pages are read for one page of a list filtered
-/// by something the store does not filter on (kind), so a rare kind cannot
-/// make one request scan the whole table.
+/// by something the store does not filter on (kind, ordering key), so a
+/// rare kind or key cannot make one request scan the whole table.
 const MAX_SCANNED_PAGES: usize = 20;
 
 /// GET `/messages`: one page of a list.
@@ -364,6 +401,13 @@ pub(crate) async fn list<S: OutboxAdmin>(
             if filters.kind.is_some_and(|kind| kind != message.kind) {
                 continue;
             }
+            if filters
+                .key
+                .as_deref()
+                .is_some_and(|key| message.ordering_key.as_deref() != Some(key))
+            {
+                continue;
+            }
             shown.push(message);
             if shown.len() == limit {
                 let last = shown.last().expect("just pushed");
@@ -396,7 +440,7 @@ pub(crate) async fn list<S: OutboxAdmin>(
         table #messages {
             tr {
                 @if selectable { th { } }
-                th { "Id" } th { "Kind" } th { "Name" } th { "Status" } th { "Attempts" }
+                th { "Id" } th { "Kind" } th { "Name" } th { "Key" } th { "Status" } th { "Attempts" }
                 th { "Created" } th { "Available" } th { "Last error" }
             }
             @for m in &shown {
@@ -405,8 +449,10 @@ pub(crate) async fn list<S: OutboxAdmin>(
                         td { input type="checkbox" name="id" value=(m.id); }
                     }
                     td { a href=(format!("message?id={}", query_value(&m.id))) { (m.id) } }
-                    td { (m.kind) } td { (m.name) } td { (m.status) }
-                    td { (m.attempts) "/" (m.max_attempts) }
+                    td { (m.kind) } td { (m.name) }
+                    td { (m.ordering_key.as_deref().unwrap_or("")) }
+                    td { (m.status) }
+                    td { (m.attempts) "/" (m.effective_max_attempts(ctx.config.max_attempts)) }
                     td { (time(m.created_at, now)) }
                     td { (time(m.available_at, now)) }
                     td { (error_line(m)) }
@@ -424,6 +470,7 @@ pub(crate) async fn list<S: OutboxAdmin>(
                     option value="event" selected[filters.kind == Some(MessageKind::Event)] { "event" }
                     option value="job" selected[filters.kind == Some(MessageKind::Job)] { "job" }
                 } } " "
+                label { "Key " input type="text" name="key" value=[filters.key.as_deref()]; } " "
                 label { "Created from " input type="text" name="from" placeholder="2026-01-31T12:00Z" value=[blank(&query.from)]; } " "
                 label { "to " input type="text" name="to" placeholder="2026-01-31T13:00Z" value=[blank(&query.to)]; } " "
                 button type="submit" { "Filter" }
@@ -499,7 +546,16 @@ pub(crate) async fn message<S: OutboxAdmin>(
                 tr { th { "Kind" } td { (m.kind) } }
                 tr { th { "Name" } td { (m.name) } }
                 tr { th { "Status" } td #status { (m.status) } }
-                tr { th { "Attempts" } td { (m.attempts) " of " (m.max_attempts) } }
+                tr { th { "Attempts" } td {
+                    (m.attempts) " of " (m.effective_max_attempts(ctx.config.max_attempts))
+                    @if !m.max_attempts_set { " " span.muted { "(the drain's cap)" } }
+                } }
+                @if let Some(key) = &m.ordering_key {
+                    tr { th { "Ordering key" } td {
+                        a href=(format!("messages?key={}", query_value(key))) { (key) }
+                        @if m.skipped_at.is_some() { " " span.muted { "(skipped: its key moved on)" } }
+                    } }
+                }
                 tr { th { "Available at" } td { (time(m.available_at, now)) } }
                 tr { th { "Created at" } td { (time(m.created_at, now)) } }
                 tr { th { "Updated at" } td { (time(m.updated_at, now)) } }

@@ -73,6 +73,10 @@ pub struct WebConfig {
     pub refresh: Option<Duration>,
     /// Messages per page of a list; 1 to 1 000.
     pub page_size: usize,
+    /// The attempt cap the drains give messages enqueued without their own
+    /// (their `retry.max_attempts`), so pages show the cap that applies.
+    /// Default [`outbox::DEFAULT_MAX_ATTEMPTS`].
+    pub max_attempts: u32,
 }
 
 impl Default for WebConfig {
@@ -82,6 +86,7 @@ impl Default for WebConfig {
             read_only: false,
             refresh: Some(Duration::from_secs(5)),
             page_size: 50,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         }
     }
 }
@@ -108,6 +113,12 @@ impl WebConfig {
     /// Messages per page of a list, clamped to 1 to 1 000.
     pub fn page_size(mut self, size: usize) -> Self {
         self.page_size = size.clamp(1, 1_000);
+        self
+    }
+
+    /// The drains' attempt cap for messages without their own (at least 1).
+    pub fn max_attempts(mut self, cap: u32) -> Self {
+        self.max_attempts = cap.max(1);
         self
     }
 }

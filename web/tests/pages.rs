@@ -482,3 +482,65 @@ async fn unknown_ids_and_pages_are_not_found() {
     let (status, _) = get(&app, "/outbox/nothing-here").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[actix_web::test]
+async fn blocked_keys_show_on_the_overview_and_lists_filter_by_key() {
+    let store = MemoryOutbox::new();
+    let now = Utc::now();
+    for (id, key) in [
+        ("k1-a", "order-1"),
+        ("k1-b", "order-1"),
+        ("k2-a", "order-2"),
+    ] {
+        let message = NewMessage::new(
+            MessageKind::Event,
+            "orders.step",
+            Payload::from(serde_json::json!({ "id": id })),
+        )
+        .with_id(id)
+        .with_options(
+            outbox::EnqueueOptions::new()
+                .ordering_key(key)
+                .max_attempts(1),
+        )
+        .at(now);
+        store.enqueue(message).await.unwrap();
+    }
+    // The head of order-1 fails its only attempt: the key is blocked.
+    let claimed = store
+        .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
+            limit: 10,
+            now,
+            lease: Duration::from_secs(60),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+        })
+        .await
+        .unwrap();
+    let head = claimed.claimed.iter().find(|m| m.id == "k1-a").unwrap();
+    store
+        .mark_failed(MarkFailed {
+            id: head.id.clone(),
+            claim_token: head.claim_token.clone(),
+            now,
+            error: ErrorRecord::new("test", "boom"),
+            dead_letter: true,
+            retry_at: None,
+        })
+        .await
+        .unwrap();
+
+    let app = app(store, WebConfig::default()).await;
+    let (_, page) = get(&app, "/outbox/").await;
+    assert!(page.contains("<td id=\"blocked-keys\">1</td>"), "{page}");
+    assert!(page.contains("href=\"messages?key=order-1\""), "{page}");
+    assert!(page.contains("href=\"message?id=k1-a\""), "{page}");
+
+    let (status, page) = get(&app, "/outbox/messages?key=order-2").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("k2-a"), "{page}");
+    assert!(!page.contains("k1-b"), "{page}");
+    let (_, page) = get(&app, "/outbox/message?id=k1-b").await;
+    assert!(page.contains("Ordering key"), "{page}");
+    assert!(page.contains("0 of 1"), "its own cap: {page}");
+}
