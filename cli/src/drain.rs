@@ -441,25 +441,33 @@ impl Deliver {
         message: &RawMessage,
         context: &DeliveryContext,
     ) -> LocalBoxFuture<'static, DeliveryResult> {
-        let label = label(context);
         let delivery = match self {
             Deliver::Print => std::future::ready(print(message, context)).boxed_local(),
             Deliver::Exec(command) => exec(command.clone(), message, context).boxed_local(),
         };
-        delivery
-            .map(move |result| {
-                if let Err(error) = &result {
-                    eprintln!("{label} failed: {error}");
-                }
-                result
-            })
-            .boxed_local()
+        reported(delivery, context)
     }
+}
+
+/// `delivery`, saying on stderr when it fails, with the message's label.
+pub(crate) fn reported(
+    delivery: LocalBoxFuture<'static, DeliveryResult>,
+    context: &DeliveryContext,
+) -> LocalBoxFuture<'static, DeliveryResult> {
+    let label = label(context);
+    delivery
+        .map(move |result| {
+            if let Err(error) = &result {
+                eprintln!("{label} failed: {error}");
+            }
+            result
+        })
+        .boxed_local()
 }
 
 /// A message as `--print` writes it.
 /// How a failed delivery names its message on stderr.
-pub(crate) fn label(context: &DeliveryContext) -> String {
+fn label(context: &DeliveryContext) -> String {
     let claimed = context.message();
     format!(
         "{} ({} {}, attempt {} of {})",

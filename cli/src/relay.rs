@@ -7,7 +7,6 @@
 
 use std::sync::Arc;
 
-use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
 use outbox::kit::redact_url;
 use outbox::{Delivery, DeliveryResult, EventBus, JobDispatcher};
@@ -40,33 +39,17 @@ impl<T: EventBus + JobDispatcher> Broker for T {}
 #[derive(Clone)]
 struct Relay(Arc<dyn Broker>);
 
-impl Relay {
-    fn reported(
-        delivery: LocalBoxFuture<'static, DeliveryResult>,
-        label: String,
-    ) -> LocalBoxFuture<'static, DeliveryResult> {
-        delivery
-            .map(move |result| {
-                if let Err(error) = &result {
-                    eprintln!("{label} failed: {error}");
-                }
-                result
-            })
-            .boxed_local()
-    }
-}
-
 impl EventBus for Relay {
     fn publish(&self, delivery: Delivery) -> LocalBoxFuture<'static, DeliveryResult> {
-        let label = drain::label(&delivery.context);
-        Self::reported(self.0.publish(delivery), label)
+        let context = delivery.context.clone();
+        drain::reported(self.0.publish(delivery), &context)
     }
 }
 
 impl JobDispatcher for Relay {
     fn dispatch(&self, delivery: Delivery) -> LocalBoxFuture<'static, DeliveryResult> {
-        let label = drain::label(&delivery.context);
-        Self::reported(self.0.dispatch(delivery), label)
+        let context = delivery.context.clone();
+        drain::reported(self.0.dispatch(delivery), &context)
     }
 }
 

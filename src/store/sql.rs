@@ -461,6 +461,24 @@ pub(crate) fn claim_loss(
     ClaimError::new(id, reason)
 }
 
+/// The refusal every admin change to one message shares: its live claim.
+fn live_claim(
+    id: &str,
+    status: MessageStatus,
+    locked_until: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Option<Error> {
+    locked_until
+        .filter(|&until| status == MessageStatus::Claimed && until > now)
+        .map(|locked_until| {
+            AdminError::ClaimLive {
+                id: id.to_owned(),
+                locked_until,
+            }
+            .into()
+        })
+}
+
 /// Why a requeue matched nothing, from the message's status and lease as
 /// read afterwards.
 pub(crate) fn requeue_refusal(
@@ -469,21 +487,14 @@ pub(crate) fn requeue_refusal(
     locked_until: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Error {
-    match locked_until {
-        Some(locked_until) if status == MessageStatus::Claimed && locked_until > now => {
-            AdminError::ClaimLive {
-                id: id.to_owned(),
-                locked_until,
-            }
-            .into()
-        }
-        // A dead letter that the update missed was requeued in between.
-        _ => AdminError::NotDeadLettered {
+    // A dead letter that the update missed was requeued in between.
+    live_claim(id, status, locked_until, now).unwrap_or_else(|| {
+        AdminError::NotDeadLettered {
             id: id.to_owned(),
             status,
         }
-        .into(),
-    }
+        .into()
+    })
 }
 
 /// `(status, minute since the epoch, count)` rows as per-minute activity.
@@ -515,20 +526,13 @@ pub(crate) fn retry_refusal(
     locked_until: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Error {
-    match locked_until {
-        Some(locked_until) if status == MessageStatus::Claimed && locked_until > now => {
-            AdminError::ClaimLive {
-                id: id.to_owned(),
-                locked_until,
-            }
-            .into()
-        }
-        _ => AdminError::NotPending {
+    live_claim(id, status, locked_until, now).unwrap_or_else(|| {
+        AdminError::NotPending {
             id: id.to_owned(),
             status,
         }
-        .into(),
-    }
+        .into()
+    })
 }
 
 /// Map a database error of `operation` to the store's transient error, or,
