@@ -252,15 +252,19 @@ impl SqliteOutbox {
     pub async fn setup(&self) -> Result<()> {
         let migrator = self.migrator();
         // sqlx takes no lock around SQLite migrations: a process that read
-        // the applied versions just before another one applied them fails on
-        // the duplicate version. Read again; by then they are applied.
-        if migrator.run(&self.inner.core.parts.pool).await.is_ok() {
-            return Ok(());
+        // the applied versions just before another one applied the next
+        // migration fails on it (a duplicate version, or a column added
+        // twice). Read again; each such failure means the other process got
+        // one migration further, so one retry per migration is enough for
+        // any number of racing processes, and a real error still surfaces.
+        let mut attempts = migrator.iter().count();
+        loop {
+            match migrator.run(&self.inner.core.parts.pool).await {
+                Ok(()) => return Ok(()),
+                Err(_) if attempts > 0 => attempts -= 1,
+                Err(e) => return Err(Error::store("setup", e)),
+            }
         }
-        migrator
-            .run(&self.inner.core.parts.pool)
-            .await
-            .map_err(|e| Error::store("setup", e))
     }
 
     /// The migrations for this store's table, tracked in
