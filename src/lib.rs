@@ -141,10 +141,10 @@ pub use store::sql::{MAX_TABLE_NAME_PART, SettlementMode, TableName};
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, SqliteOutbox};
 pub use store::{
-    BlockedKey, ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages, MarkDelivered,
-    MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeBatch,
-    PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow, SharedStore,
-    SkipDeadLetter, Wakeups,
+    Armed, BlockedKey, ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages,
+    MarkDelivered, MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore,
+    PurgeBatch, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow, SharedStore,
+    SkipDeadLetter, WakeupArm, Wakeups,
 };
 pub use trace::TraceCarrier;
 pub use transport::{

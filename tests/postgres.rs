@@ -15,8 +15,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use outbox::{
-    ClaimBatch, ClaimLoss, Enqueued, Error, MarkDelivered, MessageStatus, NewMessage, OutboxAdmin,
-    OutboxStore, PostgresOutbox, SettlementMode,
+    Armed, ClaimBatch, ClaimLoss, Enqueued, Error, MarkDelivered, MessageStatus, NewMessage,
+    OutboxAdmin, OutboxStore, PostgresOutbox, SettlementMode,
 };
 use sql_support::{LEASE, event, secs, t0, unique};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
@@ -163,6 +163,7 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
         [
             "events_claimed",
             "events_created",
+            "events_drains_pkey",
             "events_idempotency",
             "events_migrations_pkey",
             "events_ordering",
@@ -370,13 +371,19 @@ async fn a_claim_statement_reuses_its_plan() {
 
 /// NOTIFY goes out when the enqueueing transaction commits, never on
 /// rollback. Notifications reach a listener in commit order, so a marker
-/// sent after the rollback must be the next thing it sees.
+/// sent after the rollback must be the next thing it sees. (A drain waits
+/// for a wake-up: it armed; see the test after this one.)
 #[tokio::test]
 async fn enqueue_notifies_at_commit_only() {
     let pool = pool().await;
     let outbox = store(&pool, &unique("notify"), SettlementMode::default()).await;
     let mut listener = PgListener::connect(&database_url()).await.unwrap();
     listener.listen(outbox.channel()).await.unwrap();
+    let wakeups = outbox.wakeups().unwrap();
+    let arm = wakeups
+        .arm()
+        .expect("PostgreSQL wakes only drains that armed");
+    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
 
     let mut tx = pool.begin().await.unwrap();
     outbox
@@ -411,6 +418,7 @@ async fn enqueue_notifies_at_commit_only() {
     assert_eq!(listener.recv().await.unwrap().payload(), "marker");
 
     // Turned off, enqueue sends nothing.
+    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
     let quiet = PostgresOutbox::builder(pool.clone())
         .table(&outbox.table().to_string())
         .unwrap()
@@ -423,6 +431,89 @@ async fn enqueue_notifies_at_commit_only() {
         .await
         .unwrap();
     assert_eq!(listener.recv().await.unwrap().payload(), "marker");
+}
+
+/// Enqueues notify only when a drain armed, once per arming; a drain
+/// cannot arm while an enqueue is between its insert and its commit; under
+/// REPEATABLE READ and SERIALIZABLE every enqueue notifies, and a flag
+/// changed after the transaction's snapshot fails nothing. On a table in a
+/// schema of its own, whose flag table and function are named after it.
+#[tokio::test]
+async fn enqueues_notify_only_when_a_drain_armed() {
+    let pool = pool().await;
+    let table = format!("{}.events", unique("armed"));
+    let outbox = store(&pool, &table, SettlementMode::default()).await;
+    let mut listener = PgListener::connect(&database_url()).await.unwrap();
+    listener.listen(outbox.channel()).await.unwrap();
+    let wakeups = outbox.wakeups().unwrap();
+    let arm = wakeups.arm().unwrap();
+    let mut n = 0;
+    let mut enqueue = || {
+        n += 1;
+        event(&format!("e{n}"), n, t0())
+    };
+    // What the listener heard up to a marker sent now.
+    let heard = async |listener: &mut PgListener| {
+        sqlx::query("SELECT pg_notify($1, 'marker')")
+            .bind(outbox.channel())
+            .execute(&pool)
+            .await
+            .unwrap();
+        let mut heard = Vec::new();
+        loop {
+            let payload = listener.recv().await.unwrap().payload().to_owned();
+            if payload == "marker" {
+                return heard;
+            }
+            heard.push(payload);
+        }
+    };
+
+    // Nobody armed (the flag's row does not even exist yet): silence.
+    outbox.enqueue(enqueue()).await.unwrap();
+    assert!(heard(&mut listener).await.is_empty());
+
+    // Armed: the first enqueue notifies, the next ones do not.
+    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
+    for _ in 0..5 {
+        outbox.enqueue(enqueue()).await.unwrap();
+    }
+    assert_eq!(heard(&mut listener).await, [""]);
+
+    // An enqueue in flight keeps a drain from arming until it ends.
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
+    assert_eq!(arm.arm().await.unwrap(), Armed::Busy);
+    tx.commit().await.unwrap();
+    assert!(heard(&mut listener).await.is_empty());
+    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
+    // A rolled-back enqueue leaves the drain armed.
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
+    tx.rollback().await.unwrap();
+    outbox.enqueue(enqueue()).await.unwrap();
+    assert_eq!(heard(&mut listener).await, [""]);
+
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "SET TRANSACTION ISOLATION LEVEL {level}"
+        )))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        // The snapshot is taken here, while the flag is set; another
+        // enqueue clears it (and notifies) before this one runs.
+        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        outbox.enqueue(enqueue()).await.unwrap();
+        outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
+        outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
+        tx.commit().await.unwrap();
+        // Not armed any more, yet it notified, once for its transaction.
+        assert_eq!(heard(&mut listener).await, ["", ""], "{level}");
+    }
+    assert_eq!(outbox.stats(t0()).await.unwrap().pending, n - 1);
 }
 
 #[tokio::test]
@@ -441,7 +532,9 @@ async fn wakeups_listen_reconnect_and_stop_with_the_last_receiver() {
     let listening = "query LIKE 'LISTEN%'";
     assert_eq!(backends(&pool, &name, listening).await.len(), 1);
 
-    // A committed enqueue from another process wakes it.
+    // A committed enqueue from another process wakes it, once it armed.
+    let arm = wakeups.arm().unwrap();
+    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
     let other_pool = pool_named("outbox-tests-other").await;
     let other = PostgresOutbox::builder(other_pool)
         .table(&name)
@@ -471,6 +564,7 @@ async fn wakeups_listen_reconnect_and_stop_with_the_last_receiver() {
         backends(&pool, &name, listening).await.len() == 1
     })
     .await;
+    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
     other.enqueue(event("b", 1, t0())).await.unwrap();
     assert!(
         tokio::time::timeout(bound, wakeups.changed())

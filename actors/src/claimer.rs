@@ -37,12 +37,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use outbox::{ClaimBatch, ClaimedBatch, ReleaseClaim};
+use outbox::{Armed, ClaimBatch, ClaimedBatch, ReleaseClaim, WakeupArm};
 
 use crate::context::{DrainContext, until};
 use crate::delivery::{Abort, DeliveryActor, Reporter};
 use crate::error::Error;
-use crate::messages::{Abandoned, ClaimerDone, DeliveryEnded, DeliveryFinished, HandlerReturned};
+use crate::messages::{
+    Abandoned, Arming, ClaimerDone, DeliveryEnded, DeliveryFinished, HandlerReturned,
+};
 use crate::notices::DeadLetter;
 use crate::telemetry;
 
@@ -133,6 +135,11 @@ pub(crate) struct Claimer {
     /// The next pause after a store fault; doubles with each fault in a row
     /// and starts over after a delivery ends without one.
     backoff: Duration,
+    /// Arm the store's wake-ups before the first claim, so that what
+    /// commits after the pass's last claim wakes the coordinator.
+    arm: Option<WakeupArm>,
+    /// What arming found.
+    arming: Arming,
 }
 
 impl Claimer {
@@ -141,6 +148,7 @@ impl Claimer {
         coordinator: Coordinator,
         pass: u64,
         arbiters: Arc<[ArbiterHandle]>,
+        arm: Option<WakeupArm>,
     ) -> Self {
         Claimer {
             budget: drain.config.batch_size,
@@ -160,7 +168,37 @@ impl Claimer {
             error: None,
             paused_until: None,
             backoff: Duration::ZERO,
+            arm,
+            arming: Arming::NotAsked,
         }
+    }
+
+    /// Arm the store's wake-ups, then claim. Counted as a claim in flight,
+    /// so nothing is claimed, and the pass does not end, before it answers.
+    fn arm_then_fill(&mut self, arm: WakeupArm, ctx: &mut Context<Self>) {
+        self.claiming = true;
+        let lease = self.drain.config.lease;
+        let armed = async move { tokio::time::timeout(lease, arm.arm()).await };
+        ctx.spawn(armed.into_actor(self).map(move |armed, act, ctx| {
+            act.claiming = false;
+            act.arming = match armed {
+                Ok(Ok(Armed::Yes)) => Arming::Armed,
+                Ok(Ok(Armed::Busy)) => Arming::Busy,
+                Ok(Err(error)) => {
+                    telemetry::arming_failed(&Error::from(error));
+                    Arming::Failed
+                }
+                Err(_) => {
+                    telemetry::arming_failed(&Error::Timeout {
+                        operation: "arm_wakeups",
+                        timeout: lease,
+                    });
+                    Arming::Failed
+                }
+            };
+            act.fill(ctx);
+            act.finish_if_done(ctx);
+        }));
     }
 
     /// A delivery's store call failed for the store's sake: pause claiming,
@@ -385,6 +423,7 @@ impl Claimer {
                 error: self.error.take(),
                 spent,
                 pause,
+                arming: self.arming,
             });
             ctx.stop();
         }
@@ -411,7 +450,10 @@ impl Actor for Claimer {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        self.fill(ctx);
+        match self.arm.take() {
+            Some(arm) => self.arm_then_fill(arm, ctx),
+            None => self.fill(ctx),
+        }
     }
 }
 

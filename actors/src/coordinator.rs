@@ -17,6 +17,15 @@
 //! during one join the next pass of the chain and get its report; a
 //! shutdown ends the chain.
 //!
+//! Some stores wake only drains that asked (PostgreSQL: `NOTIFY` serializes
+//! the commits that send it, so enqueues send it only when a drain waits;
+//! see [`outbox::Wakeups::arm`]). With such a store the coordinator arms
+//! before a pass's first claim unless it is armed already, and stays armed
+//! until a wake-up comes. A pass that could not arm (an enqueue was in
+//! flight) and ended on an empty or short claim is followed by another
+//! after 1 ms, then twice as long each time up to 25 ms, until one arms:
+//! what committed meanwhile is claimed without a wake-up.
+//!
 //! A pass ends only when its slowest delivery ends. So that one slow handler
 //! does not hold back messages committed meanwhile, every `Drain`, tick and
 //! wake-up that arrives during a pass also lets the running pass claim again
@@ -31,14 +40,14 @@ use actix::prelude::*;
 use chrono::{DateTime, DurationRound, Utc};
 use outbox::{
     Clock, DrainConfig, EventBus, JobDispatcher, OutboxStore, Registry, RetryPolicy, SharedClock,
-    SharedStore, SystemClock,
+    SharedStore, SystemClock, WakeupArm,
 };
 use tokio::sync::oneshot;
 
 use crate::claimer::{self, Claimer, Refill, WindDown};
 use crate::context::{DrainContext, DrainObserver, after, until};
 use crate::error::{Error, Result};
-use crate::messages::{Abandoned, ClaimerDone, DeliveryFinished};
+use crate::messages::{Abandoned, Arming, ClaimerDone, DeliveryFinished};
 use crate::notices::{DrainReport, LeaseLost, Notice, Outcome, OutcomeNotice};
 use crate::registrations;
 use crate::retention;
@@ -101,6 +110,17 @@ pub struct CoordinatorStatus {
 /// A store wake-up: something was committed.
 struct Wake;
 
+/// The first wait before claiming again when a pass could not arm the
+/// store's wake-ups: an enqueue was committing, so more may follow at once.
+const POLL_MIN: Duration = Duration::from_millis(1);
+
+/// The longest wait before claiming again when passes in a row could not
+/// arm the store's wake-ups. It bounds how late such a message is seen
+/// (well within the 20 ms a wake-up should take), at the cost of one
+/// mostly-empty claim per 25 ms while enqueuing transactions stay open
+/// (a long transaction that enqueued blocks arming until it ends).
+const POLL_MAX: Duration = Duration::from_millis(25);
+
 type Waiter = oneshot::Sender<Result<DrainReport>>;
 
 /// The running pass.
@@ -120,6 +140,11 @@ struct Pass {
     error: Option<Error>,
     /// It spent its budget on full claims: the next pass starts at once.
     spent: bool,
+    /// What arming the store's wake-ups before its first claim found.
+    arming: Arming,
+    /// Wake-ups heard before it armed: one heard after means the arming
+    /// was used up.
+    wakes_at_start: u64,
     /// How long the next pass should wait for a store that faulted.
     pause: Duration,
     /// Who waits for its report.
@@ -136,6 +161,17 @@ pub struct DrainCoordinator {
     arbiter_handles: Arc<[ArbiterHandle]>,
     /// Start a pass on store wake-ups.
     wake_on_insert: bool,
+    /// How to ask the store for the next wake-up, when it wakes only
+    /// drains that asked.
+    arm: Option<WakeupArm>,
+    /// The store will wake this coordinator on the next committed insert.
+    armed: bool,
+    /// Wake-ups heard so far.
+    wakes: u64,
+    /// The wait before the next pass when a pass could not arm.
+    poll: Duration,
+    /// The pass armed to follow one that could not arm.
+    poll_timer: Option<SpawnHandle>,
     /// Who hears every lease failure.
     lease_subscribers: Vec<Recipient<LeaseLost>>,
     /// Who hears settlement failures and dead letters.
@@ -210,11 +246,16 @@ impl DrainCoordinator {
             abandoned: address.clone().recipient(),
             done: address.recipient(),
         };
+        if let Some(timer) = self.poll_timer.take() {
+            ctx.cancel_future(timer);
+        }
+        let arm = self.arm.clone().filter(|_| !self.armed);
         let claimer = Claimer::new(
             self.drain.clone(),
             coordinator,
             id,
             self.arbiter_handles.clone(),
+            arm,
         )
         .start();
         self.pass = Some(Pass {
@@ -225,6 +266,8 @@ impl DrainCoordinator {
             claimed: None,
             error: None,
             spent: false,
+            arming: Arming::NotAsked,
+            wakes_at_start: self.wakes,
             pause: Duration::ZERO,
             waiters,
         });
@@ -299,6 +342,7 @@ impl DrainCoordinator {
         self.passes += 1;
         self.last_report = Some(report);
         self.totals += report;
+        let failed = pass.error.is_some();
         let result = match pass.error {
             None => Ok(report),
             Some(source) => Err(Error::Pass {
@@ -308,6 +352,12 @@ impl DrainCoordinator {
         };
         for waiter in pass.waiters {
             let _ = waiter.send(result.clone());
+        }
+        if pass.arming == Arming::Armed && self.wakes == pass.wakes_at_start {
+            self.armed = true;
+        }
+        if report.claimed > 0 || self.armed {
+            self.poll = POLL_MIN;
         }
         if let Some(waiters) = self.shutdown.take() {
             for waiter in waiters {
@@ -326,7 +376,31 @@ impl DrainCoordinator {
                 let at = after(self.drain.now(), pass.pause);
                 self.revisit(at, ctx);
             }
+        } else if self.arm.is_some() && !self.armed && !failed {
+            self.poll_unarmed(pass.arming, ctx);
         }
+    }
+
+    /// The pass ended waiting, but no wake-up will come for what commits
+    /// from now on: claim again soon, and arm again first.
+    fn poll_unarmed(&mut self, arming: Arming, ctx: &mut Context<Self>) {
+        if arming == Arming::Failed {
+            // A store that cannot answer gets the pace of failed claims.
+            let at = after(self.drain.now(), self.drain.heartbeat);
+            self.revisit(at, ctx);
+            return;
+        }
+        let wait = self.poll;
+        self.poll = (self.poll * 2).min(POLL_MAX);
+        if let Some(timer) = self.poll_timer.take() {
+            ctx.cancel_future(timer);
+        }
+        self.poll_timer = Some(ctx.run_later(wait, |act, ctx| {
+            act.poll_timer = None;
+            if act.shutdown.is_none() {
+                act.request_pass(None, ctx);
+            }
+        }));
     }
 
     fn notify(&mut self, notice: Notice) {
@@ -386,6 +460,7 @@ impl Actor for DrainCoordinator {
         if self.wake_on_insert
             && let Some(wakeups) = self.drain.store.wakeups()
         {
+            self.arm = wakeups.arm();
             let stream = futures_util::stream::unfold(wakeups, |mut wakeups| async move {
                 wakeups.changed().await.then_some((Wake, wakeups))
             });
@@ -405,6 +480,10 @@ impl Actor for DrainCoordinator {
 
 impl StreamHandler<Wake> for DrainCoordinator {
     fn handle(&mut self, _: Wake, ctx: &mut Context<Self>) {
+        // An insert used the arming up (or the listener reconnected and
+        // may have missed one): arm again before the next claim.
+        self.wakes += 1;
+        self.armed = false;
         if self.shutdown.is_none() {
             self.request_pass(None, ctx);
         }
@@ -450,6 +529,9 @@ impl Handler<Shutdown> for DrainCoordinator {
                 ctx.cancel_future(handle);
             }
             if let Some((_, handle)) = self.revisit_timer.take() {
+                ctx.cancel_future(handle);
+            }
+            if let Some(handle) = self.poll_timer.take() {
                 ctx.cancel_future(handle);
             }
             self.revisits.clear();
@@ -549,6 +631,7 @@ impl Handler<ClaimerDone> for DrainCoordinator {
             pass.error = done.error;
             pass.spent = done.spent;
             pass.pause = done.pause;
+            pass.arming = done.arming;
         }
         self.end_pass_if_done(ctx);
     }
@@ -678,6 +761,11 @@ impl DrainCoordinatorBuilder {
             arbiters,
             arbiter_handles,
             wake_on_insert: self.wake_on_insert,
+            arm: None,
+            armed: false,
+            wakes: 0,
+            poll: POLL_MIN,
+            poll_timer: None,
             lease_subscribers: self.lease_subscribers,
             outcome_subscribers: self.outcome_subscribers,
             pass: None,

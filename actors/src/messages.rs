@@ -112,4 +112,21 @@ pub(crate) struct ClaimerDone {
     pub(crate) spent: bool,
     /// How long claiming should still wait after store faults.
     pub(crate) pause: std::time::Duration,
+    /// What arming the store's wake-ups before the first claim found.
+    pub(crate) arming: Arming,
+}
+
+/// What a pass's claimer found when it armed the store's wake-ups (see
+/// [`outbox::Wakeups::arm`]) before its first claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arming {
+    /// It was not asked to: the store wakes on every insert, or the
+    /// coordinator was armed already.
+    NotAsked,
+    /// Armed: the next insert committed wakes the coordinator.
+    Armed,
+    /// An enqueue was in flight: not armed.
+    Busy,
+    /// The store failed to answer: not armed.
+    Failed,
 }

@@ -227,6 +227,13 @@ pub(crate) fn claim_failed(error: &Error) {
     metrics::claim_failed();
 }
 
+/// Arming the store's wake-ups failed; the coordinator claims again after
+/// a heartbeat interval rather than wait for a wake-up that may not come.
+pub(crate) fn arming_failed(error: &Error) {
+    tracing::warn!(target: "outbox", event = "outbox.arming_failed", %error,
+        "outbox could not ask the store for a wake-up; claiming again soon");
+}
+
 /// A retention run deleted `deleted` messages of `status` older than `horizon`.
 pub(crate) fn retention_deleted(status: MessageStatus, deleted: u64, horizon: Duration) {
     if deleted > 0 {

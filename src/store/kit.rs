@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{MessagePage, Wakeups};
+use super::{MessagePage, WakeupArm, Wakeups};
 use crate::error::{Error, Result};
 use crate::message::OutboxMessage;
 pub use crate::message::{new_claim_token, new_message_id};
@@ -44,7 +44,13 @@ impl WakeupSender {
 
     /// A new receiver; it sees only wake-ups sent after this call.
     pub fn subscribe(&self) -> Wakeups {
-        Wakeups(self.0.subscribe())
+        Wakeups::new(self.0.subscribe(), None)
+    }
+
+    /// A new receiver for a store that wakes only drains that asked, each
+    /// asking through `arm`; see [`Wakeups::arm`].
+    pub fn subscribe_armed(&self, arm: WakeupArm) -> Wakeups {
+        Wakeups::new(self.0.subscribe(), Some(arm))
     }
 
     /// Wait until no receiver is left, so a store can stop the work that

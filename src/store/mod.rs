@@ -182,13 +182,74 @@ pub struct ReleaseClaim {
 
 /// A signal that new messages were committed, so an idle drain can start
 /// without waiting for its next tick. Bursts collapse into one wake-up.
+///
+/// Most stores signal every insert. A store whose signal costs its writers
+/// something (PostgreSQL's `NOTIFY` serializes their commits) signals only
+/// drains that said they wait for one: its wake-ups carry a [`WakeupArm`],
+/// and a drain about to wait calls it first (see [`Wakeups::arm`]).
 #[derive(Debug, Clone)]
-pub struct Wakeups(tokio::sync::watch::Receiver<u64>);
+pub struct Wakeups {
+    changed: tokio::sync::watch::Receiver<u64>,
+    arm: Option<WakeupArm>,
+}
 
 impl Wakeups {
+    pub(crate) fn new(changed: tokio::sync::watch::Receiver<u64>, arm: Option<WakeupArm>) -> Self {
+        Wakeups { changed, arm }
+    }
+
     /// Wait for the next wake-up; `false` once the store is gone.
     pub async fn changed(&mut self) -> bool {
-        self.0.changed().await.is_ok()
+        self.changed.changed().await.is_ok()
+    }
+
+    /// How to ask for the next wake-up, when inserts wake only drains that
+    /// asked; `None` when every insert wakes.
+    ///
+    /// A drain that uses it arms before a pass's claims, and counts on a
+    /// wake-up only while the last arming answered [`Armed::Yes`] and no
+    /// wake-up came since: the first insert committed after arming wakes
+    /// every listener and disarms them all (each arms again before its next
+    /// claims). Anything committed before arming, the pass's claims see.
+    pub fn arm(&self) -> Option<WakeupArm> {
+        self.arm.clone()
+    }
+}
+
+/// What [`WakeupArm::arm`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Armed {
+    /// The next insert committed from now on wakes every listener.
+    Yes,
+    /// An enqueue was between its insert and its commit, so arming now
+    /// could miss it: not armed. Claim again shortly and arm again.
+    Busy,
+}
+
+/// Asks a store to wake its listeners on the next committed insert; see
+/// [`Wakeups::arm`]. Cheap to clone.
+#[derive(Clone)]
+pub struct WakeupArm(Arc<dyn Fn() -> BoxFuture<'static, Result<Armed>> + Send + Sync>);
+
+impl WakeupArm {
+    /// An arm that runs `arm` each time.
+    pub fn new<F, Fut>(arm: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Armed>> + Send + 'static,
+    {
+        WakeupArm(Arc::new(move || Box::pin(arm())))
+    }
+
+    /// Ask for a wake-up on the next committed insert.
+    pub fn arm(&self) -> BoxFuture<'static, Result<Armed>> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for WakeupArm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WakeupArm")
     }
 }
 

@@ -232,9 +232,20 @@ pub(crate) fn render_migration(sql: &str, table: &TableName, dialect: Dialect) -
                 _ => Some(table.quoted()),
             }
         } else {
+            // PostgreSQL creates an index in its table's schema and refuses
+            // a qualified index name; anything else named after the table
+            // (a table, a function) is qualified like the table.
+            let index = after_mark[close + 1..]
+                .split_whitespace()
+                .next()
+                .is_some_and(|word| word.eq_ignore_ascii_case("ON"));
+            let qualified = match dialect {
+                Dialect::Sqlite => true,
+                Dialect::Postgres => !index,
+            };
             inner
                 .strip_prefix('_')
-                .map(|suffix| table.derived(suffix, matches!(dialect, Dialect::Sqlite)))
+                .map(|suffix| table.derived(suffix, qualified))
         };
         match replacement {
             Some(replacement) => out.push_str(&replacement),
@@ -1517,6 +1528,20 @@ mod tests {
             "CREATE TABLE IF NOT EXISTS \"app\".\"jobs\" (id text, note text DEFAULT 'outbox');\n\
              CREATE INDEX IF NOT EXISTS \"jobs_pending\" ON \"app\".\"jobs\" (id);\n\
              SELECT \"outboxed\" FROM \"app\".\"jobs\";"
+        );
+    }
+
+    #[test]
+    fn postgres_qualifies_every_derived_name_but_an_index() {
+        let sql = "CREATE TABLE \"outbox_drains\" (id int);\n\
+                   CREATE INDEX \"outbox_at\"\n  ON \"outbox\" (id);\n\
+                   SELECT \"outbox_wake\"('c'), '\"outbox_drains\"'::regclass;";
+        let table = TableName::parse("app.jobs").unwrap();
+        assert_eq!(
+            render_migration(sql, &table, Dialect::Postgres),
+            "CREATE TABLE \"app\".\"jobs_drains\" (id int);\n\
+             CREATE INDEX \"jobs_at\"\n  ON \"app\".\"jobs\" (id);\n\
+             SELECT \"app\".\"jobs_wake\"('c'), '\"app\".\"jobs_drains\"'::regclass;"
         );
     }
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 
 use super::PostgresOutbox;
-use crate::store::Wakeups;
 use crate::store::kit::WakeupSender;
+use crate::store::{WakeupArm, Wakeups};
 
 /// The longest wait between attempts to re-establish the wake-up listener.
 const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(5);
@@ -37,11 +37,17 @@ impl ListenerShared {
 
 impl PostgresOutbox {
     /// Listens on [`PostgresOutbox::channel`] while any receiver lives;
-    /// `None` outside a tokio runtime.
+    /// `None` outside a tokio runtime. Enqueues notify only drains that
+    /// armed (see [`Wakeups::arm`]).
     pub(super) fn subscribe(&self) -> Option<Wakeups> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let mut running = self.listener.lock();
-        let wakeups = self.listener.wake.subscribe();
+        let core = self.inner.core.clone();
+        let arm = WakeupArm::new(move || {
+            let core = core.clone();
+            async move { core.arm().await }
+        });
+        let wakeups = self.listener.wake.subscribe_armed(arm);
         if !*running {
             *running = true;
             // The listener gets a connection of its own, outside the store's

@@ -22,12 +22,20 @@
 //!   `claim_token` and `locked_until > now` in that statement; see
 //!   [`SettlementMode`]. A row that matches nothing is a claim error; only
 //!   then is the row read again, to name the reason.
-//! - **Wake-ups**: every enqueue through this store sends `NOTIFY` on the
-//!   table's [channel](PostgresOutbox::channel) in the inserting statement,
-//!   which PostgreSQL delivers when (and only if) the transaction commits.
-//!   [`OutboxStore::wakeups`](crate::OutboxStore::wakeups) listens on a connection of its own, reconnects
-//!   after errors, wakes once after every (re)connect because notifications
-//!   sent meanwhile are lost, and stops when the last [`Wakeups`](crate::Wakeups) is dropped.
+//! - **Wake-ups**: an enqueue through this store sends `NOTIFY` on the
+//!   table's [channel](PostgresOutbox::channel), in the inserting statement,
+//!   when a drain waits for one; PostgreSQL delivers it when (and only if)
+//!   the transaction commits. `NOTIFY` serializes the commits of the
+//!   transactions that send it, so a drain about to wait says so first
+//!   ([`Wakeups::arm`](crate::Wakeups::arm), an unlogged flag), and only the
+//!   first enqueue after that notifies (under `REPEATABLE READ` and
+//!   `SERIALIZABLE`, every enqueue does; see
+//!   `migrations/postgres/0004_idle_drains.sql`). A drain cannot arm while
+//!   an enqueue is between its insert and its commit; it then claims again
+//!   shortly instead. [`OutboxStore::wakeups`](crate::OutboxStore::wakeups)
+//!   listens on a connection of its own, reconnects after errors, wakes
+//!   once after every (re)connect because notifications sent meanwhile are
+//!   lost, and stops when the last [`Wakeups`](crate::Wakeups) is dropped.
 //!
 //! # Which clock
 //!
@@ -55,7 +63,7 @@ use super::connect;
 use super::fenced::{FencedBackend, FencedWrite};
 use super::kit::{check, lease_end};
 use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
-use super::{ClaimBatch, ClaimedBatch};
+use super::{Armed, ClaimBatch, ClaimedBatch};
 use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::message::{Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
@@ -162,9 +170,10 @@ impl PostgresOutboxBuilder {
         Ok(self)
     }
 
-    /// Whether enqueue sends `NOTIFY` (default `true`). Turn it off when no
-    /// process listens, to spare every committing enqueue PostgreSQL's
-    /// notification queue lock.
+    /// Whether enqueue wakes waiting drains (default `true`). It notifies
+    /// only when a drain armed (see [`Wakeups::arm`](crate::Wakeups::arm)),
+    /// but still reads the drains' flag under a shared advisory lock; turn
+    /// it off when no process listens.
     pub fn notify(mut self, notify: bool) -> Self {
         self.notify = notify;
         self
@@ -421,6 +430,20 @@ impl Core {
             })
         })
         .await
+    }
+
+    /// Ask for a wake-up on the next committed insert; see
+    /// `Statements::arm`.
+    async fn arm(&self) -> Result<Armed> {
+        let armed = sqlx::query(AssertSqlSafe(self.sql.arm.clone()))
+            .fetch_optional(&self.parts.pool)
+            .await
+            .map_err(db("arm_wakeups"))?;
+        Ok(if armed.is_some() {
+            Armed::Yes
+        } else {
+            Armed::Busy
+        })
     }
 
     /// The server's time, when the store judges leases by it, to name why

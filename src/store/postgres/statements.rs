@@ -54,8 +54,9 @@ pub(super) fn columns(prefix: &str) -> String {
 /// The rendered statements for one table.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// Insert one message unless its id is taken (and notify, when the store
-    /// does and it inserted); returns a row when it inserted. A NULL
+    /// Insert one message unless its id is taken (and, when the store
+    /// notifies and it inserted, wake a drain that waits); returns a row
+    /// when it inserted. A NULL
     /// `available_at` is the database's time. Binds: `$1` id ... `$12` max
     /// attempts set (see
     /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$13`
@@ -84,7 +85,17 @@ pub(super) struct Statements {
     pub(super) fences: Arc<str>,
     /// Wake listeners. Binds: the channel.
     pub(super) notify: Arc<str>,
+    /// Ask for a wake-up on the next committed insert (see
+    /// `migrations/postgres/0004_idle_drains.sql`); returns a row when it
+    /// armed, none when an enqueue was in flight.
+    pub(super) arm: Arc<str>,
 }
+
+/// The first key of the advisory lock that keeps a drain from arming while
+/// an enqueue is in flight (the second is the flag table's oid), as
+/// `migrations/postgres/0004_idle_drains.sql` takes it. Two keys, so it
+/// never meets the one-key locks a claim takes per ordering key.
+const DRAINS_LOCK_CLASS: i32 = 1_869_574_768;
 
 impl Statements {
     /// The store's own statements, and those it runs the shared way.
@@ -102,18 +113,33 @@ impl Statements {
                coalesce($7, statement_timestamp()), $8, $8, $9, $10, $11, $12) \
              ON CONFLICT DO NOTHING RETURNING 1"
         );
+        let drains = table.derived("drains", true);
         let own = Statements {
-            // NOTIFY in the inserting statement: delivered at commit, never
-            // for a rollback, and deduplicated within a transaction. Either
-            // form returns a row only when it inserted.
+            // The wake-up in the inserting statement, so it costs no round
+            // trip: a NOTIFY (when a drain waits for one) is delivered at
+            // commit, never for a rollback. Either form returns a row only
+            // when it inserted.
             insert: if notify {
                 format!(
                     "WITH inserted AS ({insert}) \
-                     SELECT pg_notify($13, '') FROM inserted"
+                     SELECT {wake}($13) FROM inserted",
+                    wake = table.derived("wake", true)
                 )
             } else {
                 insert
             }
+            .into(),
+            // One statement, so the advisory lock is held only while it
+            // runs: taken without waiting (an enqueue in flight holds it
+            // shared until its commit, and waiting would queue every later
+            // enqueue behind that transaction), and the flag set only if it
+            // was got. An upsert: a crash empties the unlogged table.
+            arm: format!(
+                "INSERT INTO {drains} (id, idle) SELECT 1, true \
+                 WHERE pg_try_advisory_xact_lock({DRAINS_LOCK_CLASS}, \
+                   '{drains}'::regclass::oid::integer) \
+                 ON CONFLICT (id) DO UPDATE SET idle = true RETURNING 1"
+            )
             .into(),
             // Each arm is read from its own partial index in claim order,
             // skipping rows another claimer holds; the union is cut to the
