@@ -261,6 +261,153 @@ async fn the_wake_up_listener_reconnects_after_its_backend_is_killed() {
     assert_eq!(end.totals.delivered, 2, "{end:?}");
 }
 
+/// What a listener of the test's own heard up to a marker sent now.
+async fn heard_until_marker(listener: &mut PgListener, pool: &PgPool, channel: &str) -> usize {
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(channel)
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut heard = 0;
+    loop {
+        let notification = within("the marker arrives", BOUND, listener.recv()).await;
+        if notification.unwrap().payload() == "marker" {
+            return heard;
+        }
+        heard += 1;
+    }
+}
+
+/// A drain whose next tick is an hour away is woken by a commit; while
+/// its pass is busy, fifty more commits send one `NOTIFY` between them, not
+/// one each (each would serialize its commit behind the others'), and are
+/// all delivered.
+#[actix_rt::test]
+async fn an_idle_drain_is_woken_and_a_busy_one_is_not_notified_per_enqueue() {
+    let name = unique("armed");
+    let (pool, outbox) = store(&name).await;
+    let (probe, mut reports) = probe();
+    let config = DrainConfig {
+        every: Some(Duration::from_secs(3600)),
+        ..DrainConfig::default()
+    };
+    let coordinator = coordinator(outbox.clone(), &probe, config, true);
+    eventually("the first pass after listening", || async {
+        status(&coordinator).await.passes >= 1
+    })
+    .await;
+    idle(&coordinator).await;
+    let mut listener = PgListener::connect(&database_url()).await.unwrap();
+    listener.listen(outbox.channel()).await.unwrap();
+
+    let id = outbox.enqueue(held_ping(1)).await.unwrap().into_id();
+    assert_eq!(reports.started(1).await, [id]);
+    assert_eq!(
+        heard_until_marker(&mut listener, &pool, outbox.channel()).await,
+        1
+    );
+
+    let burst = 50;
+    for n in 0..burst {
+        outbox.enqueue(ping(100 + n)).await.unwrap();
+    }
+    let heard = heard_until_marker(&mut listener, &pool, outbox.channel()).await;
+    assert!(
+        heard <= 1,
+        "{burst} enqueues during a pass sent {heard} NOTIFYs"
+    );
+    reports.open_gate();
+    reports.finished(1 + burst as usize).await;
+    let end = idle(&coordinator).await;
+    assert_eq!(end.totals.delivered, 1 + burst, "{end:?}");
+}
+
+/// An enqueue is between its insert and its commit while the drain ends a
+/// pass: the drain cannot arm, so the enqueue sends no `NOTIFY`, yet the
+/// message is delivered (the drain claims again shortly until it can arm),
+/// and once armed the drain is woken by the next commit again.
+#[actix_rt::test]
+async fn an_enqueue_committing_while_the_drain_goes_idle_is_not_lost() {
+    let name = unique("race");
+    let (pool, outbox) = store(&name).await;
+    let mut listener = PgListener::connect(&database_url()).await.unwrap();
+    listener.listen(outbox.channel()).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let first = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap().into_id();
+
+    let (probe, mut reports) = probe();
+    let coordinator = coordinator(outbox.clone(), &probe, DrainConfig::default(), true);
+    // Passes that found nothing, each unable to arm.
+    eventually("a few passes", || async {
+        status(&coordinator).await.passes >= 3
+    })
+    .await;
+    tx.commit().await.unwrap();
+    assert_eq!(reports.finished(1).await[0].id, first);
+    assert_eq!(
+        heard_until_marker(&mut listener, &pool, outbox.channel()).await,
+        0
+    );
+
+    // Armed once nothing is in flight: the next commit wakes it.
+    idle(&coordinator).await;
+    let second = outbox.enqueue(ping(2)).await.unwrap().into_id();
+    assert_eq!(reports.finished(1).await[0].id, second);
+    assert_eq!(
+        heard_until_marker(&mut listener, &pool, outbox.channel()).await,
+        1
+    );
+    idle(&coordinator).await;
+}
+
+/// Two drains in two processes (stores with pools and listeners of their
+/// own) on one table share one flag: a commit while both wait wakes both
+/// (the `NOTIFY` reaches every listener, and each arms again before its
+/// next claim), and every message of a stream of commits is delivered
+/// without a schedule, whichever drain was busy.
+#[actix_rt::test]
+async fn drains_sharing_a_table_are_all_woken() {
+    let name = unique("shared");
+    let (_, first) = store(&name).await;
+    let second = PostgresOutbox::builder(pool_named(&name, 4).await)
+        .table(&name)
+        .unwrap()
+        .build();
+    let (probe, mut reports) = probe();
+    let a = coordinator(
+        first.clone(),
+        &probe.for_worker(0),
+        DrainConfig::default(),
+        true,
+    );
+    let b = coordinator(second, &probe.for_worker(1), DrainConfig::default(), true);
+    for coordinator in [&a, &b] {
+        eventually("the first pass after listening", || async {
+            status(coordinator).await.passes >= 1
+        })
+        .await;
+    }
+    let (before_a, before_b) = (idle(&a).await, idle(&b).await);
+    first.enqueue(ping(1)).await.unwrap();
+    reports.finished(1).await;
+    eventually("both drains woke", || async {
+        status(&a).await.passes > before_a.passes && status(&b).await.passes > before_b.passes
+    })
+    .await;
+
+    let messages = 100;
+    for n in 0..messages {
+        first.enqueue(ping(100 + n)).await.unwrap();
+        if n % 10 == 0 {
+            // Let a pass or two end between some of them.
+            reports.finished(1).await;
+        }
+    }
+    reports.finished(messages as usize - 10).await;
+    let (a, b) = (idle(&a).await, idle(&b).await);
+    assert_eq!(a.totals.delivered + b.totals.delivered, 1 + messages);
+}
+
 /// Four coordinators, each in its own actix system on its own thread with
 /// its own pool, drain one table. Leases outlast the test, so every message
 /// must be delivered exactly once: never twice, never by two workers at once.
