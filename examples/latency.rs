@@ -9,7 +9,8 @@
 //! `--seconds`, each in its own committed write, the way request handlers
 //! of an application would. A coordinator with no schedule drains on the
 //! store's wake-ups alone (SQLite: the in-process signal; PostgreSQL:
-//! `LISTEN`/`NOTIFY`). Latency is from the moment the enqueue is called to
+//! `LISTEN`/`NOTIFY`, sent by an enqueue only while the drain waits for
+//! one; between, it claims again until it can say it waits). Latency is from the moment the enqueue is called to
 //! the moment the handler starts, so it includes the commit. The first
 //! fifth of a second is warm-up and not counted. The last line printed is
 //! one JSON object: the percentiles from enqueue to handler, and beside
@@ -175,10 +176,12 @@ async fn open_postgres() -> Result<Subject, String> {
         producer,
         cleanup: Box::new(move || {
             let drop_tables = async move {
-                for suffix in ["", "_migrations"] {
+                for suffix in ["", "_migrations", "_drains"] {
                     let sql = format!("DROP TABLE IF EXISTS \"{table}{suffix}\"");
                     let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await;
                 }
+                let sql = format!("DROP FUNCTION IF EXISTS \"{table}_wake\"(text)");
+                let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await;
             };
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -344,7 +347,7 @@ fn main() {
     let [c50, c90, c99, cmax] = summary(&mut enqueue_calls);
     println!(
         "{store_name}: {messages} messages at {rate}/s (after {warmup} warm-up), \
-         {passes} passes (wake-ups only)"
+         {passes} passes (no schedule)"
     );
     println!(
         "  enqueue call (commit):  p50 {c50:.3} ms, p90 {c90:.3} ms, p99 {c99:.3} ms, max {cmax:.3} ms"
