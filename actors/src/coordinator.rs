@@ -115,10 +115,12 @@ struct Wake;
 const POLL_MIN: Duration = Duration::from_millis(1);
 
 /// The longest wait before claiming again when passes in a row could not
-/// arm the store's wake-ups. It bounds how late such a message is seen
-/// (well within the 20 ms a wake-up should take), at the cost of one
-/// mostly-empty claim per 25 ms while enqueuing transactions stay open
-/// (a long transaction that enqueued blocks arming until it ends).
+/// arm the store's wake-ups (the wait starts over at [`POLL_MIN`] after a
+/// pass that claimed something). It bounds how late a message committed
+/// meanwhile is seen to about what a wake-up takes on a durable server,
+/// at the cost of one mostly-empty claim per 25 ms while enqueuing
+/// transactions stay open (a long transaction that enqueued blocks arming
+/// until it ends).
 const POLL_MAX: Duration = Duration::from_millis(25);
 
 type Waiter = oneshot::Sender<Result<DrainReport>>;
