@@ -629,6 +629,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
         async move {
             outbox
                 .mark_delivered(MarkDelivered {
+                    delete: false,
                     id: first.id,
                     claim_token: first.claim_token,
                     now: t0() + secs(1),
@@ -660,6 +661,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
             .unwrap();
     }
     let retry = MarkDelivered {
+        delete: false,
         id: first.id.clone(),
         claim_token: first.claim_token.clone(),
         now: t0() + secs(2),
@@ -770,6 +772,7 @@ async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
     );
     let stale = outbox
         .mark_delivered(MarkDelivered {
+            delete: false,
             id: "once".into(),
             claim_token: first.claimed[0].claim_token.clone(),
             now: later,
@@ -953,6 +956,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
     assert_eq!(renewed, ahead + chrono::Duration::from_std(lease).unwrap());
     outbox
         .mark_delivered(MarkDelivered {
+            delete: false,
             id: "m".into(),
             claim_token: claimed.claim_token.clone(),
             now: ahead,
@@ -989,6 +993,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
     // and named as the server saw it.
     let expired = outbox
         .mark_delivered(MarkDelivered {
+            delete: false,
             id: "short".into(),
             claim_token: first.claim_token.clone(),
             now: real() - hour,
@@ -1012,6 +1017,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
     assert_eq!(second.claimed[0].attempts, 2);
     let refused = outbox
         .mark_delivered(MarkDelivered {
+            delete: false,
             id: "short".into(),
             claim_token: first.claim_token,
             now: real() - hour,

@@ -178,11 +178,13 @@ async fn write_once(
     if remaining.is_zero() {
         return Err(Unwritten::Expired);
     }
+    let delete = drain.config.retention.delete_on_delivery;
     let call = match write {
         Write::Delivered => drain.store.mark_delivered(MarkDelivered {
             id: message.id.clone(),
             claim_token: message.claim_token.clone(),
             now,
+            delete,
         }),
         Write::Failed {
             error,

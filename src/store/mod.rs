@@ -149,6 +149,11 @@ pub struct MarkDelivered {
     pub claim_token: String,
     /// The caller's clock; becomes `delivered_at`.
     pub now: DateTime<Utc>,
+    /// Delete the message in the same fenced write instead of keeping it
+    /// as delivered (what `RetentionConfig::delete_on_delivery` asks the
+    /// runtime for). A deleted message frees its idempotency key, and the
+    /// next message of its ordering key becomes claimable, as after a purge.
+    pub delete: bool,
 }
 
 /// FencedWrite a claimed message as failed: retry later, or dead-letter.
@@ -221,7 +226,9 @@ pub trait OutboxStore: Send + Sync + 'static {
     fn renew_claim(&self, params: RenewClaim)
     -> impl Future<Output = Result<DateTime<Utc>>> + Send;
 
-    /// FencedWrite as delivered: `delivered_at = now`, claim cleared.
+    /// FencedWrite as delivered: `delivered_at = now`, claim cleared; or,
+    /// with [`MarkDelivered::delete`], the message deleted under the same
+    /// fence.
     fn mark_delivered(&self, params: MarkDelivered) -> impl Future<Output = Result<()>> + Send;
 
     /// FencedWrite as failed: dead-lettered, or pending at `retry_at`; claim cleared.
