@@ -203,7 +203,12 @@ async fn write_once(
     match tokio::time::timeout(remaining, call).await {
         Err(_) => Err(Unwritten::Deadline),
         Ok(Err(error)) => Err(Unwritten::Failed(error)),
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(())) => {
+            if delete && matches!(write, Write::Delivered) {
+                crate::retention::deleted_at_delivery(drain);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -632,6 +637,7 @@ mod tests {
             config,
             clock: Arc::new(clock),
             observers: Vec::new(),
+            deleted_since_vacuum: Default::default(),
         };
         (drain, store, message)
     }

@@ -255,6 +255,16 @@ pub trait OutboxStore: Send + Sync + 'static {
         )))
     }
 
+    /// Make the space of the rows deleted so far reusable, where the store
+    /// needs to be told: on PostgreSQL a plain `VACUUM` of the table (never
+    /// `FULL`; reads and writes go on meanwhile, and a table another vacuum
+    /// holds is skipped). The runtime's retention runs call it once enough
+    /// rows went (`RetentionConfig::vacuum_after`). The default does
+    /// nothing, for stores that reuse freed space as rows go.
+    fn vacuum(&self) -> impl Future<Output = Result<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+
     /// How many messages are `Pending` (due or not), when the store can
     /// count them cheaply; the runtime samples it after each drain pass for
     /// its pending-messages gauge. The default, `None`, leaves that gauge
@@ -597,6 +607,10 @@ pub trait DynOutboxStore: Send + Sync + 'static {
     fn pending_count(&self) -> BoxFuture<'_, Result<Option<u64>>> {
         Box::pin(std::future::ready(Ok(None)))
     }
+    /// See [`OutboxStore::vacuum`].
+    fn vacuum(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 impl<S: OutboxStore> DynOutboxStore for S {
@@ -626,6 +640,9 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn pending_count(&self) -> BoxFuture<'_, Result<Option<u64>>> {
         Box::pin(OutboxStore::pending_count(self))
+    }
+    fn vacuum(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(OutboxStore::vacuum(self))
     }
 }
 

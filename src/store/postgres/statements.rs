@@ -290,6 +290,10 @@ impl Statements {
                  WHERE idempotency_key = $1 AND idempotency_until <= $2"
             )
             .into(),
+            // Plain VACUUM: no lock that blocks reads or writes; it skips
+            // the table when another vacuum (autovacuum, another worker's
+            // retention run) holds it, rather than wait.
+            vacuum: Some(format!("VACUUM (SKIP_LOCKED) {t}").into()),
             table: t.into(),
         };
         (own, shared)

@@ -146,6 +146,8 @@ impl Statements {
                  WHERE idempotency_key = ?1 AND idempotency_until <= ?2"
             )
             .into(),
+            // Freed pages go back to the file's free list as rows go.
+            vacuum: None,
             table: t.into(),
         };
         (own, shared)
