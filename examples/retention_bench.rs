@@ -245,13 +245,7 @@ mod sqlite {
         let store = SqliteOutbox::connect(&format!("sqlite://{}", path.display()))
             .await
             .expect("open the bench database");
-        run(
-            "sqlite",
-            store.clone(),
-            &Sqlite(store),
-            settings,
-        )
-        .await;
+        run("sqlite", store.clone(), &Sqlite(store), settings).await;
         for suffix in ["", "-wal", "-shm"] {
             let mut name = path.clone().into_os_string();
             name.push(suffix);

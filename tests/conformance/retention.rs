@@ -141,7 +141,11 @@ pub(crate) async fn delivery_with_delete_removes_the_message_under_its_fence<
             .await,
         "b",
     );
-    assert_eq!(get(&store, "a").await, before, "a refused delete changed it");
+    assert_eq!(
+        get(&store, "a").await,
+        before,
+        "a refused delete changed it"
+    );
     assert_eq!(get(&store, "b").await.status, MessageStatus::Claimed);
 
     store
@@ -176,7 +180,7 @@ pub(crate) async fn a_message_deleted_at_delivery_frees_its_keys<
         message(id, "conformance.event", created).with_options(
             EnqueueOptions::new()
                 .ordering_key("order-7")
-                .idempotency_key(&format!("once-{id}"), window),
+                .idempotency_key(format!("once-{id}"), window),
         )
     };
     put(&store, keyed("k1", 0)).await;

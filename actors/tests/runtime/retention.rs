@@ -228,7 +228,7 @@ fn delete_on_delivery_deletes_each_message_as_it_settles() {
         let report = coordinator.send(Drain).await.unwrap().unwrap();
         assert_eq!((report.delivered, report.dead_lettered), (5, 1));
         // Gone as they settled, before any retention run.
-        assert_eq!(ids(&store).await, [dead.clone()]);
+        assert_eq!(ids(&store).await, std::slice::from_ref(&dead));
         assert!(store.batches.lock().unwrap().is_empty());
         assert_eq!(store.vacuums.load(Ordering::Relaxed), 0);
 
