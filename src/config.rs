@@ -343,6 +343,7 @@ mod tests {
         assert_eq!(config.max_active, Duration::from_secs(300));
         assert_eq!(config.settlement.attempts, 3);
         assert_eq!(config.settlement.delay, Duration::from_millis(100));
+        assert_eq!(config.retention.vacuum_after, 10_000);
         config.validate().unwrap();
     }
 

@@ -186,6 +186,39 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
     assert!(results.iter().all(Result::is_ok), "{results:?}");
 }
 
+/// Migration 0006's autovacuum settings land on a table of any name, and
+/// `vacuum` runs on it (it cannot run inside a transaction).
+#[tokio::test]
+async fn a_custom_table_gets_its_vacuum_settings_and_vacuums() {
+    let pool = pool().await;
+    let schema = unique("vac");
+    let outbox = store(
+        &pool,
+        &format!("{schema}.events"),
+        SettlementMode::default(),
+    )
+    .await;
+    let options: Vec<String> = sqlx::query_scalar(
+        "SELECT unnest(c.reloptions) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = 'events' ORDER BY 1",
+    )
+    .bind(&schema)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        options,
+        [
+            "autovacuum_vacuum_cost_delay=0",
+            "autovacuum_vacuum_scale_factor=0.0",
+            "autovacuum_vacuum_threshold=5000"
+        ]
+    );
+    outbox.enqueue(event("x", 1, t0())).await.unwrap();
+    outbox.vacuum().await.unwrap();
+    assert_eq!(outbox.get_message("x").await.unwrap().id, "x");
+}
+
 /// Both arms of the claim are read from their partial indexes, with a
 /// hundred thousand settled rows in the table and fresh statistics.
 #[cfg(feature = "inspect-statements")]
