@@ -307,6 +307,7 @@ async fn baseline(store: SharedStore, messages: u64, concurrency: usize) -> Dura
                     publish.await.expect("no-op handler");
                     store
                         .mark_delivered(MarkDelivered {
+                            delete: false,
                             id: message.id.clone(),
                             claim_token: message.claim_token.clone(),
                             now: SystemClock.now(),

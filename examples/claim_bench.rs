@@ -262,6 +262,7 @@ async fn measure<S: OutboxStore + OutboxAdmin>(
             assert_eq!(batch.claimed.len(), CLAIM, "the store ran dry");
             for message in batch.claimed {
                 let delivered = MarkDelivered {
+                    delete: false,
                     id: message.id,
                     claim_token: message.claim_token,
                     now,

@@ -6,14 +6,18 @@
 //! message settled with `mark_delivered`), then runs retention as the
 //! runtime does: `purge_batch` of at most 1 000 rows until a batch comes
 //! back short, deleting what settled before the fifth-last round started, so
-//! about 50 000 delivered rows are kept at any time. With
-//! retention working, the claim cost and the table size of the last rounds
-//! are those of the first rounds after the horizon filled.
+//! about 50 000 delivered rows are kept at any time. Like a retention run,
+//! it then calls `vacuum` once `--vacuum-after` rows (default: the
+//! runtime's, 10 000) were deleted since the last one; `--vacuum-after 0`
+//! leaves the table to autovacuum. With retention working, the claim cost
+//! and the table size of the last rounds are those of the first rounds
+//! after the horizon filled.
 //!
 //! ```text
 //! cargo run --release --example retention_bench -- --store sqlite --messages 1000000
 //! WITH_POSTGRES_DURABLE=1 scripts/with-postgres cargo run --release --features postgres \
-//!     --example retention_bench -- --store postgres --messages 1000000
+//!     --example retention_bench -- --store postgres --messages 1000000 \
+//!     [--vacuum-after 0] [--delete-on-delivery]
 //! ```
 //!
 //! Table size: `page_count * page_size` on SQLite (the file, free pages
@@ -57,12 +61,31 @@ fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len() as f64
 }
 
-async fn run<S: OutboxStore + Clone>(label: &str, store: S, table: &dyn Table, messages: usize) {
+/// The command line.
+#[derive(Clone, Copy)]
+struct Settings {
+    messages: usize,
+    /// Deleted rows between two `vacuum` calls; 0 for none.
+    vacuum_after: u64,
+    /// Delete each message in the write that settles it, as
+    /// `retention.delete_on_delivery` does, rather than keep five rounds.
+    delete_on_delivery: bool,
+}
+
+async fn run<S: OutboxStore + Clone>(label: &str, store: S, table: &dyn Table, settings: Settings) {
+    let Settings {
+        messages,
+        vacuum_after,
+        delete_on_delivery,
+    } = settings;
     let rounds = (messages / ROUND).max(2 * WINDOW + HORIZON_ROUNDS as usize);
     let started = Instant::now();
     let mut claim_us = Vec::with_capacity(rounds);
     let mut sizes = Vec::with_capacity(rounds);
     let mut deleted_total = 0u64;
+    let mut deleted_since_vacuum = 0u64;
+    let mut vacuums = 0u32;
+    let mut vacuum_seconds = 0.0;
     let size_empty = table.size().await;
     // The system clock: the PostgreSQL store stamps settlements with the
     // server's time, so a horizon on any other clock would match nothing.
@@ -88,6 +111,7 @@ async fn run<S: OutboxStore + Clone>(label: &str, store: S, table: &dyn Table, m
             }
             join_all(batch.claimed.iter().map(|m| {
                 store.mark_delivered(MarkDelivered {
+                    delete: delete_on_delivery,
                     id: m.id.clone(),
                     claim_token: m.claim_token.clone(),
                     now,
@@ -97,6 +121,10 @@ async fn run<S: OutboxStore + Clone>(label: &str, store: S, table: &dyn Table, m
             .into_iter()
             .collect::<outbox::Result<Vec<()>>>()
             .expect("mark_delivered");
+            if delete_on_delivery {
+                deleted_total += batch.claimed.len() as u64;
+                deleted_since_vacuum += batch.claimed.len() as u64;
+            }
         }
         // Keep the last HORIZON_ROUNDS rounds: delete what settled before
         // the oldest of them started.
@@ -118,9 +146,17 @@ async fn run<S: OutboxStore + Clone>(label: &str, store: S, table: &dyn Table, m
                 .await
                 .expect("purge_batch");
             deleted_total += done;
+            deleted_since_vacuum += done;
             if done < RETENTION_BATCH as u64 {
                 break;
             }
+        }
+        if vacuum_after > 0 && deleted_since_vacuum >= vacuum_after {
+            let timer = Instant::now();
+            store.vacuum().await.expect("vacuum");
+            vacuum_seconds += timer.elapsed().as_secs_f64();
+            vacuums += 1;
+            deleted_since_vacuum = 0;
         }
         claim_us.push(median(timings));
         sizes.push(table.size().await as f64);
@@ -152,7 +188,9 @@ async fn run<S: OutboxStore + Clone>(label: &str, store: S, table: &dyn Table, m
          \"claim_late_over_early\":{:.3},\"table_bytes_empty\":{size_empty},\
          \"table_bytes_early\":{size_early:.0},\"table_bytes_mid\":{size_mid:.0},\
          \"table_bytes_late\":{size_late:.0},\"table_late_over_early\":{:.3},\
-         \"table_late_over_mid\":{:.3},\"seconds\":{:.1}}}",
+         \"table_late_over_mid\":{:.3},\"vacuum_after\":{vacuum_after},\"vacuums\":{vacuums},\
+         \"vacuum_seconds\":{vacuum_seconds:.1},\"delete_on_delivery\":{delete_on_delivery},\
+         \"seconds\":{:.1}}}",
         rounds * ROUND,
         claim_late / claim_early,
         size_late / size_early,
@@ -201,13 +239,13 @@ mod sqlite {
         }
     }
 
-    pub(super) async fn main(messages: usize) {
+    pub(super) async fn main(settings: Settings) {
         let path =
             std::env::temp_dir().join(format!("outbox-retention-bench-{}.db", std::process::id()));
         let store = SqliteOutbox::connect(&format!("sqlite://{}", path.display()))
             .await
             .expect("open the bench database");
-        run("sqlite", store.clone(), &Sqlite(store), messages).await;
+        run("sqlite", store.clone(), &Sqlite(store), settings).await;
         for suffix in ["", "-wal", "-shm"] {
             let mut name = path.clone().into_os_string();
             name.push(suffix);
@@ -265,7 +303,7 @@ mod postgres {
             .expect("drop the bench table");
     }
 
-    pub(super) async fn main(messages: usize) {
+    pub(super) async fn main(settings: Settings) {
         let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
             eprintln!(
                 "--store postgres needs DATABASE_URL; run it under scripts/with-postgres \
@@ -289,7 +327,7 @@ mod postgres {
             "postgres",
             store.clone(),
             &Postgres(store.clone()),
-            messages,
+            settings,
         )
         .await;
         drop_table(&store).await;
@@ -314,11 +352,24 @@ async fn main() {
             std::process::exit(2)
         }
     };
+    let vacuum_after: u64 = match value("--vacuum-after").map(|v| v.parse()) {
+        None => outbox::RetentionConfig::default().vacuum_after,
+        Some(Ok(v)) => v,
+        Some(Err(_)) => {
+            eprintln!("--vacuum-after takes a number of deleted rows, such as 10000 (0: never)");
+            std::process::exit(2)
+        }
+    };
+    let settings = Settings {
+        messages,
+        vacuum_after,
+        delete_on_delivery: args.iter().any(|a| a == "--delete-on-delivery"),
+    };
     match store.as_str() {
         #[cfg(feature = "sqlite")]
-        "sqlite" => sqlite::main(messages).await,
+        "sqlite" => sqlite::main(settings).await,
         #[cfg(feature = "postgres")]
-        "postgres" => postgres::main(messages).await,
+        "postgres" => postgres::main(settings).await,
         other => {
             eprintln!(
                 "--store {other} is not built in; use sqlite (default feature) or postgres \

@@ -98,14 +98,28 @@ pub struct RetentionConfig {
     /// dead-lettered. Default: keep them.
     #[serde(with = "humantime_serde")]
     pub dead_lettered: Option<Duration>,
-    /// Delete delivered messages at the first retention run after their
-    /// delivery: the same as `delivered: "0s"`. Not with `delivered`.
+    /// Delete each delivered message in the write that settles it (fenced
+    /// like any settlement: only while the claim still owns it), so no
+    /// delivered row is left behind. Retention runs still delete delivered
+    /// rows left by workers without this setting. A deleted message frees
+    /// its idempotency key and lets the next message of its ordering key
+    /// go. Not with `delivered`.
     pub delete_on_delivery: bool,
     /// Most rows one delete statement removes; 1 to 10 000. Default 1 000.
     pub batch_size: usize,
     /// Time between retention runs. Default 60 s.
     #[serde(with = "humantime_serde")]
     pub every: Duration,
+    /// Once this many rows were deleted (by retention runs and at delivery)
+    /// since the last time, a retention run ends with
+    /// [`OutboxStore::vacuum`](crate::OutboxStore::vacuum): on PostgreSQL a
+    /// plain `VACUUM` of the table, so the space of deleted rows is reused
+    /// at once rather than when autovacuum next gets to the table, and the
+    /// table stays the size its live rows need. It reads the table's
+    /// changed pages and its indexes, beside the traffic; `0` leaves the
+    /// table to autovacuum alone. Other stores reuse freed space by
+    /// themselves. Default 10 000.
+    pub vacuum_after: u64,
 }
 
 impl Default for RetentionConfig {
@@ -116,6 +130,7 @@ impl Default for RetentionConfig {
             delete_on_delivery: false,
             batch_size: 1_000,
             every: Duration::from_secs(60),
+            vacuum_after: 10_000,
         }
     }
 }
@@ -328,6 +343,7 @@ mod tests {
         assert_eq!(config.max_active, Duration::from_secs(300));
         assert_eq!(config.settlement.attempts, 3);
         assert_eq!(config.settlement.delay, Duration::from_millis(100));
+        assert_eq!(config.retention.vacuum_after, 10_000);
         config.validate().unwrap();
     }
 

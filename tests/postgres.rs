@@ -187,6 +187,39 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
     assert!(results.iter().all(Result::is_ok), "{results:?}");
 }
 
+/// Migration 0006's autovacuum settings land on a table of any name, and
+/// `vacuum` runs on it (it cannot run inside a transaction).
+#[tokio::test]
+async fn a_custom_table_gets_its_vacuum_settings_and_vacuums() {
+    let pool = pool().await;
+    let schema = unique("vac");
+    let outbox = store(
+        &pool,
+        &format!("{schema}.events"),
+        SettlementMode::default(),
+    )
+    .await;
+    let options: Vec<String> = sqlx::query_scalar(
+        "SELECT unnest(c.reloptions) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = 'events' ORDER BY 1",
+    )
+    .bind(&schema)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        options,
+        [
+            "autovacuum_vacuum_cost_delay=0",
+            "autovacuum_vacuum_scale_factor=0.0",
+            "autovacuum_vacuum_threshold=5000"
+        ]
+    );
+    outbox.enqueue(event("x", 1, t0())).await.unwrap();
+    outbox.vacuum().await.unwrap();
+    assert_eq!(outbox.get_message("x").await.unwrap().id, "x");
+}
+
 /// Both arms of the claim are read from their partial indexes, with a
 /// hundred thousand settled rows in the table and fresh statistics.
 #[cfg(feature = "inspect-statements")]
@@ -723,6 +756,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
         async move {
             outbox
                 .mark_delivered(MarkDelivered {
+                    delete: false,
                     id: first.id,
                     claim_token: first.claim_token,
                     now: t0() + secs(1),
@@ -754,6 +788,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
             .unwrap();
     }
     let retry = MarkDelivered {
+        delete: false,
         id: first.id.clone(),
         claim_token: first.claim_token.clone(),
         now: t0() + secs(2),
@@ -864,6 +899,7 @@ async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
     );
     let stale = outbox
         .mark_delivered(MarkDelivered {
+            delete: false,
             id: "once".into(),
             claim_token: first.claimed[0].claim_token.clone(),
             now: later,
@@ -1047,6 +1083,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
     assert_eq!(renewed, ahead + chrono::Duration::from_std(lease).unwrap());
     outbox
         .mark_delivered(MarkDelivered {
+            delete: false,
             id: "m".into(),
             claim_token: claimed.claim_token.clone(),
             now: ahead,
@@ -1083,6 +1120,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
     // and named as the server saw it.
     let expired = outbox
         .mark_delivered(MarkDelivered {
+            delete: false,
             id: "short".into(),
             claim_token: first.claim_token.clone(),
             now: real() - hour,
@@ -1106,6 +1144,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
     assert_eq!(second.claimed[0].attempts, 2);
     let refused = outbox
         .mark_delivered(MarkDelivered {
+            delete: false,
             id: "short".into(),
             claim_token: first.claim_token,
             now: real() - hour,

@@ -451,6 +451,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
     outbox.enqueue(event("during", 2, t0())).await.unwrap();
     outbox
         .mark_delivered(MarkDelivered {
+            delete: false,
             id: claimed.id.clone(),
             claim_token: claimed.claim_token.clone(),
             now: t0() + secs(2),

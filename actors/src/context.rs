@@ -2,6 +2,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -66,6 +67,9 @@ pub(crate) struct DrainContext {
     pub(crate) clock: SharedClock,
     /// Called as deliveries end.
     pub(crate) observers: Vec<Arc<dyn DrainObserver>>,
+    /// Rows deleted (by retention runs and at delivery) since the store
+    /// was last vacuumed; see `RetentionConfig::vacuum_after`.
+    pub(crate) deleted_since_vacuum: AtomicU64,
 }
 
 impl DrainContext {

@@ -759,6 +759,7 @@ impl DrainCoordinatorBuilder {
                 heartbeat,
                 clock: self.clock,
                 observers: self.observers,
+                deleted_since_vacuum: Default::default(),
             }),
             arbiters,
             arbiter_handles,

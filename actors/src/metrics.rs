@@ -22,7 +22,7 @@
 //! | `outbox_lease_failures_total` | counter | notifications | `kind`, `name`, `state`, `operation` | every [`LeaseLost`] notification: `state` is `lost`, `recovered` or `degraded`, `operation` is `renew` or `max_active` |
 //! | `outbox_delivery_duration_seconds` | histogram | seconds | `kind`, `name`, `outcome` | handler start to settled, for `outcome` `delivered`, `retried` or `dead_lettered` |
 //! | `outbox_enqueue_to_delivered_seconds` | histogram | seconds | `kind`, `name` | `created_at` to settled as delivered: waiting, deliberate delays and retries included |
-//! | `outbox_retention_deleted_total` | counter | messages | `status` | settled messages deleted by retention; `status` is `delivered` or `dead_lettered` |
+//! | `outbox_retention_deleted_total` | counter | messages | `status` | settled messages deleted by retention runs, and delivered ones deleted as they settle (`delete_on_delivery`); `status` is `delivered` or `dead_lettered` |
 //! | `outbox_active_deliveries` | gauge | deliveries | none | deliveries running now, in this process |
 //! | `outbox_pending_messages` | gauge | messages | none | `Pending` messages in the store, sampled after each drain pass |
 //!

@@ -1,6 +1,7 @@
 //! Retention: deleting settled messages past their horizon, in bounded
 //! batches beside the drain passes.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use outbox::{MessageStatus, PurgeBatch, RetentionConfig};
@@ -15,8 +16,9 @@ pub(crate) const MAX_BATCHES_PER_RUN: usize = 100;
 
 /// One retention run: for each status with a horizon, delete batches of at
 /// most `batch_size` rows settled before `now - horizon`, until a batch
-/// comes back short or [`MAX_BATCHES_PER_RUN`] ran. Returns the rows
-/// deleted. A failing store ends the run; the next one tries again.
+/// comes back short or [`MAX_BATCHES_PER_RUN`] ran; then vacuum the store
+/// if `vacuum_after` rows went since it last was. Returns the rows deleted.
+/// A failing store ends the run; the next one tries again.
 pub(crate) async fn run(drain: &DrainContext) -> u64 {
     let retention: RetentionConfig = drain.config.retention;
     let horizons = [
@@ -52,7 +54,31 @@ pub(crate) async fn run(drain: &DrainContext) -> u64 {
         telemetry::retention_deleted(status, deleted, horizon);
         total += deleted;
     }
+    let pending = drain
+        .deleted_since_vacuum
+        .fetch_add(total, Ordering::Relaxed)
+        + total;
+    let after = retention.vacuum_after;
+    if after > 0 && pending >= after {
+        match drain.store.vacuum().await {
+            // Rows deleted at delivery while it ran count towards the next.
+            Ok(()) => {
+                drain
+                    .deleted_since_vacuum
+                    .fetch_sub(pending, Ordering::Relaxed);
+                telemetry::retention_vacuumed(pending);
+            }
+            Err(error) => telemetry::retention_vacuum_failed(&error),
+        }
+    }
     total
+}
+
+/// A delivery deleted its message as it settled: one more row towards the
+/// next vacuum, and towards the retention metric.
+pub(crate) fn deleted_at_delivery(drain: &DrainContext) {
+    drain.deleted_since_vacuum.fetch_add(1, Ordering::Relaxed);
+    telemetry::deleted_at_delivery();
 }
 
 /// The interval between runs.

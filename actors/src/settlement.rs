@@ -178,11 +178,13 @@ async fn write_once(
     if remaining.is_zero() {
         return Err(Unwritten::Expired);
     }
+    let delete = drain.config.retention.delete_on_delivery;
     let call = match write {
         Write::Delivered => drain.store.mark_delivered(MarkDelivered {
             id: message.id.clone(),
             claim_token: message.claim_token.clone(),
             now,
+            delete,
         }),
         Write::Failed {
             error,
@@ -201,7 +203,12 @@ async fn write_once(
     match tokio::time::timeout(remaining, call).await {
         Err(_) => Err(Unwritten::Deadline),
         Ok(Err(error)) => Err(Unwritten::Failed(error)),
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(())) => {
+            if delete && matches!(write, Write::Delivered) {
+                crate::retention::deleted_at_delivery(drain);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -630,6 +637,7 @@ mod tests {
             config,
             clock: Arc::new(clock),
             observers: Vec::new(),
+            deleted_since_vacuum: Default::default(),
         };
         (drain, store, message)
     }

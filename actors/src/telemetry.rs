@@ -8,7 +8,8 @@
 //! `outbox.renewal_recovered`, `outbox.renewal_degraded`,
 //! `outbox.settlement_failed`, `outbox.released`, `outbox.release_failed`,
 //! `outbox.claim_failed`, `outbox.pass_finished`,
-//! `outbox.retention`, `outbox.retention_failed`) so
+//! `outbox.retention`, `outbox.retention_failed`,
+//! `outbox.retention_vacuum`, `outbox.retention_vacuum_failed`) so
 //! log pipelines can match on it. Job messages also emit the job-level record (`job.*`).
 //! The payload appears only in `outbox.delivery_started`, at `trace` level.
 
@@ -244,6 +245,25 @@ pub(crate) fn retention_deleted(status: MessageStatus, deleted: u64, horizon: Du
             deleted, horizon_s = horizon.as_secs(), "outbox retention found nothing to delete");
     }
     metrics::retention_deleted(status, deleted);
+}
+
+/// A delivery deleted its message as it settled (`delete_on_delivery`);
+/// counted with the rows retention runs delete. No event of its own: the
+/// delivery's `outbox.delivered` already says it.
+pub(crate) fn deleted_at_delivery() {
+    metrics::retention_deleted(MessageStatus::Delivered, 1);
+}
+
+/// A retention run vacuumed the store after `deleted` rows went.
+pub(crate) fn retention_vacuumed(deleted: u64) {
+    tracing::debug!(target: "outbox", event = "outbox.retention_vacuum", deleted,
+        "outbox retention vacuumed the table");
+}
+
+/// The vacuum after a retention run failed; the next run tries again.
+pub(crate) fn retention_vacuum_failed(error: &outbox::Error) {
+    tracing::warn!(target: "outbox", event = "outbox.retention_vacuum_failed", %error,
+        "outbox retention could not vacuum the table; retrying at the next run");
 }
 
 /// A retention batch failed; the run stops, the next one tries again.

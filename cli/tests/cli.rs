@@ -220,6 +220,7 @@ impl<S: OutboxStore + OutboxAdmin> Fixture<S> {
         let claimed = self.claimed(name, at, Duration::from_secs(60)).await;
         self.store
             .mark_delivered(MarkDelivered {
+                delete: false,
                 id: claimed.id.clone(),
                 claim_token: claimed.claim_token,
                 now: at,

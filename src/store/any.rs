@@ -552,6 +552,10 @@ impl OutboxStore for AnyOutbox {
     async fn purge_batch(&self, params: PurgeBatch) -> Result<u64> {
         on_backend!(self, AnyOutbox, |store| store.purge_batch(params).await)
     }
+
+    async fn vacuum(&self) -> Result<()> {
+        on_backend!(self, AnyOutbox, |store| store.vacuum().await)
+    }
 }
 
 impl OutboxAdmin for AnyOutbox {

@@ -38,6 +38,9 @@ pub(crate) enum FencedOp {
     },
     /// Delivered at `now`.
     Deliver,
+    /// Delivered at `now` and deleted in the same write
+    /// ([`MarkDelivered::delete`]).
+    Delete,
     /// Pending again from `available_at`, with `last_error`.
     Retry { available_at: DateTime<Utc> },
     /// Dead-lettered, with `last_error`.
@@ -52,6 +55,7 @@ impl FencedOp {
         match self {
             FencedOp::Renew { .. } => "renew",
             FencedOp::Deliver => "deliver",
+            FencedOp::Delete => "delete",
             FencedOp::Retry { .. } => "retry",
             FencedOp::DeadLetter => "dead",
             FencedOp::Release => "release",
@@ -62,7 +66,7 @@ impl FencedOp {
     pub(crate) fn operation(self) -> &'static str {
         match self {
             FencedOp::Renew { .. } => "renew_claim",
-            FencedOp::Deliver => "mark_delivered",
+            FencedOp::Deliver | FencedOp::Delete => "mark_delivered",
             FencedOp::Retry { .. } | FencedOp::DeadLetter => "mark_failed",
             FencedOp::Release => "release_claim",
         }
@@ -125,7 +129,11 @@ impl FencedWrite {
 impl From<MarkDelivered> for FencedWrite {
     fn from(params: MarkDelivered) -> Self {
         FencedWrite {
-            op: FencedOp::Deliver,
+            op: if params.delete {
+                FencedOp::Delete
+            } else {
+                FencedOp::Deliver
+            },
             id: params.id,
             claim_token: params.claim_token,
             now: params.now,

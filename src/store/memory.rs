@@ -128,6 +128,9 @@ struct Stored {
     /// Enqueue order: the tie-break after `created_at`.
     seq: u64,
     place: Place,
+    /// The idempotency key given at enqueue, to free it when the message
+    /// goes.
+    idempotency_key: Option<String>,
 }
 
 /// Which index holds a message.
@@ -244,6 +247,41 @@ impl State {
         self.counts[status_index(before)] -= 1;
         self.counts[status_index(after)] += 1;
         result
+    }
+
+    /// Delete the settled message in `slot`: out of every lookup, its
+    /// ordering key and its idempotency key (when it still holds it).
+    fn remove(&mut self, slot: usize) {
+        let stored = self.slots[slot]
+            .take()
+            .expect("a removed slot holds a message");
+        // Settled messages are in no claim index; only the lookups go.
+        debug_assert_eq!(stored.place, Place::Settled);
+        let message = stored.message;
+        let id = self
+            .ids
+            .remove_entry(message.id.as_str())
+            .map(|(id, _)| id)
+            .expect("a stored message has an id entry");
+        self.listing.remove(&(message.created_at, id.clone()));
+        self.counts[status_index(message.status)] -= 1;
+        if let Some(key) = message.ordering_key.as_deref()
+            && let Some(keyed) = self.keys.get_mut(key)
+        {
+            keyed.unsettled.remove(&stored.seq);
+            if keyed.unsettled.is_empty() && keyed.claimed.is_empty() {
+                self.keys.remove(key);
+            }
+        }
+        if let Some(key) = stored.idempotency_key
+            && self
+                .idempotency
+                .get(&key)
+                .is_some_and(|(holder, _)| *holder == id)
+        {
+            self.idempotency.remove(&key);
+        }
+        self.free.push(slot);
     }
 
     /// The slot of `id` if `claim_token` owns it with a live lease at `now`.
@@ -377,6 +415,7 @@ impl MemoryOutbox {
             },
             seq: 0,
             place: Place::Pending,
+            idempotency_key: message.idempotency.as_ref().map(|i| i.key.clone()),
         };
         let mut state = self.lock();
         if let Some(idempotency) = &message.idempotency
@@ -503,6 +542,9 @@ impl MemoryOutbox {
             message.updated_at = params.now;
             clear_claim(message);
         });
+        if params.delete {
+            state.remove(slot);
+        }
         Ok(())
     }
 
@@ -774,36 +816,8 @@ impl MemoryOutbox {
         doomed.sort_unstable();
         doomed.truncate(limit);
         let doomed: Vec<usize> = doomed.into_iter().map(|(_, slot)| slot).collect();
-        let mut gone = std::collections::HashSet::new();
         for &slot in &doomed {
-            let stored = state.slots[slot]
-                .take()
-                .expect("a doomed slot holds a message");
-            // Terminal messages are in no claim index; only the lookups go.
-            debug_assert_eq!(stored.place, Place::Settled);
-            let message = stored.message;
-            let id = state
-                .ids
-                .remove_entry(message.id.as_str())
-                .map(|(id, _)| id)
-                .expect("a stored message has an id entry");
-            state.listing.remove(&(message.created_at, id.clone()));
-            state.counts[status_index(message.status)] -= 1;
-            if let Some(key) = message.ordering_key.as_deref()
-                && let Some(keyed) = state.keys.get_mut(key)
-            {
-                keyed.unsettled.remove(&stored.seq);
-                if keyed.unsettled.is_empty() && keyed.claimed.is_empty() {
-                    state.keys.remove(key);
-                }
-            }
-            gone.insert(id);
-            state.free.push(slot);
-        }
-        if !gone.is_empty() {
-            state
-                .idempotency
-                .retain(|_, (holder, _)| !gone.contains(holder));
+            state.remove(slot);
         }
         doomed.len() as u64
     }

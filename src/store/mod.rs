@@ -149,6 +149,11 @@ pub struct MarkDelivered {
     pub claim_token: String,
     /// The caller's clock; becomes `delivered_at`.
     pub now: DateTime<Utc>,
+    /// Delete the message in the same fenced write instead of keeping it
+    /// as delivered (what `RetentionConfig::delete_on_delivery` asks the
+    /// runtime for). A deleted message frees its idempotency key, and the
+    /// next message of its ordering key becomes claimable, as after a purge.
+    pub delete: bool,
 }
 
 /// FencedWrite a claimed message as failed: retry later, or dead-letter.
@@ -282,7 +287,9 @@ pub trait OutboxStore: Send + Sync + 'static {
     fn renew_claim(&self, params: RenewClaim)
     -> impl Future<Output = Result<DateTime<Utc>>> + Send;
 
-    /// FencedWrite as delivered: `delivered_at = now`, claim cleared.
+    /// FencedWrite as delivered: `delivered_at = now`, claim cleared; or,
+    /// with [`MarkDelivered::delete`], the message deleted under the same
+    /// fence.
     fn mark_delivered(&self, params: MarkDelivered) -> impl Future<Output = Result<()>> + Send;
 
     /// FencedWrite as failed: dead-lettered, or pending at `retry_at`; claim cleared.
@@ -307,6 +314,16 @@ pub trait OutboxStore: Send + Sync + 'static {
             "retention",
             "this store does not delete settled messages; leave DrainConfig.retention unset",
         )))
+    }
+
+    /// Make the space of the rows deleted so far reusable, where the store
+    /// needs to be told: on PostgreSQL a plain `VACUUM` of the table (never
+    /// `FULL`; reads and writes go on meanwhile, and a table another vacuum
+    /// holds is skipped). The runtime's retention runs call it once enough
+    /// rows went (`RetentionConfig::vacuum_after`). The default does
+    /// nothing, for stores that reuse freed space as rows go.
+    fn vacuum(&self) -> impl Future<Output = Result<()>> + Send {
+        std::future::ready(Ok(()))
     }
 
     /// How many messages are `Pending` (due or not), when the store can
@@ -651,6 +668,10 @@ pub trait DynOutboxStore: Send + Sync + 'static {
     fn pending_count(&self) -> BoxFuture<'_, Result<Option<u64>>> {
         Box::pin(std::future::ready(Ok(None)))
     }
+    /// See [`OutboxStore::vacuum`].
+    fn vacuum(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 impl<S: OutboxStore> DynOutboxStore for S {
@@ -680,6 +701,9 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn pending_count(&self) -> BoxFuture<'_, Result<Option<u64>>> {
         Box::pin(OutboxStore::pending_count(self))
+    }
+    fn vacuum(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(OutboxStore::vacuum(self))
     }
 }
 

@@ -590,6 +590,9 @@ pub(crate) struct SharedStatements {
     pub(crate) idempotency_holder: Arc<str>,
     /// Free an idempotency key whose window ended. Binds: key, now.
     pub(crate) idempotency_release: Arc<str>,
+    /// Make the space of deleted rows reusable, where the database does not
+    /// do so by itself as rows go. Binds nothing.
+    pub(crate) vacuum: Option<Arc<str>>,
 }
 
 /// The claim's test that the row `m` is the head of its ordering key (or has
@@ -1098,6 +1101,20 @@ where
         Ok(done.count())
     }
 
+    /// See [`OutboxStore::vacuum`](crate::OutboxStore::vacuum).
+    pub(crate) async fn vacuum(&self) -> Result<()> {
+        let Some(sql) = self.core.parts().shared.vacuum.clone() else {
+            return Ok(());
+        };
+        // The simple protocol: VACUUM refuses to run in a transaction, and
+        // the extended protocol may wrap a statement in one.
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&self.core.parts().pool)
+            .await
+            .map_err(db("vacuum"))?;
+        Ok(())
+    }
+
     /// The insert of `message` with its twelve common binds, and the id it
     /// gets: id, kind, name, payload, trace, max attempts, available at, now,
     /// ordering key, idempotency key, idempotency window end, whether the
@@ -1395,6 +1412,10 @@ macro_rules! sql_store {
 
             async fn purge_batch(&self, params: $crate::PurgeBatch) -> $crate::Result<u64> {
                 self.inner.purge_batch(params).await
+            }
+
+            async fn vacuum(&self) -> $crate::Result<()> {
+                self.inner.vacuum().await
             }
 
             /// Counts from the partial index of pending rows, never touching

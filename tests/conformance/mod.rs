@@ -158,6 +158,10 @@ macro_rules! conformance_suite {
                 => retention::purge_batch_deletes_oldest_settled_first_and_is_bounded,
             conformance_purge_batch_refuses_live_statuses_and_bad_limits
                 => retention::purge_batch_refuses_live_statuses_and_bad_limits,
+            conformance_delivery_with_delete_removes_the_message_under_its_fence
+                => retention::delivery_with_delete_removes_the_message_under_its_fence,
+            conformance_a_message_deleted_at_delivery_frees_its_keys
+                => retention::a_message_deleted_at_delivery_frees_its_keys,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -327,6 +331,7 @@ fn renew(id: &str, token: &str, now: i64, lease_ms: i64) -> RenewClaim {
 
 fn delivered(id: &str, token: &str, now: i64) -> MarkDelivered {
     MarkDelivered {
+        delete: false,
         id: id.to_owned(),
         claim_token: token.to_owned(),
         now: at(now),

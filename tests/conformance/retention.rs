@@ -1,6 +1,6 @@
 //! Retention: bounded deletes of settled messages, oldest first.
 
-use outbox::{AdminError, MessageStatus, PurgeBatch};
+use outbox::{AdminError, ClaimLoss, EnqueueOptions, MessageStatus, PurgeBatch};
 
 use super::*;
 
@@ -90,4 +90,127 @@ pub(crate) async fn purge_batch_refuses_live_statuses_and_bad_limits<
         );
     }
     assert_eq!(get(&store, "p").await.status, MessageStatus::Pending);
+}
+
+fn delivered_and_deleted(id: &str, token: &str, now: i64) -> MarkDelivered {
+    MarkDelivered {
+        delete: true,
+        ..delivered(id, token, now)
+    }
+}
+
+fn assert_gone<S: OutboxAdmin>(store: &S, id: &str) -> impl std::future::Future<Output = ()> {
+    let found = store.get_message(id);
+    let id = id.to_owned();
+    async move {
+        match found.await {
+            Err(Error::NotFound { id: missing }) => assert_eq!(missing, id),
+            other => panic!("expected {id} deleted, got {other:?}"),
+        }
+    }
+}
+
+pub(crate) async fn delivery_with_delete_removes_the_message_under_its_fence<
+    S: OutboxStore + OutboxAdmin + Clone,
+>(
+    store: S,
+) {
+    put(&store, message("a", "conformance.event", 0)).await;
+    put(&store, message("b", "conformance.event", 0)).await;
+    let claimed = claim(&store, 2, 0, 10 * SECOND).await;
+    let token = |id: &str| {
+        claimed
+            .claimed
+            .iter()
+            .find(|m| m.id == id)
+            .map(|m| m.claim_token.clone())
+            .expect("claimed")
+    };
+    let before = get(&store, "a").await;
+
+    // Refused like a plain delivery: another token, or a lease that ended.
+    assert_claim_lost(
+        store
+            .mark_delivered(delivered_and_deleted("a", "wrong", SECOND))
+            .await,
+        "a",
+    );
+    assert_claim_lost(
+        store
+            .mark_delivered(delivered_and_deleted("b", &token("b"), 10 * SECOND))
+            .await,
+        "b",
+    );
+    assert_eq!(
+        get(&store, "a").await,
+        before,
+        "a refused delete changed it"
+    );
+    assert_eq!(get(&store, "b").await.status, MessageStatus::Claimed);
+
+    store
+        .mark_delivered(delivered_and_deleted("a", &token("a"), SECOND))
+        .await
+        .expect("the owner deletes it");
+    assert_gone(&store, "a").await;
+    let stats = store.stats(at(2 * SECOND)).await.unwrap();
+    assert_eq!((stats.claimed, stats.delivered), (1, 0));
+    // Settling it again finds nothing to settle.
+    match store
+        .mark_delivered(delivered_and_deleted("a", &token("a"), 2 * SECOND))
+        .await
+    {
+        Err(Error::Claim(error)) => {
+            assert_eq!((error.id.as_str(), error.reason), ("a", ClaimLoss::Missing))
+        }
+        other => panic!("expected a missing message, got {other:?}"),
+    }
+    // Nothing is left for retention to delete.
+    let purge = batch(MessageStatus::Delivered, FAR_FUTURE, 10);
+    assert_eq!(store.purge_batch(purge).await.unwrap(), 0);
+}
+
+pub(crate) async fn a_message_deleted_at_delivery_frees_its_keys<
+    S: OutboxStore + OutboxAdmin + Clone,
+>(
+    store: S,
+) {
+    let window = Duration::from_secs(3600);
+    let keyed = |id: &str, created: i64| {
+        message(id, "conformance.event", created).with_options(
+            EnqueueOptions::new()
+                .ordering_key("order-7")
+                .idempotency_key(format!("once-{id}"), window),
+        )
+    };
+    put(&store, keyed("k1", 0)).await;
+    put(&store, keyed("k2", 1)).await;
+    let head = claim(&store, 10, SECOND, MINUTE).await;
+    assert_eq!(ids(&head).0, ["k1"], "one message of a key at a time");
+    store
+        .mark_delivered(delivered_and_deleted(
+            "k1",
+            &head.claimed[0].claim_token,
+            2 * SECOND,
+        ))
+        .await
+        .unwrap();
+    assert_gone(&store, "k1").await;
+    // The deleted head lets its key go on.
+    let next = claim(&store, 10, 3 * SECOND, MINUTE).await;
+    assert_eq!(ids(&next).0, ["k2"]);
+    // Its idempotency key is free again inside its window, as after a purge;
+    // the key of the message still stored still holds.
+    let k1_again = message("k1-again", "conformance.event", 4 * SECOND)
+        .with_options(EnqueueOptions::new().idempotency_key("once-k1", window));
+    assert_eq!(
+        store.enqueue(k1_again).await.unwrap(),
+        Enqueued::Inserted("k1-again".into())
+    );
+    let k2_again = message("k2-again", "conformance.event", 4 * SECOND)
+        .with_options(EnqueueOptions::new().idempotency_key("once-k2", window));
+    assert_eq!(
+        store.enqueue(k2_again).await.unwrap(),
+        Enqueued::AlreadyExists("k2".into())
+    );
 }

@@ -58,13 +58,13 @@ fn outcome(result: outbox::Result<impl std::fmt::Debug>) -> String {
     }
 }
 
-/// Run the same script on `store`: claim six messages, then settle them
+/// Run the same script on `store`: claim eight messages, then settle them
 /// concurrently (so a batching store sends them together), with lost claims
-/// in the middle, then settle again. Returns every outcome and the final
+/// and deliveries that delete in the middle, then settle again. Returns every outcome and the final
 /// state of every message, free of tokens and other per-run values.
 pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<String> {
     let now = t0();
-    for i in 0..6 {
+    for i in 0..8 {
         store
             .enqueue(event(&format!("m{i}"), i, now + secs(i as i64)))
             .await
@@ -80,7 +80,7 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
         })
         .await
         .unwrap();
-    assert_eq!(batch.claimed.len(), 6);
+    assert_eq!(batch.claimed.len(), 8);
     let token = |i: usize| batch.claimed[i].claim_token.clone();
     let id = |i: usize| batch.claimed[i].id.clone();
     let at = now + secs(20);
@@ -91,6 +91,7 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
             outcome(
                 store
                     .mark_delivered(MarkDelivered {
+                        delete: false,
                         id: id(0),
                         claim_token: token(0),
                         now: at,
@@ -102,6 +103,7 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
             outcome(
                 store
                     .mark_delivered(MarkDelivered {
+                        delete: false,
                         id: id(1),
                         claim_token: "not-the-token".into(),
                         now: at,
@@ -151,6 +153,7 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
             outcome(
                 store
                     .mark_delivered(MarkDelivered {
+                        delete: false,
                         id: id(5),
                         claim_token: token(5),
                         now: now + secs(41),
@@ -162,9 +165,34 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
             outcome(
                 store
                     .mark_delivered(MarkDelivered {
+                        delete: false,
                         id: "missing".into(),
                         claim_token: "t".into(),
                         now: at,
+                    })
+                    .await,
+            )
+        }),
+        Box::pin(async {
+            outcome(
+                store
+                    .mark_delivered(MarkDelivered {
+                        id: id(6),
+                        claim_token: token(6),
+                        now: at,
+                        delete: true,
+                    })
+                    .await,
+            )
+        }),
+        Box::pin(async {
+            outcome(
+                store
+                    .mark_delivered(MarkDelivered {
+                        id: id(7),
+                        claim_token: "not-the-token".into(),
+                        now: at,
+                        delete: true,
                     })
                     .await,
             )
@@ -178,6 +206,7 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
             outcome(
                 store
                     .mark_delivered(MarkDelivered {
+                        delete: false,
                         id: id(0),
                         claim_token: token(0),
                         now: later,
@@ -203,9 +232,34 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
             outcome(
                 store
                     .mark_delivered(MarkDelivered {
+                        delete: false,
                         id: id(1),
                         claim_token: token(1),
                         now: later,
+                    })
+                    .await,
+            )
+        }),
+        Box::pin(async {
+            outcome(
+                store
+                    .mark_delivered(MarkDelivered {
+                        id: id(6),
+                        claim_token: token(6),
+                        now: later,
+                        delete: true,
+                    })
+                    .await,
+            )
+        }),
+        Box::pin(async {
+            outcome(
+                store
+                    .mark_delivered(MarkDelivered {
+                        id: id(7),
+                        claim_token: token(7),
+                        now: later,
+                        delete: true,
                     })
                     .await,
             )
@@ -214,8 +268,14 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
     .await;
 
     let mut log: Vec<String> = round_one.into_iter().chain(round_two).collect();
-    for i in 0..6 {
-        let m = store.get_message(&format!("m{i}")).await.unwrap();
+    for i in 0..8 {
+        let m = match store.get_message(&format!("m{i}")).await {
+            Err(outbox::Error::NotFound { .. }) => {
+                log.push(format!("m{i}: deleted"));
+                continue;
+            }
+            found => found.unwrap(),
+        };
         log.push(format!(
             "m{i}: {} attempts={} available_at={} locked_until={:?} token={} delivered_at={:?} \
              updated_at={} last_error={:?}",

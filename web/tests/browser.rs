@@ -88,6 +88,7 @@ async fn settle(store: &SqliteOutbox, name: &str, count: usize, minutes_ago: i64
         } else {
             store
                 .mark_delivered(MarkDelivered {
+                    delete: false,
                     id: claimed.id,
                     claim_token: claimed.claim_token,
                     now: at,

@@ -1,6 +1,7 @@
 //! Retention: settled messages older than their horizon are deleted by the
 //! coordinator in bounded batches; younger ones and live ones stay.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,12 +17,13 @@ use outbox_actors::{Drain, DrainCoordinator};
 use crate::support::{clock, run, settle_mailboxes};
 use crate::{Ping, Probe, bus, ping, registry};
 
-/// A memory store that records every retention batch: its limit and how
-/// many rows it deleted.
+/// A memory store that records every retention batch (its limit and how
+/// many rows it deleted) and counts vacuums.
 #[derive(Clone, Default)]
 struct Recording {
     inner: MemoryOutbox,
     batches: Arc<Mutex<Vec<(MessageStatus, usize, u64)>>>,
+    vacuums: Arc<AtomicU64>,
 }
 
 impl OutboxStore for Recording {
@@ -53,6 +55,10 @@ impl OutboxStore for Recording {
             .unwrap()
             .push((params.status, params.limit, deleted));
         Ok(deleted)
+    }
+    async fn vacuum(&self) -> Result<()> {
+        self.vacuums.fetch_add(1, Ordering::Relaxed);
+        self.inner.vacuum().await
     }
 }
 
@@ -193,5 +199,72 @@ fn delete_on_delivery_removes_delivered_messages_at_the_next_run() {
         coordinator.send(Drain).await.unwrap().unwrap();
         wait(Duration::from_secs(11)).await;
         assert_eq!(ids(&store).await, [dead], "dead letters are kept");
+    });
+}
+
+#[test]
+fn delete_on_delivery_deletes_each_message_as_it_settles() {
+    run(|| async {
+        let store = Recording::default();
+        let clock = clock();
+        let coordinator = start(
+            &store,
+            &clock,
+            RetentionConfig {
+                delete_on_delivery: true,
+                every: Duration::from_secs(10),
+                vacuum_after: 4,
+                ..RetentionConfig::default()
+            },
+        );
+        for n in 0..5 {
+            enqueue(&store, &clock, ping(n, 0), 5).await;
+        }
+        let failing = Ping {
+            fail: Some("refused".into()),
+            ..ping(99, 0)
+        };
+        let dead = enqueue(&store, &clock, failing, 1).await;
+        let report = coordinator.send(Drain).await.unwrap().unwrap();
+        assert_eq!((report.delivered, report.dead_lettered), (5, 1));
+        // Gone as they settled, before any retention run.
+        assert_eq!(ids(&store).await, std::slice::from_ref(&dead));
+        assert!(store.batches.lock().unwrap().is_empty());
+        assert_eq!(store.vacuums.load(Ordering::Relaxed), 0);
+
+        // The next run finds nothing to delete, but five rows went since
+        // the store was last vacuumed: it vacuums, once.
+        wait(Duration::from_secs(11)).await;
+        let batches = store.batches.lock().unwrap().clone();
+        assert!(batches.iter().all(|b| b.2 == 0), "{batches:?}");
+        assert_eq!(store.vacuums.load(Ordering::Relaxed), 1);
+        wait(Duration::from_secs(20)).await;
+        assert_eq!(store.vacuums.load(Ordering::Relaxed), 1);
+        assert_eq!(ids(&store).await, [dead]);
+    });
+}
+
+#[test]
+fn vacuum_after_zero_never_vacuums() {
+    run(|| async {
+        let store = Recording::default();
+        let clock = clock();
+        let coordinator = start(
+            &store,
+            &clock,
+            RetentionConfig {
+                delete_on_delivery: true,
+                every: Duration::from_secs(10),
+                vacuum_after: 0,
+                ..RetentionConfig::default()
+            },
+        );
+        for n in 0..5 {
+            enqueue(&store, &clock, ping(n, 0), 5).await;
+        }
+        coordinator.send(Drain).await.unwrap().unwrap();
+        wait(Duration::from_secs(31)).await;
+        assert!(ids(&store).await.is_empty());
+        assert_eq!(store.vacuums.load(Ordering::Relaxed), 0);
     });
 }

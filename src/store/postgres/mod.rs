@@ -60,7 +60,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRo
 use sqlx::{AssertSqlSafe, Row};
 
 use super::connect;
-use super::fenced::{FencedBackend, FencedWrite};
+use super::fenced::{FencedBackend, FencedOp, FencedWrite};
 use super::kit::{check, lease_end};
 use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
 use super::{Armed, ClaimBatch, ClaimedBatch};
@@ -811,7 +811,14 @@ impl FencedBackend for Core {
             availables.push(row.op.available_at());
             errors.push(row.error.as_deref());
         }
-        let changed: Vec<String> = sqlx::query_scalar(AssertSqlSafe(self.sql.fenced.clone()))
+        // The plain update unless some row is to be deleted, so the common
+        // batch keeps its one-statement plan.
+        let statement = if ops.contains(&FencedOp::Delete.code()) {
+            &self.sql.fenced_deleting
+        } else {
+            &self.sql.fenced
+        };
+        let changed: Vec<String> = sqlx::query_scalar(AssertSqlSafe(statement.clone()))
             .bind(ops)
             .bind(ids)
             .bind(tokens)

@@ -81,6 +81,9 @@ pub(super) struct Statements {
     /// `$6` new `available_at` (retry), `$7` `last_error` JSON; returns the
     /// ids it changed.
     pub(super) fenced: Arc<str>,
+    /// [`Statements::fenced`] that also deletes the rows whose op is
+    /// `delete`, under the same fence; for batches with such rows.
+    pub(super) fenced_deleting: Arc<str>,
     /// The fence columns of an array of ids.
     pub(super) fences: Arc<str>,
     /// Wake listeners. Binds: the channel.
@@ -114,6 +117,39 @@ impl Statements {
              ON CONFLICT DO NOTHING RETURNING 1"
         );
         let drains = table.derived("drains", true);
+        // Each row is looked up by primary key, so a batch costs the
+        // same however many claims are out. The status test is written
+        // so that the index of claimed rows does not match it: scanning
+        // all claims for every batch is what the planner picks otherwise.
+        let rows = "unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], \
+                      $5::bigint[], $6::timestamptz[], $7::text[]) \
+                    AS v(op, id, token, now, lease, available, error)";
+        let fence = format!(
+            "m.id = v.id AND coalesce(m.status, '') = 'claimed' \
+             AND m.claim_token = v.token AND m.locked_until > {ROW_NOW}"
+        );
+        // Rows to delete are left to the delete beside it (see
+        // `fenced_deleting`): one statement may not change a row twice.
+        let fenced = format!(
+            "UPDATE {t} AS m SET \
+               status = CASE v.op WHEN 'renew' THEN 'claimed' WHEN 'deliver' THEN 'delivered' \
+                 WHEN 'dead' THEN 'dead_lettered' ELSE 'pending' END, \
+               attempts = CASE v.op WHEN 'release' THEN greatest(m.attempts - 1, 0) \
+                 ELSE m.attempts END, \
+               available_at = CASE v.op WHEN 'retry' THEN v.available WHEN 'release' THEN {ROW_NOW} \
+                 ELSE m.available_at END, \
+               claim_token = CASE v.op WHEN 'renew' THEN m.claim_token END, \
+               claimed_at = CASE v.op WHEN 'renew' THEN m.claimed_at END, \
+               locked_until = CASE v.op WHEN 'renew' \
+                 THEN {ROW_NOW} + v.lease * interval '1 microsecond' END, \
+               last_error = CASE WHEN v.op IN ('retry', 'dead') THEN v.error \
+                 ELSE m.last_error END, \
+               delivered_at = CASE v.op WHEN 'deliver' THEN {ROW_NOW} ELSE m.delivered_at END, \
+               updated_at = {ROW_NOW} \
+             FROM {rows} \
+             WHERE v.op <> 'delete' AND {fence} \
+             RETURNING m.id"
+        );
         let own = Statements {
             // The wake-up in the inserting statement, so it costs no round
             // trip: a NOTIFY (when a drain waits for one) is delivered at
@@ -206,34 +242,15 @@ impl Statements {
                    AND claim_token IS NOT DISTINCT FROM $4"
             )
             .into(),
-            // Each row is looked up by primary key, so a batch costs the
-            // same however many claims are out. The status test is written
-            // so that the index of claimed rows does not match it: scanning
-            // all claims for every batch is what the planner picks otherwise.
-            fenced: format!(
-                "UPDATE {t} AS m SET \
-                   status = CASE v.op WHEN 'renew' THEN 'claimed' WHEN 'deliver' THEN 'delivered' \
-                     WHEN 'dead' THEN 'dead_lettered' ELSE 'pending' END, \
-                   attempts = CASE v.op WHEN 'release' THEN greatest(m.attempts - 1, 0) \
-                     ELSE m.attempts END, \
-                   available_at = CASE v.op WHEN 'retry' THEN v.available WHEN 'release' THEN {ROW_NOW} \
-                     ELSE m.available_at END, \
-                   claim_token = CASE v.op WHEN 'renew' THEN m.claim_token END, \
-                   claimed_at = CASE v.op WHEN 'renew' THEN m.claimed_at END, \
-                   locked_until = CASE v.op WHEN 'renew' \
-                     THEN {ROW_NOW} + v.lease * interval '1 microsecond' END, \
-                   last_error = CASE WHEN v.op IN ('retry', 'dead') THEN v.error \
-                     ELSE m.last_error END, \
-                   delivered_at = CASE v.op WHEN 'deliver' THEN {ROW_NOW} ELSE m.delivered_at END, \
-                   updated_at = {ROW_NOW} \
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], \
-                   $5::bigint[], $6::timestamptz[], $7::text[]) \
-                   AS v(op, id, token, now, lease, available, error) \
-                 WHERE m.id = v.id AND coalesce(m.status, '') = 'claimed' \
-                   AND m.claim_token = v.token AND m.locked_until > {ROW_NOW} \
-                 RETURNING m.id"
+            fenced_deleting: format!(
+                "WITH deleted AS ( \
+                   DELETE FROM {t} AS m USING {rows} \
+                   WHERE v.op = 'delete' AND {fence} RETURNING m.id), \
+                 updated AS ({fenced}) \
+                 SELECT id FROM deleted UNION ALL SELECT id FROM updated"
             )
             .into(),
+            fenced: fenced.into(),
             fences: format!(
                 "SELECT id, status, claim_token, locked_until FROM {t} WHERE id = ANY($1)"
             )
@@ -299,6 +316,10 @@ impl Statements {
                  WHERE idempotency_key = $1 AND idempotency_until <= $2"
             )
             .into(),
+            // Plain VACUUM: no lock that blocks reads or writes; it skips
+            // the table when another vacuum (autovacuum, another worker's
+            // retention run) holds it, rather than wait.
+            vacuum: Some(format!("VACUUM (SKIP_LOCKED) {t}").into()),
             table: t.into(),
         };
         (own, shared)

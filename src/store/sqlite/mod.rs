@@ -599,7 +599,7 @@ fn fenced_row(row: &FencedWrite) -> serde_json::Value {
             fields.push(row.error.as_deref().into());
         }
         FencedOp::DeadLetter => fields.push(row.error.as_deref().into()),
-        FencedOp::Deliver | FencedOp::Release => {}
+        FencedOp::Deliver | FencedOp::Delete | FencedOp::Release => {}
     }
     serde_json::Value::Array(fields)
 }

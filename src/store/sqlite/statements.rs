@@ -146,6 +146,8 @@ impl Statements {
                  WHERE idempotency_key = ?1 AND idempotency_until <= ?2"
             )
             .into(),
+            // Freed pages go back to the file's free list as rows go.
+            vacuum: None,
             table: t.into(),
         };
         (own, shared)
@@ -169,30 +171,37 @@ fn head(t: &str, block: &str) -> String {
 /// claimed make look free, and which would then be scanned once per row of
 /// the batch.
 #[derive(Debug)]
-pub(super) struct FencedWrites([Arc<str>; 5]);
+pub(super) struct FencedWrites([Arc<str>; 6]);
 
 impl FencedWrites {
     /// Every kind, by [`FencedOp::code`], in the order a batch applies them.
-    pub(super) const KINDS: [&'static str; 5] = ["renew", "deliver", "retry", "dead", "release"];
+    pub(super) const KINDS: [&'static str; 6] =
+        ["renew", "deliver", "delete", "retry", "dead", "release"];
 
     fn new(t: &str) -> Self {
-        let write = |fields: &[&str], set: &str| -> Arc<str> {
+        let rows = |fields: &[&str]| {
             let columns = fields
                 .iter()
                 .enumerate()
                 .map(|(i, field)| format!("value ->> {i} AS {field}"))
                 .collect::<Vec<_>>()
                 .join(", ");
-            format!(
-                "UPDATE {t} AS m SET {set} \
-                 FROM (SELECT {columns} FROM json_each(?1)) AS v \
-                 WHERE m.id = v.id AND +m.status = 'claimed' AND m.claim_token = v.token \
-                   AND +m.locked_until > v.now \
-                 RETURNING id"
-            )
-            .into()
+            format!("(SELECT {columns} FROM json_each(?1)) AS v")
+        };
+        const WHERE: &str = "m.id = v.id AND +m.status = 'claimed' AND m.claim_token = v.token \
+                             AND +m.locked_until > v.now";
+        let write = |fields: &[&str], set: &str| -> Arc<str> {
+            let rows = rows(fields);
+            format!("UPDATE {t} AS m SET {set} FROM {rows} WHERE {WHERE} RETURNING id").into()
         };
         const FENCE: [&str; 3] = ["id", "token", "now"];
+        // SQLite's DELETE has no FROM: the fenced ids are found the way the
+        // updates find theirs (by id), then deleted by rowid.
+        let delete = format!(
+            "DELETE FROM {t} WHERE id IN (SELECT m.id FROM {t} AS m, {rows} WHERE {WHERE}) \
+             RETURNING id",
+            rows = rows(&FENCE)
+        );
         const CLEAR: &str = "claim_token = NULL, claimed_at = NULL, locked_until = NULL";
         // In the order of `KINDS`.
         FencedWrites([
@@ -204,6 +213,7 @@ impl FencedWrites {
                 &FENCE,
                 &format!("status = 'delivered', {CLEAR}, delivered_at = v.now, updated_at = v.now"),
             ),
+            delete.into(),
             write(
                 &[&FENCE[..], &["available", "error"]].concat(),
                 &format!(
