@@ -292,7 +292,12 @@ impl State {
             .unsettled
             .values()
             .copied()
-            .find(|&slot| matches!(status(slot), MessageStatus::Pending | MessageStatus::Claimed))
+            .find(|&slot| {
+                matches!(
+                    status(slot),
+                    MessageStatus::Pending | MessageStatus::Claimed
+                )
+            })
             .filter(|&slot| status(slot) == MessageStatus::Pending);
         if front == state.front {
             return;

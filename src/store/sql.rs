@@ -587,14 +587,19 @@ pub(crate) struct SharedStatements {
 /// one is claimed (an earlier one can appear after a later one was claimed:
 /// a requeued dead letter, or on PostgreSQL a transaction that committed
 /// after a later one). Both probes are answered from the partial indexes of
-/// unsettled and claimed keyed rows.
+/// unsettled and claimed keyed rows. The first is a scalar subquery in key
+/// order rather than `NOT EXISTS`: where a few keys hold many rows,
+/// PostgreSQL planned `NOT EXISTS` as a sequential scan, which reads the
+/// whole table for a head (nothing earlier to find); in key order it reads
+/// the index from the key's first row.
 pub(crate) fn head_test(t: &str, block: &str) -> String {
     format!(
         "(m.ordering_key IS NULL OR ( \
-           NOT EXISTS (SELECT 1 FROM {t} AS e \
+           (SELECT e.seq FROM {t} AS e \
              WHERE e.ordering_key = m.ordering_key AND e.ordering_key IS NOT NULL \
                AND e.status <> 'delivered' AND e.seq < m.seq \
-               AND (e.status <> 'dead_lettered' OR ({block} AND e.skipped_at IS NULL))) \
+               AND (e.status <> 'dead_lettered' OR ({block} AND e.skipped_at IS NULL)) \
+             ORDER BY e.seq LIMIT 1) IS NULL \
            AND NOT EXISTS (SELECT 1 FROM {t} AS e \
              WHERE e.ordering_key = m.ordering_key AND e.ordering_key IS NOT NULL \
                AND e.status = 'claimed' AND e.seq > m.seq)))"
@@ -878,10 +883,7 @@ where
     /// Counts from the partial indexes of pending rows, never touching
     /// settled ones.
     pub(crate) async fn pending_count(&self) -> Result<Option<u64>> {
-        let sql = format!(
-            "SELECT {}",
-            pending_count(&self.core.parts().shared.table)
-        );
+        let sql = format!("SELECT {}", pending_count(&self.core.parts().shared.table));
         let count: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(&self.core.parts().pool)
             .await

@@ -326,9 +326,15 @@ pub(crate) async fn a_long_backlog_behind_few_keys_yields_only_heads<
             .collect::<Vec<_>>()
     };
     // The first two heads in claim order, then the others.
-    let first = claim(claim_with(&store, OnDeadLetter::Block, 2, now).await, &mut tokens);
+    let first = claim(
+        claim_with(&store, OnDeadLetter::Block, 2, now).await,
+        &mut tokens,
+    );
     assert_eq!(first, ["a000", "b000"]);
-    let rest = claim(claim_with(&store, OnDeadLetter::Block, 100, now).await, &mut tokens);
+    let rest = claim(
+        claim_with(&store, OnDeadLetter::Block, 100, now).await,
+        &mut tokens,
+    );
     assert_eq!(rest, ["c000", "x"]);
     assert!(
         claimed_ids(&store, OnDeadLetter::Block, now + 1)
@@ -338,11 +344,17 @@ pub(crate) async fn a_long_backlog_behind_few_keys_yields_only_heads<
     // Every claimed message, per key, in the order claimed.
     let mut order: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for id in first.iter().chain(&rest).filter(|id| *id != "x") {
-        order.entry(id[..1].to_owned()).or_default().push(id.clone());
+        order
+            .entry(id[..1].to_owned())
+            .or_default()
+            .push(id.clone());
     }
     let mut retried = false;
     for round in 0.. {
-        assert!(round < 4 * BACKLOG, "the backlog stopped draining: {order:?}");
+        assert!(
+            round < 4 * BACKLOG,
+            "the backlog stopped draining: {order:?}"
+        );
         for (id, token) in tokens.drain() {
             if id == "a100" && !retried {
                 // Retried a minute on: a101 and after wait for it.
@@ -359,7 +371,10 @@ pub(crate) async fn a_long_backlog_behind_few_keys_yields_only_heads<
             }
         }
         now += 2;
-        let mut batch = claim(claim_with(&store, OnDeadLetter::Block, 100, now).await, &mut tokens);
+        let mut batch = claim(
+            claim_with(&store, OnDeadLetter::Block, 100, now).await,
+            &mut tokens,
+        );
         if batch.is_empty() {
             if order["a"].len() < BACKLOG + 1 {
                 // Only the retry is left to wait for.
