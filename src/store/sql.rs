@@ -587,19 +587,29 @@ pub(crate) struct SharedStatements {
 /// one is claimed (an earlier one can appear after a later one was claimed:
 /// a requeued dead letter, or on PostgreSQL a transaction that committed
 /// after a later one). Both probes are answered from the partial indexes of
-/// unsettled and claimed keyed rows. The first is a scalar subquery in key
-/// order rather than `NOT EXISTS`: where a few keys hold many rows,
-/// PostgreSQL planned `NOT EXISTS` as a sequential scan, which reads the
-/// whole table for a head (nothing earlier to find); in key order it reads
-/// the index from the key's first row.
-pub(crate) fn head_test(t: &str, block: &str) -> String {
+/// unsettled and claimed keyed rows.
+///
+/// With `key_order` the first probe is a scalar subquery in key order
+/// rather than `NOT EXISTS`: where a few keys hold many rows, PostgreSQL
+/// planned `NOT EXISTS` as a sequential scan, which reads the whole table
+/// for a head (nothing earlier to find); in key order it reads the index
+/// from the key's first row. SQLite takes the other form: given the order
+/// by `seq`, it walks the rowid from the table's start instead.
+pub(crate) fn head_test(t: &str, block: &str, key_order: bool) -> String {
+    let earlier = format!(
+        "FROM {t} AS e \
+         WHERE e.ordering_key = m.ordering_key AND e.ordering_key IS NOT NULL \
+           AND e.status <> 'delivered' AND e.seq < m.seq \
+           AND (e.status <> 'dead_lettered' OR ({block} AND e.skipped_at IS NULL))"
+    );
+    let no_earlier = if key_order {
+        format!("(SELECT e.seq {earlier} ORDER BY e.seq LIMIT 1) IS NULL")
+    } else {
+        format!("NOT EXISTS (SELECT 1 {earlier})")
+    };
     format!(
         "(m.ordering_key IS NULL OR ( \
-           (SELECT e.seq FROM {t} AS e \
-             WHERE e.ordering_key = m.ordering_key AND e.ordering_key IS NOT NULL \
-               AND e.status <> 'delivered' AND e.seq < m.seq \
-               AND (e.status <> 'dead_lettered' OR ({block} AND e.skipped_at IS NULL)) \
-             ORDER BY e.seq LIMIT 1) IS NULL \
+           {no_earlier} \
            AND NOT EXISTS (SELECT 1 FROM {t} AS e \
              WHERE e.ordering_key = m.ordering_key AND e.ordering_key IS NOT NULL \
                AND e.status = 'claimed' AND e.seq > m.seq)))"
