@@ -16,7 +16,8 @@
 //!   the same headers and the same acknowledgement mode into a fresh
 //!   destination, with `--window` publishes awaiting their acknowledgement
 //!   at once: the best a relay could do over that connection, with no store
-//!   at all. NATS: JetStream `PubAck`s. RabbitMQ: persistent, mandatory
+//!   at all, on a connection and a two-worker Tokio runtime of its own.
+//!   NATS: JetStream `PubAck`s. RabbitMQ: persistent, mandatory
 //!   publishes on a confirm-mode channel, each confirm awaited. Redis: the
 //!   transport's own dedup-and-`XADD` script, each reply awaited.
 //! - **relay**: the actor runtime draining the outbox into another fresh
@@ -129,8 +130,9 @@ trait Broker {
     async fn clean_up(&mut self);
 }
 
-/// Run a raw loop on a multi-threaded runtime of its own, one worker per
-/// core, apart from the actor system: `connect` (untimed) makes its client
+/// Run a raw loop on a multi-threaded runtime of its own, two workers (one
+/// per core of the machine the README's figures come from), apart from the
+/// actor system: `connect` (untimed) makes its client
 /// there, so the client's connection task runs there too, and `publish`
 /// (timed) publishes; the time `publish` took.
 fn raw_on_own_runtime<C, P>(
