@@ -75,9 +75,14 @@ use crate::{BrokerError, FailureClass, NameMap, headers};
 
 const BROKER: &str = "redis";
 
+/// The server-side script each publish runs, for tools that want to append
+/// exactly as the transport does (the relay benchmark's raw loop does).
+///
 /// KEYS[1] the dedup key, KEYS[2] the stream; ARGV[1] the window in ms,
-/// ARGV[2] the approximate MAXLEN (`0`: none), then field/value pairs.
-const PUBLISH_SCRIPT: &str = r#"
+/// ARGV[2] the approximate MAXLEN (`0`: none), then field/value pairs. It
+/// answers `duplicate` when the dedup key was already set, else the new
+/// entry's id.
+pub const PUBLISH_SCRIPT: &str = r#"
 if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
   return 'duplicate'
 end
