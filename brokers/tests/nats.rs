@@ -25,6 +25,10 @@ use outbox_brokers::{BrokerError, FailureClass, NameMap, NatsConfig, NatsTranspo
 
 static STREAMS: AtomicUsize = AtomicUsize::new(0);
 
+/// One test at a time: the restart test stops the server every other test
+/// talks to. An async lock, since each test holds it across its awaits.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn nats_url() -> String {
     std::env::var("NATS_URL").unwrap_or_else(|_| {
         panic!(
@@ -174,6 +178,7 @@ impl EventBus for LoseFirstAck {
 
 #[actix_rt::test]
 async fn a_redelivered_message_is_stored_once() {
+    let _serial = SERIAL.lock().await;
     const N: usize = 20;
     let (js, stream, prefix) = fresh_stream(|_| {}).await;
     let transport =
@@ -208,6 +213,7 @@ async fn a_redelivered_message_is_stored_once() {
 
 #[actix_rt::test]
 async fn a_broker_restart_mid_drain_loses_nothing() {
+    let _serial = SERIAL.lock().await;
     const N: usize = 2_000;
     let ctl = std::env::var("WITH_SERVICES_CTL").unwrap_or_else(|_| {
         panic!("WITH_SERVICES_CTL is not set: run this test through scripts/with-services, which can stop and start nats-server")
@@ -276,6 +282,7 @@ async fn a_broker_restart_mid_drain_loses_nothing() {
 
 #[actix_rt::test]
 async fn no_stream_for_the_subject_dead_letters_at_once_with_the_reason() {
+    let _serial = SERIAL.lock().await;
     let (js, stream, prefix) = fresh_stream(|_| {}).await;
     let transport =
         NatsTransport::connect(&nats_url(), NatsConfig::new(&stream, NameMap::new(&prefix)))
@@ -315,6 +322,7 @@ async fn no_stream_for_the_subject_dead_letters_at_once_with_the_reason() {
 
 #[actix_rt::test]
 async fn a_message_above_the_stream_limit_dead_letters_at_once_with_the_reason() {
+    let _serial = SERIAL.lock().await;
     let (_js, stream, prefix) = fresh_stream(|config| config.max_message_size = 300).await;
     let transport =
         NatsTransport::connect(&nats_url(), NatsConfig::new(&stream, NameMap::new(&prefix)))
@@ -365,6 +373,7 @@ async fn a_message_above_the_stream_limit_dead_letters_at_once_with_the_reason()
 
 #[actix_rt::test]
 async fn a_missing_stream_is_a_configuration_error_at_start() {
+    let _serial = SERIAL.lock().await;
     let (_js, _stream, prefix) = fresh_stream(|_| {}).await;
     let error = NatsTransport::connect(
         &nats_url(),
@@ -383,6 +392,7 @@ async fn a_missing_stream_is_a_configuration_error_at_start() {
 
 #[actix_rt::test]
 async fn a_stream_that_misses_the_subjects_is_a_configuration_error_at_start() {
+    let _serial = SERIAL.lock().await;
     let (_js, stream, _prefix) = fresh_stream(|_| {}).await;
     let error = NatsTransport::connect(
         &nats_url(),
@@ -397,6 +407,7 @@ async fn a_stream_that_misses_the_subjects_is_a_configuration_error_at_start() {
 
 #[actix_rt::test]
 async fn the_trace_context_and_the_outbox_headers_arrive() {
+    let _serial = SERIAL.lock().await;
     let (js, stream, prefix) = fresh_stream(|_| {}).await;
     let transport =
         NatsTransport::connect(&nats_url(), NatsConfig::new(&stream, NameMap::new(&prefix)))
