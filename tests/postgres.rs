@@ -612,7 +612,10 @@ async fn concurrent_settlement_statements_keep_each_messages_writes_in_order() {
                 now,
             });
             let (delivered, released) = futures_util::future::join(deliver, release).await;
-            (delivered.is_ok(), released.is_err_and(|e| e.is_claim_lost()))
+            (
+                delivered.is_ok(),
+                released.is_err_and(|e| e.is_claim_lost()),
+            )
         }
     });
     let results = futures_util::future::join_all(writes).await;

@@ -12,8 +12,9 @@
 //! lease runs (its heartbeat starts with its handler), so one that waited
 //! until less than a heartbeat interval, plus what its claim took, of its
 //! lease is left is given back undelivered (outcome `released`); at
-//! shutdown every waiting message is given back the same way. Slots that free together (a batched settlement answers many
-//! deliveries at once) are filled by one claim: a refill waits only until
+//! shutdown every waiting message is given back the same way. Slots that
+//! free together (a batched settlement answers many deliveries at once)
+//! are filled by one claim: a refill waits only until
 //! the messages already in the mailbox are handled. Messages dead-lettered
 //! at claim (attempts used up) are reported as dead letters. The pass ends
 //! when the budget is spent, a claim returns nothing, or claiming fails, and
@@ -213,9 +214,8 @@ impl Claimer {
         // those writes instead of waiting for them; but no more than the
         // concurrency may be settling, so a store that settles slower than
         // it claims makes claiming wait rather than pile up handlers whose
-        // writes queue past their leases.
-        // Prefetched messages count as running handlers, and widen both
-        // bounds by as many.
+        // writes queue past their leases. Prefetched messages count as
+        // running handlers, and widen both bounds by as many.
         let concurrency = self.drain.config.concurrency;
         let prefetch = self.drain.config.prefetch;
         let held = self.waiting.len();
@@ -426,6 +426,7 @@ impl Claimer {
 
 /// A prefetched message waiting for a free slot.
 struct Waiting {
+    /// The claimed message, its lease running.
     message: outbox::ClaimedMessage,
     /// How long its claim took.
     took: Duration,
@@ -443,8 +444,7 @@ impl Waiting {
         let left = granted.saturating_sub(self.took + waited);
         // The heartbeat's first renewal comes one interval after the
         // handler starts, and may take as long as the claim did.
-        (left < self.took + heartbeat || left.is_zero())
-            .then_some(GiveBack::Stale { waited, left })
+        (left < self.took + heartbeat || left.is_zero()).then_some(GiveBack::Stale { waited, left })
     }
 }
 

@@ -150,7 +150,6 @@ impl HeartbeatActor {
         }
     }
 
-
     fn lost(&self, operation: LeaseOperation, confirmed_lost: bool, error: Error) -> LeaseLost {
         LeaseLost::new(
             &self.message,

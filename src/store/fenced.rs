@@ -383,7 +383,11 @@ impl InFlight {
         self.busy.contains(id)
     }
 
-    fn spawn(&mut self, ids: HashSet<String>, statement: impl Future<Output = ()> + Send + 'static) {
+    fn spawn(
+        &mut self,
+        ids: HashSet<String>,
+        statement: impl Future<Output = ()> + Send + 'static,
+    ) {
         self.busy.extend(ids.iter().cloned());
         let task = self.tasks.spawn(statement);
         self.ids.insert(task.id(), ids);

@@ -216,9 +216,9 @@ impl PostgresOutboxBuilder {
 
     /// The store. Call [`PostgresOutbox::setup`] once before using a new table.
     pub fn build(self) -> PostgresOutbox {
-        let statements = self.settlement_statements.unwrap_or_else(|| {
-            (self.pool.options().get_max_connections() as usize / 2).max(1)
-        });
+        let statements = self
+            .settlement_statements
+            .unwrap_or_else(|| (self.pool.options().get_max_connections() as usize / 2).max(1));
         PostgresOutbox {
             inner: SqlOutbox::new(
                 Core::new(self.pool, self.table, self.notify, !self.caller_clock),
