@@ -103,6 +103,8 @@ struct Args {
     only: Option<String>,
     /// Delivery arbiters for the runtime (0: the coordinator's thread).
     arbiters: usize,
+    /// `prefetch` of the runtime's drain.
+    prefetch: usize,
     /// Drain on this schedule instead of sending `Drain` in a loop.
     schedule: Option<Duration>,
     /// Measure each of these concurrencies in turn.
@@ -128,6 +130,7 @@ fn parse_args() -> Result<Args, String> {
         batch: None,
         only: None,
         arbiters: 0,
+        prefetch: 0,
         schedule: None,
         sweep: None,
         plot: None,
@@ -170,13 +173,16 @@ fn parse_args() -> Result<Args, String> {
             "--arbiters" => {
                 args.arbiters = value()?.parse().map_err(|e| format!("--arbiters: {e}"))?
             }
+            "--prefetch" => {
+                args.prefetch = value()?.parse().map_err(|e| format!("--prefetch: {e}"))?
+            }
             "--schedule" => args.schedule = Some(parse_every(&value()?)?),
             "--help" | "-h" => {
                 return Err(format!(
                     "usage: bench [--store {}] [--messages N] [--concurrency N] [--batch N] \
-                     [--only runtime|baseline] [--arbiters N] [--schedule EVERY]\n       \
+                     [--only runtime|baseline] [--arbiters N] [--prefetch N] [--schedule EVERY]\n       \
                      bench --store STORE,STORE... --sweep N,N,... [--plot FILE.png] \
-                     [--messages N] [--batch N] [--arbiters N] [--schedule EVERY]",
+                     [--messages N] [--batch N] [--arbiters N] [--prefetch N] [--schedule EVERY]",
                     STORES.join("|")
                 ));
             }
@@ -331,6 +337,8 @@ struct RuntimeSettings {
     concurrency: usize,
     batch_size: usize,
     arbiters: usize,
+    /// Messages claimed ahead of free slots.
+    prefetch: usize,
     /// `Some`: no `Drain` loop, the coordinator drains on this schedule.
     schedule: Option<Duration>,
 }
@@ -348,6 +356,7 @@ async fn drain_with_runtime(
             batch_size: settings.batch_size,
             concurrency: settings.concurrency,
             delivery_arbiters: settings.arbiters,
+            prefetch: settings.prefetch,
             every: settings.schedule,
             ..DrainConfig::default()
         })
@@ -1041,6 +1050,7 @@ fn main() {
         batch,
         only,
         arbiters,
+        prefetch,
         schedule,
         sweep,
         plot,
@@ -1061,6 +1071,7 @@ fn main() {
         concurrency,
         batch_size: batch.unwrap_or(default_batch).max(concurrency),
         arbiters,
+        prefetch,
         schedule,
     };
 
@@ -1140,6 +1151,7 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         messages,
         concurrency,
         batch_size,
+        prefetch,
         schedule,
         ..
     } = settings;
@@ -1184,7 +1196,7 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
     };
     println!(
         "{store_name}: {messages} messages, concurrency {concurrency}, batch {batch_size}, \
-         {driven_by}: runtime {:.0}/s ({:.2?}{}{}), baseline {:.0}/s ({:.2?}{}{})",
+         prefetch {prefetch}, {driven_by}: runtime {:.0}/s ({:.2?}{}{}), baseline {:.0}/s ({:.2?}{}{})",
         runtime_per_sec,
         runtime_side.elapsed,
         commits(runtime_side),
@@ -1203,6 +1215,7 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         messages,
         concurrency,
         batch: batch_size,
+        prefetch,
         schedule_ms: schedule.map(|every| every.as_millis() as u64),
         runtime_per_sec: runtime_per_sec.round(),
         baseline_per_sec: baseline_per_sec.round(),
@@ -1240,6 +1253,8 @@ struct Summary {
     concurrency: usize,
     /// `batch_size` of the runtime's passes.
     batch: usize,
+    /// `prefetch` of the runtime's drain.
+    prefetch: usize,
     /// The schedule the runtime drained on, or `None` for a `Drain` loop.
     schedule_ms: Option<u64>,
     runtime_per_sec: f64,

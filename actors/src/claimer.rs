@@ -6,8 +6,15 @@
 //! handler returns, while that delivery settles, rather than waiting for a
 //! whole wave to finish. One claim is in flight at a time; slots that free
 //! while it runs are filled by the next, so a slow store gets larger batches
-//! on its own. Slots that free together (a batched settlement answers many
-//! deliveries at once) are filled by one claim: a refill waits only until
+//! on its own. With `prefetch`, a claim also takes up to that many messages
+//! more than there are free slots: they wait in claim order and start as
+//! slots free, without waiting for a claim's round-trip. A waiting message's
+//! lease runs (its heartbeat starts with its handler), so one that waited
+//! until less than a heartbeat interval, plus what its claim took, of its
+//! lease is left is given back undelivered (outcome `released`); at
+//! shutdown every waiting message is given back the same way. Slots that
+//! free together (a batched settlement answers many deliveries at once)
+//! are filled by one claim: a refill waits only until
 //! the messages already in the mailbox are handled. Messages dead-lettered
 //! at claim (attempts used up) are reported as dead letters. The pass ends
 //! when the budget is spent, a claim returns nothing, or claiming fails, and
@@ -32,7 +39,7 @@
 //! It reports to its coordinator through recipients of [`Abandoned`],
 //! [`ClaimerDone`] and (handed to each delivery) `DeliveryFinished`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,7 +47,7 @@ use actix::prelude::*;
 use outbox::{Armed, ClaimBatch, ClaimedBatch, ReleaseClaim, WakeupArm};
 
 use crate::context::{DrainContext, until};
-use crate::delivery::{Abort, DeliveryActor, Reporter};
+use crate::delivery::{Abort, DeliveryActor, GiveBack, Reporter};
 use crate::error::Error;
 use crate::messages::{
     Abandoned, Arming, ClaimerDone, DeliveryEnded, DeliveryFinished, HandlerReturned,
@@ -115,6 +122,8 @@ pub(crate) struct Claimer {
     active: HashMap<u64, (Addr<DeliveryActor>, bool)>,
     /// Deliveries whose handler still runs.
     handling: usize,
+    /// Prefetched messages waiting for a free slot, in claim order.
+    waiting: VecDeque<Waiting>,
     /// Live deliveries of messages with an ordering key: when one ends, the
     /// next message of its key may have become claimable.
     keyed: HashSet<u64>,
@@ -159,6 +168,7 @@ impl Claimer {
             next_arbiter: 0,
             active: HashMap::new(),
             handling: 0,
+            waiting: VecDeque::new(),
             keyed: HashSet::new(),
             next_slot: 0,
             claimed: 0,
@@ -242,11 +252,14 @@ impl Claimer {
         // those writes instead of waiting for them; but no more than the
         // concurrency may be settling, so a store that settles slower than
         // it claims makes claiming wait rather than pile up handlers whose
-        // writes queue past their leases.
+        // writes queue past their leases. Prefetched messages count as
+        // running handlers, and widen both bounds by as many.
         let concurrency = self.drain.config.concurrency;
-        let free = concurrency
-            .saturating_sub(self.handling)
-            .min((2 * concurrency).saturating_sub(self.active.len()));
+        let prefetch = self.drain.config.prefetch;
+        let held = self.waiting.len();
+        let free = (concurrency + prefetch)
+            .saturating_sub(self.handling + held)
+            .min((2 * concurrency + prefetch).saturating_sub(self.active.len() + held));
         if free == 0 {
             return;
         }
@@ -328,20 +341,23 @@ impl Claimer {
                 }
                 // Start deliveries before running abandoned-message observers,
                 // so fresh claims get their heartbeats as early as possible.
+                let returned = tokio::time::Instant::now();
                 for message in batch.claimed {
-                    // The lease left when the claim returned, against how
-                    // long it took: a store slow enough that the lease it
-                    // gave is mostly spent would leave a handler too little
-                    // time to finish and settle before the message goes to
-                    // another worker. The lease is measured on the store's
-                    // clock (it stamped both ends), the time taken on the
-                    // runtime's, so a skewed clock between them cannot make
-                    // every claim look late, or none.
-                    let granted = until(message.claimed_at, message.locked_until);
-                    let left = granted.saturating_sub(took);
-                    let late = (left < took || left.is_zero()).then_some((took, left));
-                    self.start_delivery(message, late, ctx);
+                    // Messages still waiting hold every slot (a slot that
+                    // frees starts one of them), so a message starts now
+                    // only when none waits.
+                    if self.handling < self.drain.config.concurrency {
+                        let late = late(&message, took);
+                        self.start_delivery(message, late, ctx);
+                    } else {
+                        self.waiting.push_back(Waiting {
+                            message,
+                            took,
+                            returned,
+                        });
+                    }
                 }
+                self.start_waiting(ctx);
                 for dead_letter in &abandoned {
                     telemetry::dead_lettered(dead_letter);
                     self.drain.observe("on_dead_letter", |observer| {
@@ -362,12 +378,29 @@ impl Claimer {
         self.error.get_or_insert(error);
     }
 
-    /// Start the delivery of `message`; or, when it came back `late` (how
-    /// long the claim took, and the lease left), give it back undelivered.
+    /// Start waiting messages while slots are free; at shutdown, give back
+    /// those left waiting.
+    fn start_waiting(&mut self, ctx: &mut Context<Self>) {
+        while self.handling < self.drain.config.concurrency {
+            let Some(waiting) = self.waiting.pop_front() else {
+                return;
+            };
+            let give_back = waiting.give_back(self.drain.heartbeat);
+            self.start_delivery(waiting.message, give_back, ctx);
+        }
+        if matches!(self.phase, Phase::WindingDown | Phase::Aborting) {
+            while let Some(waiting) = self.waiting.pop_front() {
+                self.start_delivery(waiting.message, Some(GiveBack::Shutdown), ctx);
+            }
+        }
+    }
+
+    /// Start the delivery of `message`; or, with `give_back`, give it back
+    /// undelivered.
     fn start_delivery(
         &mut self,
         message: outbox::ClaimedMessage,
-        late: Option<(Duration, Duration)>,
+        give_back: Option<GiveBack>,
         ctx: &mut Context<Self>,
     ) {
         let slot = self.next_slot;
@@ -385,8 +418,8 @@ impl Claimer {
             Arc::new(message),
         );
         let drain = self.drain.clone();
-        let actor = move || match late {
-            Some((took, left)) => DeliveryActor::too_late(drain, reporter, took, left),
+        let actor = move || match give_back {
+            Some(why) => DeliveryActor::give_back(drain, reporter, why),
             None => DeliveryActor::new(drain, reporter),
         };
         let address = if self.arbiters.is_empty() {
@@ -405,7 +438,7 @@ impl Claimer {
 
     fn finish_if_done(&mut self, ctx: &mut Context<Self>) {
         let done_claiming = self.phase != Phase::Claiming || self.budget == 0;
-        if !self.claiming && done_claiming && self.active.is_empty() {
+        if !self.claiming && done_claiming && self.active.is_empty() && self.waiting.is_empty() {
             // The budget can only reach zero through a claim that came back
             // with all it asked for (a claim's limit never exceeds what is
             // left), so a spent budget means the store still had rows when
@@ -428,6 +461,43 @@ impl Claimer {
             ctx.stop();
         }
     }
+}
+
+/// A prefetched message waiting for a free slot.
+struct Waiting {
+    /// The claimed message, its lease running.
+    message: outbox::ClaimedMessage,
+    /// How long its claim took.
+    took: Duration,
+    /// When its claim returned.
+    returned: tokio::time::Instant,
+}
+
+impl Waiting {
+    /// Whether to give the message back rather than start its handler now,
+    /// with a heartbeat renewing every `heartbeat`.
+    fn give_back(&self, heartbeat: Duration) -> Option<GiveBack> {
+        // Measured as `late` measures a fresh claim, with the wait added.
+        let granted = until(self.message.claimed_at, self.message.locked_until);
+        let waited = self.returned.elapsed();
+        let left = granted.saturating_sub(self.took + waited);
+        // The heartbeat's first renewal comes one interval after the
+        // handler starts, and may take as long as the claim did.
+        (left < self.took + heartbeat || left.is_zero()).then_some(GiveBack::Stale { waited, left })
+    }
+}
+
+/// Whether to give a fresh claim back rather than deliver it: the lease
+/// left when the claim returned, against how long it `took`. A store slow
+/// enough that the lease it gave is mostly spent would leave a handler too
+/// little time to finish and settle before the message goes to another
+/// worker. The lease is measured on the store's clock (it stamped both
+/// ends), the time taken on the runtime's, so a skewed clock between them
+/// cannot make every claim look late, or none.
+fn late(message: &outbox::ClaimedMessage, took: Duration) -> Option<GiveBack> {
+    let granted = until(message.claimed_at, message.locked_until);
+    let left = granted.saturating_sub(took);
+    (left < took || left.is_zero()).then_some(GiveBack::Late { took, left })
 }
 
 /// Release every claim of `batch`, each bounded by the lease.
@@ -463,6 +533,7 @@ impl Claimer {
         if handler_was_running {
             self.handling -= 1;
         }
+        self.start_waiting(ctx);
         // A claim per freed slot would cost a statement per message when
         // one settlement frees many slots at once; claim once for all of them.
         if !self.filling {
@@ -542,6 +613,7 @@ impl Handler<WindDown> for Claimer {
         if self.phase != Phase::Aborting {
             self.phase = Phase::WindingDown;
         }
+        self.start_waiting(ctx);
         ctx.run_later(wind_down.grace, |act, _| {
             act.phase = Phase::Aborting;
             for (delivery, _) in act.active.values() {

@@ -2,8 +2,9 @@
 //!
 //! One per claimed message, started by the claimer on a delivery arbiter.
 //! It decodes the payload, runs the handler (a panic in it is a delivery
-//! failure), starts a child [`HeartbeatActor`], and owns the `max_active`
-//! timer. Lease loss or `max_active` aborts the delivery: its future is
+//! failure), starts a child [`HeartbeatActor`] when the first renewal is due
+//! (a handler that returns before then needs none), and owns the
+//! `max_active` timer. Lease loss or `max_active` aborts the delivery: its future is
 //! dropped and nothing is settled. A finished delivery stops its heartbeat
 //! (which waits for a renewal in flight and hands over the last confirmed
 //! lease), settles under the claim token within that lease (the
@@ -11,7 +12,9 @@
 //! what happened), reports exactly one outcome, in one place, and stops. If
 //! the actor itself dies, its drop guard reports the message lost and frees
 //! the slot, so the pass still ends. A claim that came back too late to be
-//! worth delivering (see the claimer) is given back at once, undelivered.
+//! worth delivering, a prefetched message that waited for a slot until too
+//! little of its lease was left, or one still waiting at shutdown (see the
+//! claimer) is given back at once, undelivered.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -28,9 +31,11 @@ use tracing::Instrument;
 
 use crate::context::{DrainContext, after};
 use crate::error::{LeaseLostError, MaxActiveDurationError};
-use crate::heartbeat::{HeartbeatActor, StopAndHandOver, StopHeartbeat};
+use crate::heartbeat::{
+    HeartbeatActor, StopAndHandOver, StopHeartbeat, next_tick, unrenewed_hand_over,
+};
 use crate::messages::{
-    DeliveryEnded, DeliveryFinished, HandlerReturned, HeartbeatLoss, LeaseHandedOver,
+    DeliveryEnded, DeliveryFinished, HandOver, HandlerReturned, HeartbeatLoss, LeaseHandedOver,
 };
 use crate::notices::{
     HandlerResult, LeaseLost, LeaseOperation, LeaseState, Notice, Outcome, OutcomeNotice,
@@ -42,6 +47,19 @@ use crate::telemetry;
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub(crate) struct Abort;
+
+/// Why a claimed message is given back without its handler starting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GiveBack {
+    /// The claim took `took`, longer than the `left` of the lease it
+    /// returned with: a sign of a slow store.
+    Late { took: Duration, left: Duration },
+    /// Prefetched, it waited `waited` for a free slot; only `left` of its
+    /// lease remains, too little for its heartbeat's first renewal.
+    Stale { waited: Duration, left: Duration },
+    /// Prefetched, it was still waiting for a slot when the drain shut down.
+    Shutdown,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -177,16 +195,18 @@ pub(crate) struct DeliveryActor {
     delivery: Option<SpawnHandle>,
     /// The `max_active` timer, cancelled when the handler returns.
     max_active: Option<SpawnHandle>,
+    /// Starts the heartbeat when its first renewal is due; cancelled when
+    /// the handler returns before then (most do), so those deliveries start
+    /// no heartbeat actor at all.
+    heartbeat_due: Option<SpawnHandle>,
     /// The handler's result, kept while the heartbeat hands over the lease.
     result: Option<DeliveryResult>,
     /// The delivery's span: every event of this delivery is inside it.
     span: tracing::Span,
     /// When the handler started.
     started: tokio::time::Instant,
-    /// Set for a claim that took longer than the lease it left: how long
-    /// the claim took and how much lease was left. It is given back
-    /// undelivered.
-    late: Option<(Duration, Duration)>,
+    /// Set for a message given back undelivered, and why.
+    give_back: Option<GiveBack>,
 }
 
 impl DeliveryActor {
@@ -202,32 +222,30 @@ impl DeliveryActor {
             phase: Phase::Delivering,
             delivery: None,
             max_active: None,
+            heartbeat_due: None,
             result: None,
             started: tokio::time::Instant::now(),
-            late: None,
+            give_back: None,
         }
     }
 
-    /// Give the claim back at once instead of delivering: the claim took
-    /// `took`, longer than the `left` of its lease it returned with.
-    pub(crate) fn too_late(
-        drain: Arc<DrainContext>,
-        reporter: Reporter,
-        took: Duration,
-        left: Duration,
-    ) -> Self {
+    /// Give the claim back at once instead of delivering, for `why`.
+    pub(crate) fn give_back(drain: Arc<DrainContext>, reporter: Reporter, why: GiveBack) -> Self {
         DeliveryActor {
-            late: Some((took, left)),
+            give_back: Some(why),
             ..Self::new(drain, reporter)
         }
     }
 
-    /// Stop delivering: drop the handler's future and the `max_active` timer.
+    /// Stop delivering: drop the handler's future, the `max_active` timer
+    /// and a heartbeat not started yet.
     fn stop_delivering(&mut self, ctx: &mut Context<Self>) {
-        for handle in [self.delivery.take(), self.max_active.take()]
-            .into_iter()
-            .flatten()
-        {
+        let handles = [
+            self.delivery.take(),
+            self.max_active.take(),
+            self.heartbeat_due.take(),
+        ];
+        for handle in handles.into_iter().flatten() {
             ctx.cancel_future(handle);
         }
     }
@@ -255,6 +273,7 @@ impl DeliveryActor {
             return;
         }
         self.delivery = None;
+        let heartbeat_due = self.heartbeat_due.take();
         self.stop_delivering(ctx);
         self.phase = Phase::AwaitingLease;
         self.reporter.handler = HandlerResult::of(&result);
@@ -264,13 +283,63 @@ impl DeliveryActor {
         self.reporter.returned.do_send(HandlerReturned {
             slot: self.reporter.slot,
         });
-        match &self.reporter.heartbeat {
-            Some(heartbeat) => heartbeat.do_send(StopAndHandOver),
-            None => {
+        match (&self.reporter.heartbeat, heartbeat_due) {
+            (Some(heartbeat), _) => heartbeat.do_send(StopAndHandOver),
+            (None, Some(due)) => {
+                // No renewal was due yet: the claim's own lease is the one
+                // to settle under.
+                ctx.cancel_future(due);
+                let hand_over = unrenewed_hand_over(&self.drain, &self.message, self.active_until);
+                self.lease_handed_over(hand_over, ctx);
+            }
+            (None, None) => {
                 let failure = heartbeat_gone(&self.message);
                 self.lost(failure, ctx);
             }
         }
+    }
+
+    /// Start the heartbeat: its first renewal is due.
+    fn start_heartbeat(&mut self, ctx: &mut Context<Self>) {
+        self.heartbeat_due = None;
+        if self.phase != Phase::Delivering {
+            return;
+        }
+        let heartbeat = HeartbeatActor::new(
+            self.drain.clone(),
+            self.message.clone(),
+            ctx.address().recipient(),
+            ctx.address().recipient(),
+            self.active_until,
+        )
+        .start();
+        self.reporter.heartbeat = Some(heartbeat);
+    }
+
+    /// Settle under the lease `hand_over` confirms, or report it lost.
+    fn lease_handed_over(&mut self, hand_over: HandOver, ctx: &mut Context<Self>) {
+        if self.phase != Phase::AwaitingLease {
+            return;
+        }
+        self.phase = Phase::Settling;
+        // The heartbeat stops itself after answering.
+        self.reporter.heartbeat = None;
+        let result = self
+            .result
+            .take()
+            .expect("a result is kept while awaiting the lease");
+        let drain = self.drain.clone();
+        let message = self.message.clone();
+        let active_until = self.active_until;
+        let settle = async move {
+            settlement::settle_delivery(&drain, &message, active_until, hand_over, result).await
+        };
+        ctx.spawn(
+            settle
+                .instrument(self.span.clone())
+                .into_actor(self)
+                .map(|settlement, act, ctx| act.settled(settlement, ctx)),
+        );
     }
 
     /// Report what the settlement did, in the reference order: telemetry
@@ -288,10 +357,11 @@ impl DeliveryActor {
     fn released(&mut self, release: Release, ctx: &mut Context<Self>) {
         // A claim that came back too late means a slow store as much as a
         // failed write does.
-        let store_faulted = release.store_faulted() || self.late.is_some();
+        let late = matches!(self.give_back, Some(GiveBack::Late { .. }));
+        let store_faulted = release.store_faulted() || late;
         let outcome = self.span.in_scope(|| match release {
             Release::Released => {
-                telemetry::released(&self.message, self.late.is_some());
+                telemetry::released(&self.message, self.give_back);
                 Outcome::Released
             }
             Release::Failed(error) => {
@@ -325,23 +395,18 @@ impl Actor for DeliveryActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        if let Some((took, left)) = self.late {
+        if let Some(why) = self.give_back {
             self.span
-                .in_scope(|| telemetry::claim_too_late(&self.message, took, left));
+                .in_scope(|| telemetry::giving_back(&self.message, why));
             self.release(ctx);
             return;
         }
         let started_at = self.drain.now();
         self.active_until = after(started_at, self.drain.config.max_active);
-        let heartbeat = HeartbeatActor::new(
-            self.drain.clone(),
-            self.message.clone(),
-            ctx.address().recipient(),
-            ctx.address().recipient(),
-            self.active_until,
-        )
-        .start();
-        self.reporter.heartbeat = Some(heartbeat);
+        let first_renewal = next_tick(&self.drain, self.message.locked_until, self.active_until);
+        self.heartbeat_due = Some(ctx.run_later(first_renewal, |act, ctx| {
+            act.start_heartbeat(ctx);
+        }));
 
         self.started = self
             .span
@@ -386,28 +451,7 @@ impl Handler<LeaseHandedOver> for DeliveryActor {
     type Result = ();
 
     fn handle(&mut self, LeaseHandedOver(hand_over): LeaseHandedOver, ctx: &mut Context<Self>) {
-        if self.phase != Phase::AwaitingLease {
-            return;
-        }
-        self.phase = Phase::Settling;
-        // The heartbeat stops itself after answering.
-        self.reporter.heartbeat = None;
-        let result = self
-            .result
-            .take()
-            .expect("a result is kept while awaiting the lease");
-        let drain = self.drain.clone();
-        let message = self.message.clone();
-        let active_until = self.active_until;
-        let settle = async move {
-            settlement::settle_delivery(&drain, &message, active_until, hand_over, result).await
-        };
-        ctx.spawn(
-            settle
-                .instrument(self.span.clone())
-                .into_actor(self)
-                .map(|settlement, act, ctx| act.settled(settlement, ctx)),
-        );
+        self.lease_handed_over(hand_over, ctx);
     }
 }
 

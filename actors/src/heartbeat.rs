@@ -1,7 +1,10 @@
 //! `HeartbeatActor`: keeps one claim's lease alive while its delivery runs.
 //!
-//! A child of one delivery actor. Every `heartbeat` it renews the lease,
-//! each renewal bounded by `min(locked_until, active_until)`. A claim error
+//! A child of one delivery actor, started when the first renewal is due
+//! (most handlers return before then, and need none: the delivery then
+//! hands over the claim's own lease, [`unrenewed_hand_over`]). It renews at
+//! once, then every `heartbeat`, each renewal bounded by
+//! `min(locked_until, active_until)`. A claim error
 //! is confirmed loss; other errors are retried after
 //! `min(heartbeat, remaining / 3)` until the deadline; a renewal that does
 //! not answer before the deadline is loss (unconfirmed). Loss is told to the
@@ -147,12 +150,6 @@ impl HeartbeatActor {
         }
     }
 
-    /// The renewal deadline, and whether `max_active` is what bounds it.
-    fn deadline(&self) -> (DateTime<Utc>, bool) {
-        let active_first = self.active_until <= self.locked_until;
-        (self.locked_until.min(self.active_until), active_first)
-    }
-
     fn lost(&self, operation: LeaseOperation, confirmed_lost: bool, error: Error) -> LeaseLost {
         LeaseLost::new(
             &self.message,
@@ -180,36 +177,18 @@ impl HeartbeatActor {
         )
     }
 
-    /// The deadline of the next renewal and whether `max_active` sets it, or
-    /// the failure to report when it has passed already.
     fn time_left(&self, reason: &str) -> Result<(DateTime<Utc>, bool), Box<LeaseLost>> {
-        let (deadline, active_first) = self.deadline();
-        if self.drain.now() >= deadline {
-            // Over on this worker's clock: as good as confirmed, as the
-            // reference reports it (unless `max_active` ended it).
-            return Err(Box::new(self.deadline_failure(
-                active_first,
-                !active_first,
-                reason,
-                None,
-            )));
-        }
-        Ok((deadline, active_first))
+        time_left(
+            &self.drain,
+            &self.message,
+            self.locked_until,
+            self.active_until,
+            reason,
+        )
     }
 
-    /// When to renew next. Every `heartbeat`, unless less than that is left
-    /// of the lease (a claim that took long to answer): a tick after the
-    /// lease has ended would let the handler run past it while another
-    /// worker claims the message, so renew halfway to the end instead. When
-    /// `max_active` ends the delivery before the lease does, the delivery's
-    /// own timer stops it and an early renewal would gain nothing.
     fn next_tick(&self) -> Duration {
-        let remaining = until(self.drain.now(), self.locked_until);
-        if remaining >= self.drain.heartbeat || self.active_until <= self.locked_until {
-            self.drain.heartbeat
-        } else {
-            (remaining / 2).max(Duration::from_millis(1))
-        }
+        next_tick(&self.drain, self.locked_until, self.active_until)
     }
 
     fn schedule(&mut self, delay: Duration, ctx: &mut Context<Self>) {
@@ -323,11 +302,81 @@ impl HeartbeatActor {
     }
 }
 
+/// The renewal deadline (`locked_until` or `active_until`, whichever comes
+/// first) and whether `max_active` sets it, or the failure to report when it
+/// has passed already.
+fn time_left(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    locked_until: DateTime<Utc>,
+    active_until: DateTime<Utc>,
+    reason: &str,
+) -> Result<(DateTime<Utc>, bool), Box<LeaseLost>> {
+    let active_first = active_until <= locked_until;
+    let deadline = locked_until.min(active_until);
+    if drain.now() >= deadline {
+        // Over on this worker's clock: as good as confirmed, as the
+        // reference reports it (unless `max_active` ended it).
+        return Err(Box::new(deadline_failure(
+            drain,
+            message,
+            active_first,
+            !active_first,
+            reason,
+            None,
+        )));
+    }
+    Ok((deadline, active_first))
+}
+
+/// When to renew next. Every `heartbeat`, unless less than that is left of
+/// the lease (a claim that took long to answer): a tick after the lease has
+/// ended would let the handler run past it while another worker claims the
+/// message, so renew halfway to the end instead. When `max_active` ends the
+/// delivery before the lease does, the delivery's own timer stops it and an
+/// early renewal would gain nothing.
+pub(crate) fn next_tick(
+    drain: &DrainContext,
+    locked_until: DateTime<Utc>,
+    active_until: DateTime<Utc>,
+) -> Duration {
+    let remaining = until(drain.now(), locked_until);
+    if remaining >= drain.heartbeat || active_until <= locked_until {
+        drain.heartbeat
+    } else {
+        (remaining / 2).max(Duration::from_millis(1))
+    }
+}
+
+/// What a delivery whose handler returned before its first renewal was due
+/// hands over: the claim's own lease, if it is still running; as a
+/// heartbeat stopped before its first renewal would.
+pub(crate) fn unrenewed_hand_over(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    active_until: DateTime<Utc>,
+) -> HandOver {
+    match time_left(
+        drain,
+        message,
+        message.locked_until,
+        active_until,
+        "the lease ran out before the delivery finished",
+    ) {
+        Ok(_) => HandOver::Held {
+            locked_until: message.locked_until,
+            renewal_error: None,
+        },
+        Err(failure) => HandOver::Lost(*failure),
+    }
+}
+
 impl Actor for HeartbeatActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        self.schedule(self.next_tick(), ctx);
+        // Started when the first renewal is due.
+        self.renew(ctx);
     }
 }
 

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tracing::Span;
 
 use crate::context::{DrainContext, until};
+use crate::delivery::GiveBack;
 use crate::error::Error;
 use crate::metrics;
 use crate::notices::{
@@ -186,24 +187,32 @@ pub(crate) fn settlement_failed(failure: &SettlementFailed) {
 
 /// A claim was given back: at shutdown, or (`late`) because it came back
 /// too late to deliver. Call inside the delivery's span.
-pub(crate) fn released(message: &ClaimedMessage, late: bool) {
-    if late {
-        tracing::info!(target: "outbox", event = "outbox.released", id = %message.id,
-            name = %message.name, "outbox claim released undelivered: it came back too late");
-    } else {
-        tracing::info!(target: "outbox", event = "outbox.released", id = %message.id,
-            name = %message.name, "outbox claim released at shutdown");
-    }
+pub(crate) fn released(message: &ClaimedMessage, given_back: Option<GiveBack>) {
+    let why = match given_back {
+        Some(GiveBack::Late { .. }) => "it came back too late",
+        Some(GiveBack::Stale { .. }) => "it waited too long for a free slot",
+        Some(GiveBack::Shutdown) | None => "the drain is shutting down",
+    };
+    tracing::info!(target: "outbox", event = "outbox.released", id = %message.id,
+        name = %message.name, "outbox claim released undelivered: {why}");
     metrics::released(message);
 }
 
-/// A claim took `took`, longer than the `left` of the lease it returned
-/// with: a handler started on it would likely outlive the lease. Call
-/// inside the delivery's span.
-pub(crate) fn claim_too_late(message: &ClaimedMessage, took: Duration, left: Duration) {
-    tracing::warn!(target: "outbox", event = "outbox.claim_too_late", id = %message.id,
-        name = %message.name, took_ms = took.as_millis() as u64, lease_left_ms = left.as_millis() as u64,
-        "outbox claim took longer than the lease it left; giving it back undelivered");
+/// A claimed message is given back before its handler starts: see
+/// [`GiveBack`]. Call inside the delivery's span.
+pub(crate) fn giving_back(message: &ClaimedMessage, given_back: GiveBack) {
+    match given_back {
+        GiveBack::Late { took, left } => tracing::warn!(target: "outbox",
+            event = "outbox.claim_too_late", id = %message.id, name = %message.name,
+            took_ms = took.as_millis() as u64, lease_left_ms = left.as_millis() as u64,
+            "outbox claim took longer than the lease it left; giving it back undelivered"),
+        GiveBack::Stale { waited, left } => tracing::warn!(target: "outbox",
+            event = "outbox.prefetch_stale", id = %message.id, name = %message.name,
+            waited_ms = waited.as_millis() as u64, lease_left_ms = left.as_millis() as u64,
+            "outbox message waited for a free slot until too little of its lease was left; \
+             giving it back undelivered"),
+        GiveBack::Shutdown => {}
+    }
 }
 
 /// A claim could not be given back: the store failed with

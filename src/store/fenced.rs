@@ -13,13 +13,14 @@
 //! `settlement` setter): settlements are most of these writes, and the names
 //! also appear in configuration errors (`settlement.max_rows`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 
 use super::kit::{check, lease_end};
 use super::sql::SettlementMode;
@@ -193,6 +194,8 @@ struct Pending {
 pub(crate) struct FencedWriter<B> {
     backend: Arc<B>,
     mode: SettlementMode,
+    /// Most batched statements in flight at once.
+    statements: usize,
     queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
 }
 
@@ -200,15 +203,19 @@ impl<B> std::fmt::Debug for FencedWriter<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FencedWriter")
             .field("mode", &self.mode)
+            .field("statements", &self.statements)
             .finish()
     }
 }
 
 impl<B: FencedBackend> FencedWriter<B> {
-    pub(crate) fn new(backend: Arc<B>, mode: SettlementMode) -> Self {
+    /// A writer sending batches of `mode` through `backend`, at most
+    /// `statements` (at least 1) at a time.
+    pub(crate) fn new(backend: Arc<B>, mode: SettlementMode, statements: usize) -> Self {
         FencedWriter {
             backend,
             mode,
+            statements: statements.max(1),
             queue: Mutex::new(None),
         }
     }
@@ -265,33 +272,44 @@ impl<B: FencedBackend> FencedWriter<B> {
             return sender.clone();
         }
         let (sender, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(batch_loop(self.backend.clone(), receiver, window, max_rows));
+        tokio::spawn(batch_loop(
+            self.backend.clone(),
+            receiver,
+            window,
+            max_rows,
+            self.statements,
+        ));
         *queue = Some(sender.clone());
         sender
     }
 }
 
-/// Gather rows into batches and apply them, one statement at a time; ends
-/// when the store is dropped.
+/// Gather rows into batches and apply them, up to `statements` at a time;
+/// ends when the store is dropped.
 ///
 /// A batch closes at `max_rows`, or `window` after its first row arrived, or
-/// as soon as no statement runs and no other caller is ready to add a row
-/// (checked by letting the runtime run every task that is ready first). So a
-/// lone caller does not wait for a window that nobody else will use, while
-/// callers that arrive together, or while a statement runs, share the next
-/// one. Statements run one after another, so writes to one message apply in
-/// call order.
+/// as soon as a statement may start and no other caller is ready to add a
+/// row (checked by letting the runtime run every task that is ready first).
+/// So a lone caller does not wait for a window that nobody else will use,
+/// while callers that arrive together, or while every statement slot is
+/// taken, share the next one. Each statement is a commit: on a durable
+/// PostgreSQL it waits for the WAL flush, which concurrent commits share, so
+/// several statements in flight settle more rows per flush than one. No id is
+/// in two statements at once: a write to a message whose earlier write is
+/// still in flight waits for that statement, so writes to one message apply
+/// in call order.
 async fn batch_loop<B: FencedBackend>(
     backend: Arc<B>,
     mut queue: mpsc::UnboundedReceiver<Pending>,
     window: Duration,
     max_rows: usize,
+    statements: usize,
 ) {
     /// How many times the batch lets other tasks run without any of them
     /// adding a row before it decides nobody else is coming.
     const QUIET_YIELDS: u32 = 2;
     let mut carried: Option<Pending> = None;
-    let mut running: Option<tokio::task::JoinHandle<()>> = None;
+    let mut running = InFlight::default();
     loop {
         let first = match carried.take() {
             Some(pending) => pending,
@@ -300,6 +318,11 @@ async fn batch_loop<B: FencedBackend>(
                 None => break,
             },
         };
+        running.reap_finished();
+        // An earlier write to this message is in flight: it goes first.
+        while running.holds(&first.row.id) {
+            running.join_next().await;
+        }
         let deadline = first.arrived + window;
         let mut ids = HashSet::from([first.row.id.clone()]);
         let mut batch = vec![first];
@@ -308,45 +331,101 @@ async fn batch_loop<B: FencedBackend>(
             let next = match queue.try_recv() {
                 Ok(next) => Some(next),
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
-                Err(mpsc::error::TryRecvError::Empty) => match running.as_mut() {
-                    // A statement runs: gather until it ends (it must end
-                    // before this batch can start anyway).
-                    Some(statement) => tokio::select! {
+                Err(mpsc::error::TryRecvError::Empty) if running.len() >= statements => {
+                    // Every statement slot is taken: gather until one frees
+                    // (this batch cannot start before that anyway).
+                    tokio::select! {
                         next = queue.recv() => next,
-                        _ = statement => {
-                            running = None;
-                            None
-                        }
-                    },
-                    None if quiet < QUIET_YIELDS && tokio::time::Instant::now() < deadline => {
-                        quiet += 1;
-                        tokio::task::yield_now().await;
-                        continue;
+                        () = running.join_next() => None,
                     }
-                    None => break,
-                },
+                }
+                Err(mpsc::error::TryRecvError::Empty)
+                    if quiet < QUIET_YIELDS && tokio::time::Instant::now() < deadline =>
+                {
+                    quiet += 1;
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
             };
             let Some(next) = next else { continue };
             quiet = 0;
             // Two writes to one message must run in call order; the second
-            // waits for the next statement.
-            if !ids.insert(next.row.id.clone()) {
+            // waits for the next statement after the one holding the first.
+            if running.holds(&next.row.id) || !ids.insert(next.row.id.clone()) {
                 carried = Some(next);
                 break;
             }
             batch.push(next);
-            if tokio::time::Instant::now() >= deadline && running.is_none() {
+            if tokio::time::Instant::now() >= deadline && running.len() < statements {
                 break;
             }
         }
-        if let Some(previous) = running.take() {
-            let _ = previous.await;
+        while running.len() >= statements {
+            running.join_next().await;
         }
         let backend = backend.clone();
-        running = Some(tokio::spawn(async move { flush(&*backend, batch).await }));
+        running.spawn(ids, async move { flush(&*backend, batch).await });
     }
-    if let Some(previous) = running {
-        let _ = previous.await;
+    while running.len() > 0 {
+        running.join_next().await;
+    }
+}
+
+/// The statements in flight and the ids each one writes.
+#[derive(Default)]
+struct InFlight {
+    tasks: JoinSet<()>,
+    ids: HashMap<tokio::task::Id, HashSet<String>>,
+    /// Every id of a statement in flight.
+    busy: HashSet<String>,
+}
+
+impl InFlight {
+    fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Whether a statement in flight writes `id`.
+    fn holds(&self, id: &str) -> bool {
+        self.busy.contains(id)
+    }
+
+    fn spawn(
+        &mut self,
+        ids: HashSet<String>,
+        statement: impl Future<Output = ()> + Send + 'static,
+    ) {
+        self.busy.extend(ids.iter().cloned());
+        let task = self.tasks.spawn(statement);
+        self.ids.insert(task.id(), ids);
+    }
+
+    /// Wait for the next statement to end (at once when none runs) and free
+    /// its ids.
+    async fn join_next(&mut self) {
+        if let Some(done) = self.tasks.join_next_with_id().await {
+            self.free(done);
+        }
+    }
+
+    /// Free the ids of every statement that has ended.
+    fn reap_finished(&mut self) {
+        while let Some(done) = self.tasks.try_join_next_with_id() {
+            self.free(done);
+        }
+    }
+
+    fn free(&mut self, done: Result<(tokio::task::Id, ()), tokio::task::JoinError>) {
+        // A statement that panicked answered nobody (its callers see the
+        // batch lost); its ids are free again all the same.
+        let task = match done {
+            Ok((task, ())) => task,
+            Err(error) => error.id(),
+        };
+        for id in self.ids.remove(&task).into_iter().flatten() {
+            self.busy.remove(&id);
+        }
     }
 }
 
@@ -451,7 +530,7 @@ mod tests {
             window: Duration::from_millis(window_ms),
             max_rows,
         };
-        (recorder.clone(), FencedWriter::new(recorder, mode))
+        (recorder.clone(), FencedWriter::new(recorder, mode, 1))
     }
 
     fn outcome(result: &Result<()>) -> &'static str {
@@ -521,7 +600,7 @@ mod tests {
             window: Duration::from_millis(1),
             max_rows: 128,
         };
-        let writer = Arc::new(FencedWriter::new(recorder.clone(), mode));
+        let writer = Arc::new(FencedWriter::new(recorder.clone(), mode, 1));
         let start = tokio::time::Instant::now();
         let calls = ["a", "b", "c"].into_iter().enumerate().map(|(i, id)| {
             let writer = writer.clone();
@@ -550,6 +629,84 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn statements_overlap_but_never_on_one_message() {
+        let recorder = Arc::new(Recorder {
+            delay: Duration::from_millis(5),
+            ..Recorder::default()
+        });
+        let mode = SettlementMode::Batched {
+            window: Duration::from_millis(1),
+            max_rows: 128,
+        };
+        let writer = Arc::new(FencedWriter::new(recorder.clone(), mode, 3));
+        let start = tokio::time::Instant::now();
+        // `a`, `b`, `c` together; `d` while their statement runs; a second
+        // write to `a` a moment later.
+        let calls = [(0, "a"), (0, "b"), (0, "c"), (1, "d"), (2, "a")].map(|(at, id)| {
+            let writer = writer.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(at)).await;
+                writer.run(row(id, "t")).await.unwrap();
+                tokio::time::Instant::now()
+            })
+        });
+        let finished: Vec<_> = join_all(calls)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        // `d` does not wait for the statement in flight; the second write
+        // to `a` does, and goes after it, in call order.
+        assert_eq!(
+            *recorder.batches.lock().unwrap(),
+            [vec!["a", "b", "c"], vec!["d"], vec!["a"]]
+        );
+        let ms = |at: tokio::time::Instant| (at - start).as_millis();
+        assert_eq!(
+            finished.into_iter().map(ms).collect::<Vec<_>>(),
+            [5, 5, 5, 6, 10]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_wait_for_a_free_statement_slot_and_share_it() {
+        let recorder = Arc::new(Recorder {
+            delay: Duration::from_millis(5),
+            ..Recorder::default()
+        });
+        let mode = SettlementMode::Batched {
+            window: Duration::from_millis(1),
+            max_rows: 128,
+        };
+        let writer = Arc::new(FencedWriter::new(recorder.clone(), mode, 2));
+        let start = tokio::time::Instant::now();
+        let calls = [(0, "a"), (1, "b"), (2, "c"), (3, "d")].map(|(at, id)| {
+            let writer = writer.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(at)).await;
+                writer.run(row(id, "t")).await.unwrap();
+                tokio::time::Instant::now()
+            })
+        });
+        let finished: Vec<_> = join_all(calls)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        // Two statements run at once; `c` and `d` arrive while both slots
+        // are taken and share the next statement, once `a`'s ends.
+        assert_eq!(
+            *recorder.batches.lock().unwrap(),
+            [vec!["a"], vec!["b"], vec!["c", "d"]]
+        );
+        let ms = |at: tokio::time::Instant| (at - start).as_millis();
+        assert_eq!(
+            finished.into_iter().map(ms).collect::<Vec<_>>(),
+            [5, 6, 10, 10]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_failed_statement_fails_every_row_as_its_own_operation() {
         let (_, writer) = batched(1, 128);
         let rows = [row("a", "t"), row("broken", "t")];
@@ -563,7 +720,7 @@ mod tests {
     #[tokio::test]
     async fn per_message_mode_sends_each_call_alone() {
         let recorder = Arc::new(Recorder::default());
-        let writer = FencedWriter::new(recorder.clone(), SettlementMode::PerMessage);
+        let writer = FencedWriter::new(recorder.clone(), SettlementMode::PerMessage, 1);
         let rows = [row("a", "t"), row("b", "lost")];
         let results = join_all(rows.map(|r| writer.run(r))).await;
         assert_eq!(
@@ -576,7 +733,7 @@ mod tests {
     #[test]
     fn a_batch_outlives_the_runtime_that_started_it() {
         let recorder = Arc::new(Recorder::default());
-        let writer = FencedWriter::new(recorder.clone(), SettlementMode::DEFAULT_BATCHED);
+        let writer = FencedWriter::new(recorder.clone(), SettlementMode::DEFAULT_BATCHED, 1);
         for _ in 0..2 {
             // Each runtime shuts down after its call, taking the batch task
             // with it; the next call starts a new one.

@@ -867,11 +867,12 @@ where
     for<'a> &'a str: ColumnIndex<<B::Db as Database>::Row>,
     usize: ColumnIndex<<B::Db as Database>::Row>,
 {
-    /// The shared half over `core`, sending fenced writes as `mode` says.
-    pub(crate) fn new(core: B, mode: SettlementMode) -> Self {
+    /// The shared half over `core`, sending fenced writes as `mode` says,
+    /// at most `statements` batches at a time.
+    pub(crate) fn new(core: B, mode: SettlementMode, statements: usize) -> Self {
         let core = Arc::new(core);
         SqlOutbox {
-            writer: Arc::new(FencedWriter::new(core.clone(), mode)),
+            writer: Arc::new(FencedWriter::new(core.clone(), mode, statements)),
             core,
         }
     }

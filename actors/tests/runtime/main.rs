@@ -7,7 +7,7 @@
 //!
 //! # Layout
 //!
-//! - `passes`, `lease`, `settlement`, `outages`, `shutdown`, `registry`, `faults`: one
+//! - `passes`, `prefetch`, `lease`, `settlement`, `outages`, `shutdown`, `registry`, `faults`: one
 //!   test per behaviour, against the scriptable fault store of `support`,
 //!   through the [`Harness`] below.
 //! - `telemetry`, and `telemetry_otel` with the `opentelemetry` feature:
@@ -27,6 +27,7 @@ mod lease;
 mod ordering;
 mod outages;
 mod passes;
+mod prefetch;
 mod registry;
 mod retention;
 mod settlement;

@@ -245,6 +245,9 @@ fn draw_config(rng: &mut Rng, seed: u64) -> DrainConfig {
         .then(|| lease.mul_f64(0.2 + 0.6 * rng.unit()));
     DrainConfig {
         concurrency,
+        // From the seed rather than the generator, so every other draw of a
+        // seed stays what it was before prefetch existed.
+        prefetch: (seed % 4) as usize,
         batch_size: concurrency + rng.below(8) as usize,
         lease,
         heartbeat,

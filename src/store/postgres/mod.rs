@@ -159,6 +159,8 @@ pub struct PostgresOutboxBuilder {
     pool: PgPool,
     table: TableName,
     settlement: SettlementMode,
+    /// Most batched settlement statements in flight; `None`: half the pool.
+    settlement_statements: Option<usize>,
     notify: bool,
     caller_clock: bool,
 }
@@ -195,12 +197,42 @@ impl PostgresOutboxBuilder {
         self
     }
 
+    /// How many batched renewal and settlement statements may be in flight
+    /// at once (default: half the pool's `max_connections`, at least 1).
+    ///
+    /// Each statement is a commit, and on a durable server a commit waits for
+    /// its WAL flush; commits in flight together share one flush, so with
+    /// several statements in flight a drain settles more messages per flush
+    /// instead of queueing every batch behind the one before. Writes to one
+    /// message still apply in call order: a message is never in two
+    /// statements at once. The rest of the pool is left for claims,
+    /// enqueues and admin calls. Refused with [`Error::InvalidInput`] when
+    /// zero or larger than the pool.
+    pub fn settlement_statements(mut self, statements: usize) -> Result<Self> {
+        let pool_size = self.pool.options().get_max_connections() as usize;
+        if statements == 0 || statements > pool_size {
+            return Err(Error::invalid(
+                "settlement_statements",
+                format!(
+                    "must be between 1 and the pool's max_connections ({pool_size}); \
+                     {statements} given"
+                ),
+            ));
+        }
+        self.settlement_statements = Some(statements);
+        Ok(self)
+    }
+
     /// The store. Call [`PostgresOutbox::setup`] once before using a new table.
     pub fn build(self) -> PostgresOutbox {
+        let statements = self
+            .settlement_statements
+            .unwrap_or_else(|| (self.pool.options().get_max_connections() as usize / 2).max(1));
         PostgresOutbox {
             inner: SqlOutbox::new(
                 Core::new(self.pool, self.table, self.notify, !self.caller_clock),
                 self.settlement,
+                statements,
             ),
             listener: Arc::new(ListenerShared::new()),
         }
@@ -219,6 +251,7 @@ impl PostgresOutbox {
             pool,
             table: TableName::default(),
             settlement: SettlementMode::default(),
+            settlement_statements: None,
             notify: true,
             caller_clock: false,
         }

@@ -165,7 +165,9 @@ impl SqliteOutboxBuilder {
     /// The store. Call [`SqliteOutbox::setup`] once before using a new table.
     pub fn build(self) -> SqliteOutbox {
         SqliteOutbox {
-            inner: SqlOutbox::new(Core::new(self.pool, self.table), self.settlement),
+            // SQLite takes one writer at a time: a second statement in
+            // flight would only wait for the database lock.
+            inner: SqlOutbox::new(Core::new(self.pool, self.table), self.settlement, 1),
         }
     }
 }

@@ -1,0 +1,139 @@
+//! Prefetch: messages claimed ahead of free slots wait in claim order,
+//! start as slots free, and are given back undelivered when their lease ran
+//! low while waiting or when the drain shuts down.
+
+use std::time::Duration;
+
+use outbox::{DrainConfig, MessageStatus};
+use outbox_actors::{Drain, Shutdown};
+
+use crate::support::{self, Fault, FaultStore, Op, run};
+use crate::{Harness, config, ping, report};
+
+#[test]
+fn prefetched_messages_start_as_slots_free_without_waiting_for_a_claim() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.always(Op::Claim, Fault::Delay(Duration::from_millis(50)));
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                batch_size: 10,
+                concurrency: 2,
+                prefetch: 2,
+                ..config()
+            },
+            |builder| builder,
+        );
+        for n in 0..6 {
+            h.enqueue(ping(n, 100)).await;
+        }
+        let r = h.drain().await;
+        assert_eq!(
+            r,
+            report(|r| {
+                r.claimed = 6;
+                r.delivered = 6;
+            })
+        );
+        // Without prefetch each pair would wait for a 50 ms claim after the
+        // pair before it: 50, 50, 200, 200, 350, 350.
+        assert_eq!(h.probe.start_offsets(), [50, 50, 150, 150, 250, 250]);
+        assert_eq!(
+            h.probe
+                .max_in_flight
+                .load(std::sync::atomic::Ordering::SeqCst),
+            2
+        );
+    });
+}
+
+#[test]
+fn prefetched_messages_are_given_back_at_shutdown() {
+    run(|| async {
+        let h = Harness::start(DrainConfig {
+            concurrency: 1,
+            prefetch: 2,
+            ..config()
+        });
+        let mut ids = Vec::new();
+        for n in 0..3 {
+            ids.push(h.enqueue(ping(n, 2_000)).await);
+        }
+        let drain = h.coordinator.send(Drain);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let shutdown = h
+            .coordinator
+            .send(Shutdown {
+                grace: Duration::from_secs(5),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            shutdown,
+            report(|r| {
+                r.claimed = 3;
+                r.delivered = 1;
+                r.released = 2;
+            })
+        );
+        assert_eq!(drain.await.unwrap().unwrap(), shutdown);
+        assert_eq!(h.probe.start_offsets(), [0], "only the running one started");
+        assert_eq!(h.status(&ids[0]).await, MessageStatus::Delivered);
+        for id in &ids[1..] {
+            let message = h.message(id).await;
+            assert_eq!(
+                (message.status, message.attempts),
+                (MessageStatus::Pending, 0),
+                "given back with the attempt not counted"
+            );
+            assert!(message.claim_token.is_none());
+        }
+    });
+}
+
+#[test]
+fn a_prefetched_message_whose_lease_ran_low_is_given_back_unstarted() {
+    run(|| async {
+        let h = Harness::start(DrainConfig {
+            batch_size: 2,
+            concurrency: 1,
+            prefetch: 1,
+            lease: Duration::from_secs(3),
+            ..config()
+        });
+        let first = h.enqueue(ping(0, 2_500)).await;
+        let second = h.enqueue(ping(1, 10)).await;
+        let r = h.drain().await;
+        // It waited 2.5 s of its 3 s lease: less than the heartbeat's first
+        // interval (1 s) was left.
+        assert_eq!(
+            r,
+            report(|r| {
+                r.claimed = 2;
+                r.delivered = 1;
+                r.released = 1;
+            })
+        );
+        // It was given back (the attempt not counted), and the pass that
+        // follows a spent budget claimed it again and delivered it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(h.probe.start_offsets(), [0, 2_500]);
+        let calls = |op| {
+            h.store
+                .log()
+                .iter()
+                .filter(|c| c.op == op && c.id == second)
+                .map(|c| (c.now - support::epoch()).num_milliseconds())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(calls(Op::Claim), [0, 2_500]);
+        assert_eq!(calls(Op::Release), [2_500]);
+        assert_eq!(h.status(&first).await, MessageStatus::Delivered);
+        let message = h.message(&second).await;
+        assert_eq!(
+            (message.status, message.attempts),
+            (MessageStatus::Delivered, 1)
+        );
+    });
+}
