@@ -733,6 +733,7 @@ async fn concurrent_settlement_statements_keep_each_messages_writes_in_order() {
                 id: id.clone(),
                 claim_token: claim_token.clone(),
                 now,
+                delete: false,
             });
             let release = outbox.release_claim(outbox::ReleaseClaim {
                 id,
