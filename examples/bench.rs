@@ -795,7 +795,8 @@ mod postgres {
         let table = store.table().to_string();
         let mut conn = PgConnection::connect(&url()).await.expect("connect");
         sqlx::raw_sql(AssertSqlSafe(format!(
-            "DROP TABLE IF EXISTS \"{table}\"; DROP TABLE IF EXISTS \"{table}_migrations\""
+            "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
+             DROP FUNCTION IF EXISTS \"{table}_wake\"(text)"
         )))
         .execute(&mut conn)
         .await

@@ -717,7 +717,8 @@ mod pg {
 
     async fn drop_table(pool: &sqlx::PgPool, table: &str) {
         pool.execute(AssertSqlSafe(format!(
-            "DROP TABLE IF EXISTS \"{table}\"; DROP TABLE IF EXISTS \"{table}_migrations\""
+            "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
+             DROP FUNCTION IF EXISTS \"{table}_wake\"(text)"
         )))
         .await
         .expect("drop the bench table");

@@ -295,7 +295,8 @@ mod postgres {
     async fn drop_table(store: &PostgresOutbox) {
         let table = store.table().to_string();
         let drop = format!(
-            "DROP TABLE IF EXISTS \"{table}\"; DROP TABLE IF EXISTS \"{table}_migrations\""
+            "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
+             DROP FUNCTION IF EXISTS \"{table}_wake\"(text)"
         );
         sqlx::raw_sql(AssertSqlSafe(drop))
             .execute(store.pool())

@@ -361,8 +361,9 @@ async fn postgres_lists_and_shows_unreadable_rows_on_a_server() {
         Err(Error::Unreadable(row)) => assert!(row.reason.contains("attempts is -1"), "{row:?}"),
         other => panic!("{other:?}"),
     }
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE \"{table}\", \"{table}_migrations\""
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
+         DROP FUNCTION \"{table}_wake\"(text)"
     )))
     .execute(&pool)
     .await

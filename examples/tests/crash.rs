@@ -100,7 +100,8 @@ async fn postgres_survives_twenty_kills() {
     )
     .await;
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS \"{table}\"; DROP TABLE IF EXISTS \"{table}_migrations\""
+        "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
+             DROP FUNCTION IF EXISTS \"{table}_wake\"(text)"
     )))
     .execute(&pool)
     .await
