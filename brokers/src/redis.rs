@@ -78,8 +78,8 @@ const BROKER: &str = "redis";
 /// The server-side script each publish runs, for tools that want to append
 /// exactly as the transport does (the relay benchmark's raw loop does).
 ///
-/// KEYS[1] the dedup key, KEYS[2] the stream; ARGV[1] the window in ms,
-/// ARGV[2] the approximate MAXLEN (`0`: none), then field/value pairs. It
+/// `KEYS[1]` the dedup key, `KEYS[2]` the stream; `ARGV[1]` the window in
+/// ms, `ARGV[2]` the approximate MAXLEN (`0`: none), then field/value pairs. It
 /// answers `duplicate` when the dedup key was already set, else the new
 /// entry's id.
 pub const PUBLISH_SCRIPT: &str = r#"
