@@ -168,7 +168,8 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
             "events_migrations_pkey",
             "events_ordering",
             "events_ordering_claimed",
-            "events_pending",
+            "events_pending_keyed",
+            "events_pending_keyless",
             "events_pkey",
             "events_settled"
         ]

@@ -359,8 +359,8 @@ impl PostgresOutbox {
         self.inner.core.sql.claim(limit, true, ClaimPass::Keyless)
     }
 
-    /// The keyed pass of the claim of up to `limit` messages; `$3` is the
-    /// locked key hashes.
+    /// The keyed pass of the claim of up to `limit` messages; `$4` is the
+    /// keys whose locks the transaction holds.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
     pub fn keyed_claim_statement(&self, limit: usize) -> String {
@@ -521,12 +521,14 @@ impl Core {
         .fetch_all(&self.parts.pool)
         .await
         .map_err(db("claim_batch"))?;
+        // The keys the first pass left to the second, by hash.
         let mut keys = Vec::new();
         for row in &rows {
             let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
             if outcome == "keyed" {
                 let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
-                keys.push(hash);
+                let key: String = row.try_get("ordering_key").map_err(db("claim_batch"))?;
+                keys.push((hash, key));
             }
         }
         let mut claimed = Vec::with_capacity(rows.len());
@@ -537,15 +539,17 @@ impl Core {
             // Sorted: every claimer takes its key locks in one order.
             keys.sort_unstable();
             keys.dedup();
-            let limit = keys.len();
+            let (mut hashes, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
+            // Two keys may share a hash; one lock serves both.
+            hashes.dedup();
             let mut tx = self.parts.pool.begin().await.map_err(db("claim_batch"))?;
             sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
-                .bind(&keys)
+                .bind(&hashes)
                 .execute(&mut *tx)
                 .await
                 .map_err(db("claim_batch"))?;
             let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
-                limit,
+                keys.len(),
                 block,
                 ClaimPass::Keyed,
             )))

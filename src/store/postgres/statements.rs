@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use crate::store::sql::{SharedStatements, TableName, head_test};
+use crate::store::sql::{
+    SharedStatements, TableName, head_test, keyed_heads, keyed_walk, oldest_due, pending_count,
+};
 
 /// The time a statement judges leases by: the caller's (`$1`, bound when
 /// the store runs on the caller's clock) or, when `$1` is NULL, the
@@ -62,8 +64,12 @@ pub(super) struct Statements {
     /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$13`
     /// the channel.
     pub(super) insert: Arc<str>,
-    /// Claim, with `{limit}` to write out; see [`Statements::claim`].
-    claim: Arc<str>,
+    /// The first pass of a claim, with `{limit}`, `{walk}` and `{block}` to
+    /// write out; see [`Statements::claim`].
+    claim_keyless: Arc<str>,
+    /// The second pass of a claim, with `{block}` to write out; see
+    /// [`Statements::claim`].
+    claim_keyed: Arc<str>,
     /// Take the advisory lock of each key hash, in the order given (sorted,
     /// so two claimers never wait on each other in a cycle). Binds: `$1` the
     /// hashes.
@@ -106,8 +112,29 @@ impl Statements {
         let t = table.quoted();
         let all = columns("");
         let m_all = columns("m.");
-        // `{block}` and `{keys}` are written out per claim, like `{limit}`.
-        let head = format!("{} {{keys}}", head_test(&t, "{block}"));
+        // `{block}` is written out per claim, like `{limit}`.
+        let head = head_test(&t, "{block}", true);
+        // After the rows a pass picked: claim them, except those out of
+        // attempts (returned untouched as `abandoned`) and the keyed rows
+        // the first pass leaves to the second (returned untouched as
+        // `keyed`, with the hash of their key).
+        let settle_picked = format!(
+            "claimed AS ( \
+               UPDATE {t} AS m SET status = 'claimed', attempts = m.attempts + 1, \
+                 claim_token = gen_random_uuid()::text, claimed_at = {NOW}, \
+                 locked_until = {NOW} + $2::bigint * interval '1 microsecond', \
+                 updated_at = {NOW} \
+               FROM picked WHERE m.id = picked.id AND NOT picked.abandoned \
+                 AND NOT picked.deferred \
+               RETURNING {m_all}) \
+             SELECT 'claimed' AS outcome, NULL::bigint AS key_hash, * FROM claimed \
+             UNION ALL \
+             SELECT CASE WHEN picked.deferred THEN 'keyed' ELSE 'abandoned' END, \
+               hashtextextended(m.ordering_key, 0), {m_all} \
+             FROM {t} AS m JOIN picked ON m.id = picked.id \
+             WHERE picked.abandoned OR picked.deferred"
+        );
+        let keyed = keyed_heads(&t, &head, NOW, "{limit}", "{walk}", "id");
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
              available_at, created_at, updated_at, ordering_key, idempotency_key, \
@@ -177,47 +204,56 @@ impl Statements {
                  ON CONFLICT (id) DO UPDATE SET idle = true RETURNING 1"
             )
             .into(),
-            // Each arm is read from its own partial index in claim order,
-            // skipping rows another claimer holds; the union is cut to the
-            // limit again. Rows out of attempts are returned untouched.
-            // `{limit}` is written out per claim; see `Statements::claim`.
+            // Keyless rows are read from their own partial index in claim
+            // order, claimed rows with an expired lease from theirs, both
+            // skipping rows another claimer holds; keyed heads come from
+            // `keyed_heads`. The union is cut to the limit again.
             //
             // Keyed rows need more than row locks: the head test reads the
             // statement's snapshot, which a concurrent claim of the same key
-            // may have changed since. So the first pass claims
-            // keyless rows only and returns the keyed heads it saw as
-            // `keyed`; the second pass runs in a transaction holding an
-            // advisory lock per key hash (`$4`), taken before the statement
-            // began, so its snapshot holds every claim of those keys.
-            claim: format!(
-                "WITH pending AS ( \
+            // may have changed since. So the first pass claims keyless rows
+            // only and returns the keyed heads it saw as `keyed`; the second
+            // pass runs in a transaction holding an advisory lock per key
+            // hash, taken before the statement began, so its snapshot holds
+            // every claim of those keys.
+            claim_keyless: format!(
+                "WITH RECURSIVE keyless AS ( \
                    SELECT id, available_at, created_at, seq, ordering_key, \
                      attempts >= {CAP} AS abandoned \
-                   FROM {t} AS m WHERE status = 'pending' AND available_at <= {NOW} AND {head} \
+                   FROM {t} AS m \
+                   WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= {NOW} \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
                  expired AS ( \
                    SELECT id, available_at, created_at, seq, ordering_key, \
                      attempts >= {CAP} AS abandoned \
                    FROM {t} AS m WHERE status = 'claimed' AND locked_until <= {NOW} AND {head} \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
+                 {keyed}, \
                  picked AS ( \
-                   SELECT *, {{deferred}} AS deferred \
-                   FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) AS u \
+                   SELECT *, ordering_key IS NOT NULL AS deferred \
+                   FROM (SELECT * FROM keyless UNION ALL SELECT * FROM expired \
+                     UNION ALL SELECT *, false FROM keyed) AS u \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
-                 claimed AS ( \
-                   UPDATE {t} AS m SET status = 'claimed', attempts = m.attempts + 1, \
-                     claim_token = gen_random_uuid()::text, claimed_at = {NOW}, \
-                     locked_until = {NOW} + $2::bigint * interval '1 microsecond', \
-                     updated_at = {NOW} \
-                   FROM picked WHERE m.id = picked.id AND NOT picked.abandoned \
-                     AND NOT picked.deferred \
-                   RETURNING {m_all}) \
-                 SELECT 'claimed' AS outcome, NULL::bigint AS key_hash, * FROM claimed \
-                 UNION ALL \
-                 SELECT CASE WHEN picked.deferred THEN 'keyed' ELSE 'abandoned' END, \
-                   hashtextextended(m.ordering_key, 0), {m_all} \
-                 FROM {t} AS m JOIN picked ON m.id = picked.id \
-                 WHERE picked.abandoned OR picked.deferred"
+                 {settle_picked}"
+            )
+            .into(),
+            // Each key's candidate is its first pending or claimed row,
+            // looked up in the key's index: no walk however long its queue.
+            claim_keyed: format!(
+                "WITH picked AS ( \
+                   SELECT id, available_at, created_at, seq, ordering_key, \
+                     attempts >= {CAP} AS abandoned, false AS deferred \
+                   FROM {t} AS m \
+                   WHERE m.id IN (SELECT (SELECT e.id FROM {t} AS e \
+                       WHERE e.ordering_key = k.k AND e.ordering_key IS NOT NULL \
+                         AND e.status <> 'delivered' AND e.status IN ('pending', 'claimed') \
+                       ORDER BY e.seq LIMIT 1) \
+                     FROM unnest($4::text[]) AS k (k)) \
+                   AND ((m.status = 'pending' AND m.available_at <= {NOW}) \
+                     OR (m.status = 'claimed' AND m.locked_until <= {NOW})) \
+                   AND {head} \
+                   FOR UPDATE SKIP LOCKED), \
+                 {settle_picked}"
             )
             .into(),
             lock_keys: "SELECT count(pg_advisory_xact_lock(h)) FROM unnest($1::bigint[]) AS h"
@@ -257,17 +293,18 @@ impl Statements {
             .into(),
             notify: "SELECT pg_notify($1, '')".into(),
         };
+        let pending = pending_count(&t);
+        let oldest_due = oldest_due(&t, NOW);
         let shared = SharedStatements {
             get: format!("SELECT {all} FROM {t} WHERE id = $1").into(),
             stats: format!(
                 "SELECT \
-                   (SELECT count(*) FROM {t} WHERE status = 'pending'), \
+                   {pending}, \
                    (SELECT count(*) FROM {t} WHERE status = 'claimed'), \
                    (SELECT count(*) FROM {t} WHERE status = 'delivered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'dead_lettered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'claimed' AND locked_until > {NOW}), \
-                   (SELECT min(available_at) FROM {t} \
-                     WHERE status = 'pending' AND available_at <= {NOW}), \
+                   {oldest_due}, \
                    (SELECT count(DISTINCT ordering_key) FROM {t} WHERE ordering_key IS NOT NULL \
                      AND status = 'dead_lettered' AND skipped_at IS NULL)"
             )
@@ -327,9 +364,9 @@ impl Statements {
 }
 
 impl Statements {
-    /// The claim statement for up to `limit` messages, for one pass, with
-    /// the dead-letter policy `block`. A number, two boolean literals and
-    /// one of two fixed fragments are all that is written into it.
+    /// The statement of one pass of a claim of up to `limit` messages, with
+    /// the dead-letter policy `block`. A number and two boolean literals are
+    /// all that is written into it.
     ///
     /// The limit is written into the statement rather than bound: PostgreSQL
     /// cannot see a bound `LIMIT` when it plans a statement for reuse and
@@ -337,25 +374,21 @@ impl Statements {
     /// the limit written out, each size of claim is a prepared statement of
     /// its own whose plan is reused. Binds: `$1` now (NULL for the
     /// database's), `$2` the lease in µs, `$3` the attempt cap of rows
-    /// without their own, and in the keyed pass `$4` the locked key hashes.
-    /// Each row
+    /// without their own, and in the keyed pass `$4` the keys whose locks
+    /// the transaction holds (the limit is then one row per key). Each row
     /// comes back with its `outcome`: `claimed`; `abandoned` (out of
     /// attempts, untouched); or `keyed` (a keyed head the first pass left
     /// for the second, untouched, with its `key_hash`).
     pub(super) fn claim(&self, limit: usize, block: bool, pass: ClaimPass) -> String {
-        let (keys, deferred) = match pass {
-            ClaimPass::Keyless => ("", "ordering_key IS NOT NULL"),
-            ClaimPass::Keyed => (
-                "AND m.ordering_key IS NOT NULL \
-                 AND hashtextextended(m.ordering_key, 0) = ANY($4::bigint[])",
-                "false",
-            ),
-        };
-        self.claim
-            .replace("{limit}", &limit.to_string())
-            .replace("{block}", if block { "true" } else { "false" })
-            .replace("{keys}", keys)
-            .replace("{deferred}", deferred)
+        let block = if block { "true" } else { "false" };
+        match pass {
+            ClaimPass::Keyless => self
+                .claim_keyless
+                .replace("{limit}", &limit.to_string())
+                .replace("{walk}", &keyed_walk(limit).to_string())
+                .replace("{block}", block),
+            ClaimPass::Keyed => self.claim_keyed.replace("{block}", block),
+        }
     }
 }
 
