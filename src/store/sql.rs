@@ -638,12 +638,11 @@ pub(crate) fn head_test(t: &str, block: &str, key_order: bool) -> String {
 /// A key has at most one such row, its first pending or claimed message by
 /// `seq`, however many are queued behind it, so walking the keyed rows in
 /// claim order finds few heads among many rows when there are few keys.
-/// The walk stops after `walk` rows; when it found fewer than `limit` heads
-/// and more rows remain, each key's first live row is looked up instead
-/// (a skip scan of the `(ordering_key, seq)` index: one probe per key with
-/// unsettled rows, then one for its first live row). Either way a claim
-/// costs about the rows it takes, the keys, or both, never the backlog.
-/// `row` is the column a key's first row is joined back on (indexed).
+/// The walk ([`keyed_walk_cte`]) stops after `walk` rows; when it found
+/// fewer than `limit` heads and more rows remain, each key's first live row
+/// is looked up instead ([`key_fronts_cte`]). Either way a claim costs
+/// about the rows it takes, the keys, or both, never the backlog. `row` is
+/// the column a key's first row is joined back on (indexed).
 pub(crate) fn keyed_heads(
     t: &str,
     head: &str,
@@ -652,17 +651,51 @@ pub(crate) fn keyed_heads(
     walk: &str,
     row: &str,
 ) -> String {
+    let walked = keyed_walk_cte(t, head, now, walk);
+    let fronts = key_fronts_cte(
+        t,
+        row,
+        &format!(
+            "(SELECT count(*) FROM walk) >= {walk} \
+             AND (SELECT count(*) FROM walk WHERE head) < {limit}"
+        ),
+    );
+    format!(
+        "{walked}, {fronts}, \
+         keyed AS ( \
+           SELECT id, available_at, created_at, seq, ordering_key FROM walk WHERE head \
+           UNION \
+           SELECT m.id, m.available_at, m.created_at, m.seq, m.ordering_key \
+           FROM key_fronts JOIN {t} AS m ON m.{row} = key_fronts.r \
+           WHERE m.status = 'pending' AND m.available_at <= {now} AND {head} \
+           ORDER BY available_at, created_at, seq LIMIT {limit})"
+    )
+}
+
+/// The common table expression `walk`: the first `walk` pending keyed rows
+/// due at `now`, in claim order, each with whether it passes the `head`
+/// test, locking nothing.
+pub(crate) fn keyed_walk_cte(t: &str, head: &str, now: &str, walk: &str) -> String {
     format!(
         "walk AS MATERIALIZED ( \
            SELECT id, available_at, created_at, seq, ordering_key, {head} AS head \
            FROM {t} AS m \
            WHERE status = 'pending' AND ordering_key IS NOT NULL AND available_at <= {now} \
-           ORDER BY available_at, created_at, seq LIMIT {walk}), \
-         key_scan (k) AS ( \
+           ORDER BY available_at, created_at, seq LIMIT {walk})"
+    )
+}
+
+/// Two common table expressions (the statement needs `WITH RECURSIVE`):
+/// `key_scan`, every key with unsettled rows, and `key_fronts`, each key's
+/// first pending or claimed row by `seq` (its `row` column), both empty
+/// unless `gate` holds. A skip scan of the `(ordering_key, seq)` index: one
+/// probe per key, then one for its first live row, however many rows are
+/// queued behind it.
+pub(crate) fn key_fronts_cte(t: &str, row: &str, gate: &str) -> String {
+    format!(
+        "key_scan (k) AS ( \
            SELECT * FROM (SELECT ordering_key FROM {t} \
-             WHERE ordering_key IS NOT NULL AND status <> 'delivered' \
-               AND (SELECT count(*) FROM walk) >= {walk} \
-               AND (SELECT count(*) FROM walk WHERE head) < {limit} \
+             WHERE ordering_key IS NOT NULL AND status <> 'delivered' AND {gate} \
              ORDER BY ordering_key LIMIT 1) AS first_key \
            UNION ALL \
            SELECT (SELECT ordering_key FROM {t} \
@@ -675,14 +708,7 @@ pub(crate) fn keyed_heads(
              WHERE e.ordering_key = key_scan.k AND e.ordering_key IS NOT NULL \
                AND e.status <> 'delivered' AND e.status IN ('pending', 'claimed') \
              ORDER BY e.seq LIMIT 1) \
-           FROM key_scan WHERE key_scan.k IS NOT NULL), \
-         keyed AS ( \
-           SELECT id, available_at, created_at, seq, ordering_key FROM walk WHERE head \
-           UNION \
-           SELECT m.id, m.available_at, m.created_at, m.seq, m.ordering_key \
-           FROM key_fronts JOIN {t} AS m ON m.{row} = key_fronts.r \
-           WHERE m.status = 'pending' AND m.available_at <= {now} AND {head} \
-           ORDER BY available_at, created_at, seq LIMIT {limit})"
+           FROM key_scan WHERE key_scan.k IS NOT NULL)"
     )
 }
 
@@ -690,9 +716,19 @@ pub(crate) fn keyed_heads(
 /// looks up each key's head instead (see [`keyed_heads`]): enough to find
 /// `limit` heads where keys are many and most due rows are heads, few
 /// enough that where keys are few the walk costs little beside the lookups.
+/// At most [`MAX_KEYED_WALK`], so the largest claims stay cheap to plan.
 pub(crate) fn keyed_walk(limit: usize) -> usize {
-    limit.saturating_mul(2).saturating_add(16)
+    limit
+        .saturating_mul(2)
+        .saturating_add(16)
+        .min(MAX_KEYED_WALK)
 }
+
+/// The most keyed rows a claim walks. Each costs PostgreSQL's planner two
+/// probes, and past its `jit_above_cost` a claim is compiled before it runs,
+/// which takes longer than the claim; a larger claim finds the rest of its
+/// heads by key.
+const MAX_KEYED_WALK: usize = 1024;
 
 /// The count of pending rows, from the two partial indexes of pending rows
 /// (keyless and keyed), never touching settled ones.

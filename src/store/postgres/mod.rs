@@ -367,6 +367,22 @@ impl PostgresOutbox {
         self.inner.core.sql.claim(limit, true, ClaimPass::Keyed)
     }
 
+    /// The claim after a short first pass; `$4` is the keys whose locks the
+    /// transaction holds.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn locked_claim_statement(&self, limit: usize) -> String {
+        self.inner.core.sql.claim(limit, true, ClaimPass::Locked)
+    }
+
+    /// The lookup of up to `limit` keys' heads beyond a claim's walk; see
+    /// `Statements::key_heads`.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn key_heads_statement(&self, limit: usize) -> String {
+        self.inner.core.sql.key_heads(limit, true)
+    }
+
     /// The fenced write statement; see `Statements::fenced`.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
@@ -521,45 +537,61 @@ impl Core {
         .fetch_all(&self.parts.pool)
         .await
         .map_err(db("claim_batch"))?;
-        // The keys the first pass left to the second, by hash.
+        // The keys the first pass left to the second, by hash; and whether
+        // its walk of keyed rows ended before the claim was full.
         let mut keys = Vec::new();
+        let mut short = false;
         for row in &rows {
             let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
-            if outcome == "keyed" {
-                let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
-                let key: String = row.try_get("ordering_key").map_err(db("claim_batch"))?;
-                keys.push((hash, key));
+            match outcome.as_str() {
+                "keyed" => {
+                    let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
+                    let key: String = row.try_get("ordering_key").map_err(db("claim_batch"))?;
+                    keys.push((hash, key));
+                }
+                "short" => short = true,
+                _ => {}
             }
         }
         let mut claimed = Vec::with_capacity(rows.len());
         let mut abandoned = Vec::new();
         self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
             .await?;
-        if !keys.is_empty() {
-            // Sorted: every claimer takes its key locks in one order.
-            keys.sort_unstable();
-            keys.dedup();
-            let (mut hashes, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
-            // Two keys may share a hash; one lock serves both.
-            hashes.dedup();
+        if short {
+            // The first pass claimed nothing: claim again with the heads of
+            // the keys it did not reach, their keys locked.
             let mut tx = self.parts.pool.begin().await.map_err(db("claim_batch"))?;
-            sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
-                .bind(&hashes)
-                .execute(&mut *tx)
-                .await
-                .map_err(db("claim_batch"))?;
-            let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
-                keys.len(),
-                block,
-                ClaimPass::Keyed,
-            )))
-            .bind(self.bound_now(now))
-            .bind(lease_micros)
-            .bind(i64::from(cap))
-            .bind(&keys)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(db("claim_batch"))?;
+            let keys = self.key_heads(&mut tx, now, limit, block).await?;
+            let rows = self
+                .claim_keys(
+                    &mut tx,
+                    keys,
+                    ClaimPass::Locked,
+                    limit,
+                    now,
+                    lease_micros,
+                    cap,
+                    block,
+                )
+                .await?;
+            tx.commit().await.map_err(db("claim_batch"))?;
+            self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
+                .await?;
+        } else if !keys.is_empty() {
+            let mut tx = self.parts.pool.begin().await.map_err(db("claim_batch"))?;
+            let limit = keys.len();
+            let rows = self
+                .claim_keys(
+                    &mut tx,
+                    keys,
+                    ClaimPass::Keyed,
+                    limit,
+                    now,
+                    lease_micros,
+                    cap,
+                    block,
+                )
+                .await?;
             tx.commit().await.map_err(db("claim_batch"))?;
             self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
                 .await?;
@@ -575,6 +607,65 @@ impl Core {
         Ok(batch)
     }
 
+    /// The keys of up to `limit` due heads, with their hashes, in their
+    /// heads' claim order, looked up key by key.
+    async fn key_heads(
+        &self,
+        tx: &mut PgConnection,
+        now: DateTime<Utc>,
+        limit: usize,
+        block: bool,
+    ) -> Result<Vec<(i64, String)>> {
+        // For this transaction only: the lookup is priced above
+        // `jit_above_cost` though it runs in a few milliseconds.
+        sqlx::query("SET LOCAL jit = off")
+            .execute(&mut *tx)
+            .await
+            .map_err(db("claim_batch"))?;
+        let found: Vec<(String, i64)> =
+            sqlx::query_as(AssertSqlSafe(self.sql.key_heads(limit, block)))
+                .bind(self.bound_now(now))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db("claim_batch"))?;
+        Ok(found.into_iter().map(|(key, hash)| (hash, key)).collect())
+    }
+
+    /// Lock `keys` and run the `pass` that claims their heads, up to
+    /// `limit` rows, in the transaction `tx`.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_keys(
+        &self,
+        tx: &mut PgConnection,
+        mut keys: Vec<(i64, String)>,
+        pass: ClaimPass,
+        limit: usize,
+        now: DateTime<Utc>,
+        lease_micros: i64,
+        cap: u32,
+        block: bool,
+    ) -> Result<Vec<PgRow>> {
+        // Sorted: every claimer takes its key locks in one order.
+        keys.sort_unstable();
+        keys.dedup();
+        let (mut hashes, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
+        // Two keys may share a hash; one lock serves both.
+        hashes.dedup();
+        sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
+            .bind(&hashes)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("claim_batch"))?;
+        sqlx::query(AssertSqlSafe(self.sql.claim(limit, block, pass)))
+            .bind(self.bound_now(now))
+            .bind(lease_micros)
+            .bind(i64::from(cap))
+            .bind(&keys)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db("claim_batch"))
+    }
+
     /// Sort the rows of one pass into claimed and abandoned, quarantining
     /// unreadable ones; rows left for the second pass are skipped.
     async fn read_claimed(
@@ -588,7 +679,7 @@ impl Core {
     ) -> Result<()> {
         for row in rows {
             let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
-            if outcome == "keyed" {
+            if outcome == "keyed" || outcome == "short" {
                 continue;
             }
             let decoded = Shared::decode(row).and_then(|r| Ok((r.seq, r.into_message()?)));

@@ -8,22 +8,9 @@
 -- key's head in "outbox_ordering" instead of walking the messages queued
 -- behind the heads. Counts of pending rows add the two indexes.
 
--- The index this replaces, found by its table: a name alone would be
--- looked up on the search path, not in the table's schema.
-DO $$
-DECLARE
-    old text;
-BEGIN
-    SELECT format('%I.%I', n.nspname, c.relname) INTO old
-    FROM pg_index AS i
-    JOIN pg_class AS c ON c.oid = i.indexrelid
-    JOIN pg_namespace AS n ON n.oid = c.relnamespace
-    WHERE i.indrelid = '"outbox"'::regclass AND c.relname = btrim('"outbox_pending"', '"');
-    IF old IS NOT NULL THEN
-        EXECUTE 'DROP INDEX ' || old;
-    END IF;
-END
-$$;
+-- The index this replaces. Named like the table (qualified when the table
+-- is), so it is dropped from the table's own schema.
+DROP INDEX IF EXISTS "outbox_pending";
 
 CREATE INDEX IF NOT EXISTS "outbox_pending_keyless"
     ON "outbox" (available_at, created_at, seq) WHERE status = 'pending' AND ordering_key IS NULL;
