@@ -690,13 +690,16 @@ pub(crate) fn keyed_walk_cte(t: &str, head: &str, now: &str, walk: &str) -> Stri
 /// first pending or claimed row by `seq` (its `row` column), both empty
 /// unless `gate` holds. A skip scan of the `(ordering_key, seq)` index: one
 /// probe per key, then one for its first live row, however many rows are
-/// queued behind it.
+/// queued behind it. The gate is tested before the first probe: as a
+/// condition of the probe's own scan, SQLite tested it on every entry of
+/// the index when it failed.
 pub(crate) fn key_fronts_cte(t: &str, row: &str, gate: &str) -> String {
     format!(
         "key_scan (k) AS ( \
-           SELECT * FROM (SELECT ordering_key FROM {t} \
-             WHERE ordering_key IS NOT NULL AND status <> 'delivered' AND {gate} \
-             ORDER BY ordering_key LIMIT 1) AS first_key \
+           SELECT (SELECT ordering_key FROM {t} \
+             WHERE ordering_key IS NOT NULL AND status <> 'delivered' \
+             ORDER BY ordering_key LIMIT 1) \
+           WHERE {gate} \
            UNION ALL \
            SELECT (SELECT ordering_key FROM {t} \
              WHERE ordering_key IS NOT NULL AND status <> 'delivered' \
