@@ -100,12 +100,15 @@ fn holds_key(message: &OutboxMessage) -> bool {
 
 /// `true` when the message in `slot` is the head of its ordering key (or has
 /// none): no earlier message of the key is pending or claimed (or, while
-/// `block`, a dead letter not skipped), and no later one is claimed.
+/// `block`, a dead letter not skipped), and no later one is claimed under a
+/// lease still running at `now` (see the SQL stores' head test for why an
+/// expired one does not count).
 fn is_head(
     slots: &[Option<Stored>],
     keys: &HashMap<Arc<str>, KeyState>,
     slot: usize,
     block: bool,
+    now: DateTime<Utc>,
 ) -> bool {
     let stored = slots[slot]
         .as_ref()
@@ -116,7 +119,15 @@ fn is_head(
     let Some(state) = keys.get(key) else {
         return true;
     };
-    if state.claimed.range(stored.seq + 1..).next().is_some() {
+    let leased = |seq: &u64| {
+        state.unsettled.get(seq).is_some_and(|&later| {
+            slots[later]
+                .as_ref()
+                .and_then(|later| later.message.locked_until)
+                .is_some_and(|until| until > now)
+        })
+    };
+    if state.claimed.range(stored.seq + 1..).any(leased) {
         return false;
     }
     for &earlier in state.unsettled.range(..stored.seq).map(|(_, slot)| slot) {
@@ -409,7 +420,7 @@ impl State {
             .pending
             .iter()
             .take_while(|key| key.available_at <= now)
-            .filter(|key| is_head(slots, keys, key.slot, block))
+            .filter(|key| is_head(slots, keys, key.slot, block, now))
             .peekable();
         // A claim found expired stays claimable; this only matters when
         // callers' clocks disagree and `now` is earlier than that claim's.
@@ -420,7 +431,7 @@ impl State {
                 let message = &slots[key.slot]
                     .as_ref()
                     .expect("an expired slot holds a message");
-                message.message.is_claimable(now) && is_head(slots, keys, key.slot, block)
+                message.message.is_claimable(now) && is_head(slots, keys, key.slot, block, now)
             })
             .peekable();
         let mut selected = Vec::with_capacity(limit.min(1024));

@@ -598,9 +598,12 @@ pub(crate) struct SharedStatements {
 /// The claim's test that the row `m` is the head of its ordering key (or has
 /// no key): no earlier message of the key is pending or claimed, or a dead
 /// letter not skipped while `block` (a bound boolean) holds; and no later
-/// one is claimed (an earlier one can appear after a later one was claimed:
-/// a requeued dead letter, or on PostgreSQL a transaction that committed
-/// after a later one). Both probes are answered from the partial indexes of
+/// one is claimed under a lease still running at `now` (an earlier one can
+/// appear after a later one was claimed: a requeued dead letter, or on
+/// PostgreSQL a transaction that committed after a later one). A later
+/// claim whose lease ran out does not hold the key: that message waits,
+/// claimable, behind the earlier one, and holding the key for it would stop
+/// both for good. Both probes are answered from the partial indexes of
 /// unsettled and claimed keyed rows.
 ///
 /// With `key_order` the first probe is a scalar subquery in key order
@@ -609,7 +612,7 @@ pub(crate) struct SharedStatements {
 /// for a head (nothing earlier to find); in key order it reads the index
 /// from the key's first row. SQLite takes the other form: given the order
 /// by `seq`, it walks the rowid from the table's start instead.
-pub(crate) fn head_test(t: &str, block: &str, key_order: bool) -> String {
+pub(crate) fn head_test(t: &str, block: &str, now: &str, key_order: bool) -> String {
     let earlier = format!(
         "FROM {t} AS e \
          WHERE e.ordering_key = m.ordering_key AND e.ordering_key IS NOT NULL \
@@ -626,7 +629,7 @@ pub(crate) fn head_test(t: &str, block: &str, key_order: bool) -> String {
            {no_earlier} \
            AND NOT EXISTS (SELECT 1 FROM {t} AS e \
              WHERE e.ordering_key = m.ordering_key AND e.ordering_key IS NOT NULL \
-               AND e.status = 'claimed' AND e.seq > m.seq)))"
+               AND e.status = 'claimed' AND e.seq > m.seq AND e.locked_until > {now})))"
     )
 }
 

@@ -288,6 +288,50 @@ pub(crate) async fn a_requeued_earlier_message_waits_for_a_claimed_later_one<
     );
 }
 
+/// A later message whose claim ran out does not hold its key against an
+/// earlier one requeued meanwhile: the earlier goes first, then the later
+/// is claimed again. Holding the key for it stopped both for good (the
+/// earlier waited for the later's claim, the later for the earlier).
+pub(crate) async fn a_requeued_earlier_message_goes_first_once_the_later_claim_ran_out<
+    S: OutboxStore + OutboxAdmin + Clone,
+>(
+    store: S,
+) {
+    keyed(&store, "a1", Some("a"), 0).await;
+    keyed(&store, "a2", Some("a"), 1).await;
+    dead_letter(&store, "a1", SECOND).await;
+    store
+        .skip_dead_letter(SkipDeadLetter {
+            id: "a1".into(),
+            now: at(2 * SECOND),
+        })
+        .await
+        .unwrap();
+    claim_only(&store, "a2", 3 * SECOND).await;
+    let requeue = RequeueDeadLetters {
+        id: Some("a1".into()),
+        name: None,
+        now: at(4 * SECOND),
+    };
+    assert_eq!(store.requeue_dead_letters(requeue).await.unwrap(), 1);
+    let expired = 3 * SECOND + MINUTE;
+    let token = claim_only(&store, "a1", expired).await;
+    // a2, its claim over, waits behind a1 like any later message.
+    assert!(
+        claimed_ids(&store, OnDeadLetter::Block, expired + 1)
+            .await
+            .is_empty()
+    );
+    store
+        .mark_delivered(delivered("a1", &token, expired + 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        claimed_ids(&store, OnDeadLetter::Block, expired + 3).await,
+        ["a2"]
+    );
+}
+
 /// A long backlog behind few keys, longer than a claim walks: each claim
 /// takes the heads only, in claim order, whether they sit among the first
 /// due messages or far behind them, a retried head keeps its place, and

@@ -120,7 +120,7 @@ impl Statements {
         let all = columns("");
         let m_all = columns("m.");
         // `{block}` is written out per claim, like `{limit}`.
-        let head = head_test(&t, "{block}", true);
+        let head = head_test(&t, "{block}", NOW, true);
         // After the rows a pass picked: claim them, except those out of
         // attempts (returned untouched as `abandoned`) and the keyed rows
         // the first pass leaves to the second (returned untouched as

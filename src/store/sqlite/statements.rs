@@ -165,7 +165,7 @@ impl Statements {
 /// The claim's test that `m` is the head of its ordering key, or has none;
 /// `block` is the parameter that says whether a dead letter holds its key.
 fn head(t: &str, block: &str) -> String {
-    crate::store::sql::head_test(t, block, false)
+    crate::store::sql::head_test(t, block, "?1", false)
 }
 
 /// The fenced write statements, one per kind of write.
