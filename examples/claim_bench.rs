@@ -25,7 +25,10 @@
 //! ```
 //!
 //! `--pending N` (with `--keys`) puts `N` messages in each store instead of
-//! a million. With fewer keys than the claim's 100 (`--keys 3`), a keyed
+//! a million. With `--mixed` (and `--keys`) the keyed store also gets `N`
+//! keyless messages, enqueued after its keyed ones: the run then measures a
+//! claim of 100 that takes each key's head and keyless messages queued
+//! behind a keyed backlog, against the same claim with no keys at all. With fewer keys than the claim's 100 (`--keys 3`), a keyed
 //! claim takes one head per key: the run then measures a claim that finds
 //! few heads in front of a long backlog.
 //!
@@ -63,14 +66,30 @@ const FILL_CHUNK: usize = 10_000;
 /// none.
 static KEYS: AtomicUsize = AtomicUsize::new(0);
 
+/// Messages from this one on get no ordering key (`--mixed`).
+static KEYED_BELOW: AtomicUsize = AtomicUsize::new(usize::MAX);
+
 /// The `i`th message, created `i` milliseconds after the first, with the
-/// ordering key `i % KEYS` when there are keys.
+/// ordering key `i % KEYS` when there are keys and `i` is below
+/// `KEYED_BELOW`.
 fn message(i: usize) -> NewMessage {
     let payload = Payload::from_json(format!(r#"{{"order":{i}}}"#)).expect("valid JSON");
     let message = NewMessage::new(MessageKind::Event, "order.placed", payload).at(at(i as i64));
     match KEYS.load(Ordering::Relaxed) {
         0 => message,
+        _ if i >= KEYED_BELOW.load(Ordering::Relaxed) => message,
         keys => message.with_ordering_key(format!("order-{}", i % keys)),
+    }
+}
+
+/// The size of the keyed store of a `--keys` run: `pending` keyed messages,
+/// and with `mixed` as many keyless ones after them.
+fn keyed_fill(pending: usize, mixed: bool) -> usize {
+    if mixed {
+        KEYED_BELOW.store(pending, Ordering::Relaxed);
+        2 * pending
+    } else {
+        pending
     }
 }
 
@@ -133,11 +152,11 @@ const STORES: &[&str] = &[
     "postgres",
 ];
 
-/// `--store NAME`, `--keys N` and `--pending N`, in any order.
-fn parse_args() -> (String, Option<usize>, usize) {
+/// `--store NAME`, `--keys N`, `--pending N` and `--mixed`, in any order.
+fn parse_args() -> (String, Option<usize>, usize, bool) {
     let usage = || -> ! {
         eprintln!(
-            "usage: claim_bench [--store {}] [--keys N [--pending N]]",
+            "usage: claim_bench [--store {}] [--keys N [--pending N] [--mixed]]",
             STORES.join("|")
         );
         std::process::exit(2);
@@ -145,8 +164,13 @@ fn parse_args() -> (String, Option<usize>, usize) {
     let mut store = "memory".to_owned();
     let mut keys = None;
     let mut pending = None;
+    let mut mixed = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--mixed" {
+            mixed = true;
+            continue;
+        }
         let value = args.next().unwrap_or_else(|| usage());
         match flag.as_str() {
             "--store" => store = value,
@@ -175,6 +199,10 @@ fn parse_args() -> (String, Option<usize>, usize) {
         eprintln!("--pending sizes the --keys comparison; give --keys too");
         std::process::exit(2);
     }
+    if mixed && keys.is_none() {
+        eprintln!("--mixed adds keyless messages to the --keys comparison; give --keys too");
+        std::process::exit(2);
+    }
     if !STORES.contains(&store.as_str()) {
         eprintln!(
             "unknown store {store:?}; this build knows: {} (the SQL stores need their cargo \
@@ -183,21 +211,21 @@ fn parse_args() -> (String, Option<usize>, usize) {
         );
         std::process::exit(2);
     }
-    (store, keys, pending.unwrap_or(PENDING))
+    (store, keys, pending.unwrap_or(PENDING), mixed)
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let (store, keys, pending) = parse_args();
+    let (store, keys, pending, mixed) = parse_args();
     match (store.as_str(), keys) {
         #[cfg(feature = "sqlite")]
         ("sqlite", None) => sqlite::run().await,
         #[cfg(feature = "sqlite")]
-        ("sqlite", Some(keys)) => sqlite::run_keys(keys, pending).await,
+        ("sqlite", Some(keys)) => sqlite::run_keys(keys, pending, mixed).await,
         #[cfg(feature = "postgres")]
         ("postgres", None) => postgres::run().await,
         #[cfg(feature = "postgres")]
-        ("postgres", Some(keys)) => postgres::run_keys(keys, pending).await,
+        ("postgres", Some(keys)) => postgres::run_keys(keys, pending, mixed).await,
         (_, None) => {
             let started = Instant::now();
             let store = filled(PENDING).await;
@@ -207,24 +235,26 @@ async fn main() {
         (_, Some(keys)) => {
             let keyless = filled(pending).await;
             KEYS.store(keys, Ordering::Relaxed);
-            let keyed = filled(pending).await;
-            compare_keys("memory", keys, pending, &keyless, &keyed).await;
+            let keyed = filled(keyed_fill(pending, mixed)).await;
+            compare_keys("memory", keys, pending, mixed, &keyless, &keyed).await;
         }
     }
 }
 
 /// Times the claim of 100 with `pending` messages, without keys and with
-/// them spread over `keys` ordering keys, and prints both and the ratio.
+/// them spread over `keys` ordering keys (and, if `mixed`, keyless ones
+/// behind them), and prints both and the ratio.
 async fn compare_keys<S: OutboxStore>(
     name: &str,
     keys: usize,
     pending: usize,
+    mixed: bool,
     keyless: &S,
     keyed: &S,
 ) {
-    let now = at(pending as i64 + 1_000);
-    // One head per key at most.
-    let keyed_claim = CLAIM.min(keys);
+    let now = at(2 * pending as i64 + 1_000);
+    // One head per key at most; keyless messages fill the rest.
+    let keyed_claim = if mixed { CLAIM } else { CLAIM.min(keys) };
     // Alternating, so neither side gets a warmer machine.
     let mut keyless_cost = Vec::new();
     let mut keyed_cost = Vec::new();
@@ -238,12 +268,17 @@ async fn compare_keys<S: OutboxStore>(
     let ratio = keyed_cost.as_secs_f64() / keyless_cost.as_secs_f64();
     println!(
         "{name}: claim of {CLAIM} with {pending} pending: {:.2} µs without ordering keys, \
-         {:.2} µs over {keys} keys, {keyed_claim} a claim ({ratio:.2}x)",
+         {:.2} µs over {keys} keys{}, {keyed_claim} a claim ({ratio:.2}x)",
         micros(keyless_cost),
-        micros(keyed_cost)
+        micros(keyed_cost),
+        if mixed {
+            " with as many keyless behind"
+        } else {
+            ""
+        }
     );
     println!(
-        "{{\"store\":\"{name}\",\"pending\":{pending},\"keys\":{keys},\
+        "{{\"store\":\"{name}\",\"pending\":{pending},\"keys\":{keys},\"mixed\":{mixed},\
          \"claimed_keyed\":{keyed_claim},\
          \"claim100_us_keyless\":{},\"claim100_us_keyed\":{},\"ratio_keyed_vs_keyless\":{ratio:.2}}}",
         micros(keyless_cost),
@@ -413,11 +448,11 @@ mod sqlite {
         measure("sqlite", started, store, small, false).await;
     }
 
-    pub(super) async fn run_keys(keys: usize, pending: usize) {
+    pub(super) async fn run_keys(keys: usize, pending: usize, mixed: bool) {
         let (_keyless_file, keyless) = filled(pending).await;
         KEYS.store(keys, Ordering::Relaxed);
-        let (_keyed_file, keyed) = filled_as(pending, "keyed").await;
-        compare_keys("sqlite", keys, pending, &keyless, &keyed).await;
+        let (_keyed_file, keyed) = filled_as(keyed_fill(pending, mixed), "keyed").await;
+        compare_keys("sqlite", keys, pending, mixed, &keyless, &keyed).await;
     }
 }
 
@@ -479,12 +514,12 @@ mod postgres {
             .expect("drop the bench table");
     }
 
-    pub(super) async fn run_keys(keys: usize, pending: usize) {
+    pub(super) async fn run_keys(keys: usize, pending: usize, mixed: bool) {
         let url = database_url();
         let keyless = filled(&url, pending).await;
         KEYS.store(keys, Ordering::Relaxed);
-        let keyed = filled_as(&url, pending, "keyed").await;
-        compare_keys("postgres", keys, pending, &keyless, &keyed).await;
+        let keyed = filled_as(&url, keyed_fill(pending, mixed), "keyed").await;
+        compare_keys("postgres", keys, pending, mixed, &keyless, &keyed).await;
         drop_table(&keyless).await;
         drop_table(&keyed).await;
     }

@@ -53,6 +53,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -429,6 +430,19 @@ impl PostgresOutbox {
 
 sql::sql_store!(PostgresOutbox, PostgresOutboxBuilder, PgPool, PgConnection);
 
+/// What every statement of one claim binds besides its keys.
+struct Pass {
+    now: DateTime<Utc>,
+    lease_micros: i64,
+    cap: u32,
+    block: bool,
+}
+
+/// How many claims after a short first pass look keys' heads up without
+/// one. A first pass is cheap when the keyed backlog thins out again; one
+/// that comes back short costs a commit for nothing.
+const FIRST_PASSES_SKIPPED: u32 = 15;
+
 /// What the store and its settlement batch share.
 struct Core {
     parts: SqlParts<sqlx::Postgres>,
@@ -437,6 +451,9 @@ struct Core {
     /// Leases are judged by the database's clock, not the caller's `now`.
     server_clock: bool,
     sql: Statements,
+    /// Claims still to go straight to the key lookup; see
+    /// [`FIRST_PASSES_SKIPPED`].
+    skip_first_passes: AtomicU32,
 }
 
 impl Core {
@@ -447,6 +464,7 @@ impl Core {
             channel: channel_of(&table),
             notify,
             server_clock,
+            skip_first_passes: AtomicU32::new(0),
             parts: SqlParts {
                 pool,
                 table,
@@ -525,72 +543,84 @@ impl Core {
         let locked_until = lease_end(now, lease)?;
         let lease_micros = i64::try_from(lease.as_micros())
             .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
-        let block = on_dead_letter == OnDeadLetter::Block;
-        let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
-            limit,
-            block,
-            ClaimPass::Keyless,
-        )))
-        .bind(self.bound_now(now))
-        .bind(lease_micros)
-        .bind(i64::from(cap))
-        .fetch_all(&self.parts.pool)
-        .await
-        .map_err(db("claim_batch"))?;
-        // The keys the first pass left to the second, by hash; and whether
-        // its walk of keyed rows ended before the claim was full.
-        let mut keys = Vec::new();
-        let mut short = false;
-        for row in &rows {
-            let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
-            match outcome.as_str() {
-                "keyed" => {
-                    let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
-                    let key: String = row.try_get("ordering_key").map_err(db("claim_batch"))?;
-                    keys.push((hash, key));
-                }
-                "short" => short = true,
-                _ => {}
-            }
-        }
-        let mut claimed = Vec::with_capacity(rows.len());
+        let pass = Pass {
+            now,
+            lease_micros,
+            cap,
+            block: on_dead_letter == OnDeadLetter::Block,
+        };
+        let mut claimed = Vec::with_capacity(limit);
         let mut abandoned = Vec::new();
-        self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
-            .await?;
-        if short {
-            // The first pass claimed nothing: claim again with the heads of
-            // the keys it did not reach, their keys locked.
-            let mut tx = self.parts.pool.begin().await.map_err(db("claim_batch"))?;
-            let keys = self.key_heads(&mut tx, now, limit, block).await?;
-            let rows = self
-                .claim_keys(
-                    &mut tx,
-                    keys,
-                    ClaimPass::Locked,
-                    limit,
-                    now,
-                    lease_micros,
-                    cap,
-                    block,
-                )
-                .await?;
-            tx.commit().await.map_err(db("claim_batch"))?;
+        // After a short first pass, the next few claims go straight to the
+        // key lookup: the backlog that made it short is likely still there,
+        // and a first pass that comes back short costs a commit for nothing.
+        let lookup = self
+            .skip_first_passes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        let mut short = lookup;
+        if !lookup {
+            let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
+                limit,
+                pass.block,
+                ClaimPass::Keyless,
+            )))
+            .bind(self.bound_now(now))
+            .bind(lease_micros)
+            .bind(i64::from(cap))
+            .fetch_all(&self.parts.pool)
+            .await
+            .map_err(db("claim_batch"))?;
+            // The keys the first pass left to the second, by hash; and
+            // whether it claimed nothing for a head its walk may have missed.
+            let mut keys = Vec::new();
+            for row in &rows {
+                let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
+                match outcome.as_str() {
+                    "keyed" => {
+                        let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
+                        let key: String = row.try_get("ordering_key").map_err(db("claim_batch"))?;
+                        keys.push((hash, key));
+                    }
+                    "short" => short = true,
+                    _ => {}
+                }
+            }
             self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
                 .await?;
-        } else if !keys.is_empty() {
-            let mut tx = self.parts.pool.begin().await.map_err(db("claim_batch"))?;
-            let limit = keys.len();
+            if short {
+                self.skip_first_passes
+                    .store(FIRST_PASSES_SKIPPED, Ordering::Relaxed);
+            } else if !keys.is_empty() {
+                let mut tx = self.parts.pool.begin().await.map_err(db("claim_batch"))?;
+                let limit = keys.len();
+                let rows = self
+                    .claim_keys(&mut tx, keys, ClaimPass::Keyed, limit, &pass)
+                    .await?;
+                tx.commit().await.map_err(db("claim_batch"))?;
+                self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
+                    .await?;
+            }
+        }
+        if short {
+            // Claim with the heads of the keys looked up one by one, their
+            // keys locked. JIT off for this transaction only: the lookup is
+            // priced above `jit_above_cost` though it runs in milliseconds.
+            let mut tx = self
+                .parts
+                .pool
+                .begin_with("BEGIN; SET LOCAL jit = off")
+                .await
+                .map_err(db("claim_batch"))?;
+            let keys: Vec<(String, i64)> =
+                sqlx::query_as(AssertSqlSafe(self.sql.key_heads(limit, pass.block)))
+                    .bind(self.bound_now(now))
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(db("claim_batch"))?;
+            let keys = keys.into_iter().map(|(key, hash)| (hash, key)).collect();
             let rows = self
-                .claim_keys(
-                    &mut tx,
-                    keys,
-                    ClaimPass::Keyed,
-                    limit,
-                    now,
-                    lease_micros,
-                    cap,
-                    block,
-                )
+                .claim_keys(&mut tx, keys, ClaimPass::Locked, limit, &pass)
                 .await?;
             tx.commit().await.map_err(db("claim_batch"))?;
             self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
@@ -607,43 +637,15 @@ impl Core {
         Ok(batch)
     }
 
-    /// The keys of up to `limit` due heads, with their hashes, in their
-    /// heads' claim order, looked up key by key.
-    async fn key_heads(
-        &self,
-        tx: &mut PgConnection,
-        now: DateTime<Utc>,
-        limit: usize,
-        block: bool,
-    ) -> Result<Vec<(i64, String)>> {
-        // For this transaction only: the lookup is priced above
-        // `jit_above_cost` though it runs in a few milliseconds.
-        sqlx::query("SET LOCAL jit = off")
-            .execute(&mut *tx)
-            .await
-            .map_err(db("claim_batch"))?;
-        let found: Vec<(String, i64)> =
-            sqlx::query_as(AssertSqlSafe(self.sql.key_heads(limit, block)))
-                .bind(self.bound_now(now))
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db("claim_batch"))?;
-        Ok(found.into_iter().map(|(key, hash)| (hash, key)).collect())
-    }
-
     /// Lock `keys` and run the `pass` that claims their heads, up to
     /// `limit` rows, in the transaction `tx`.
-    #[allow(clippy::too_many_arguments)]
     async fn claim_keys(
         &self,
         tx: &mut PgConnection,
         mut keys: Vec<(i64, String)>,
         pass: ClaimPass,
         limit: usize,
-        now: DateTime<Utc>,
-        lease_micros: i64,
-        cap: u32,
-        block: bool,
+        args: &Pass,
     ) -> Result<Vec<PgRow>> {
         // Sorted: every claimer takes its key locks in one order.
         keys.sort_unstable();
@@ -656,10 +658,10 @@ impl Core {
             .execute(&mut *tx)
             .await
             .map_err(db("claim_batch"))?;
-        sqlx::query(AssertSqlSafe(self.sql.claim(limit, block, pass)))
-            .bind(self.bound_now(now))
-            .bind(lease_micros)
-            .bind(i64::from(cap))
+        sqlx::query(AssertSqlSafe(self.sql.claim(limit, args.block, pass)))
+            .bind(self.bound_now(args.now))
+            .bind(args.lease_micros)
+            .bind(i64::from(args.cap))
             .bind(&keys)
             .fetch_all(&mut *tx)
             .await
