@@ -24,6 +24,14 @@
 //! cargo run --release --features sqlite --example claim_bench -- --store sqlite --keys 100000
 //! ```
 //!
+//! `--pending N` (with `--keys`) puts `N` messages in each store instead of
+//! a million. With `--mixed` (and `--keys`) the keyed store also gets `N`
+//! keyless messages, enqueued after its keyed ones: the run then measures a
+//! claim of 100 that takes each key's head and keyless messages queued
+//! behind a keyed backlog, against the same claim with no keys at all. With fewer keys than the claim's 100 (`--keys 3`), a keyed
+//! claim takes one head per key: the run then measures a claim that finds
+//! few heads in front of a long backlog.
+//!
 //! SQLite runs on fresh files in the temporary directory, PostgreSQL on
 //! fresh tables in `DATABASE_URL`, removed afterwards.
 //!
@@ -58,14 +66,30 @@ const FILL_CHUNK: usize = 10_000;
 /// none.
 static KEYS: AtomicUsize = AtomicUsize::new(0);
 
+/// Messages from this one on get no ordering key (`--mixed`).
+static KEYED_BELOW: AtomicUsize = AtomicUsize::new(usize::MAX);
+
 /// The `i`th message, created `i` milliseconds after the first, with the
-/// ordering key `i % KEYS` when there are keys.
+/// ordering key `i % KEYS` when there are keys and `i` is below
+/// `KEYED_BELOW`.
 fn message(i: usize) -> NewMessage {
     let payload = Payload::from_json(format!(r#"{{"order":{i}}}"#)).expect("valid JSON");
     let message = NewMessage::new(MessageKind::Event, "order.placed", payload).at(at(i as i64));
     match KEYS.load(Ordering::Relaxed) {
         0 => message,
+        _ if i >= KEYED_BELOW.load(Ordering::Relaxed) => message,
         keys => message.with_ordering_key(format!("order-{}", i % keys)),
+    }
+}
+
+/// The size of the keyed store of a `--keys` run: `pending` keyed messages,
+/// and with `mixed` as many keyless ones after them.
+fn keyed_fill(pending: usize, mixed: bool) -> usize {
+    if mixed {
+        KEYED_BELOW.store(pending, Ordering::Relaxed);
+        2 * pending
+    } else {
+        pending
     }
 }
 
@@ -82,6 +106,11 @@ async fn filled(count: usize) -> MemoryOutbox {
 /// store keeps its size (a released message goes to the back of the queue);
 /// the releases run together, so a SQL store writes them in few statements.
 async fn claim_cost(store: &impl OutboxStore, now: DateTime<Utc>) -> Duration {
+    claim_cost_of(store, now, CLAIM).await
+}
+
+/// [`claim_cost`] for a store where each claim finds `expected` messages.
+async fn claim_cost_of(store: &impl OutboxStore, now: DateTime<Utc>, expected: usize) -> Duration {
     let mut samples = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
         let params = ClaimBatch {
@@ -94,7 +123,7 @@ async fn claim_cost(store: &impl OutboxStore, now: DateTime<Utc>) -> Duration {
         let started = Instant::now();
         let batch = store.claim_batch(params).await.expect("claim");
         samples.push(started.elapsed());
-        assert_eq!(batch.claimed.len(), CLAIM, "the store ran dry");
+        assert_eq!(batch.claimed.len(), expected, "the store ran dry");
         let releases = batch.claimed.into_iter().map(|message| {
             store.release_claim(ReleaseClaim {
                 id: message.id,
@@ -123,19 +152,25 @@ const STORES: &[&str] = &[
     "postgres",
 ];
 
-/// `--store NAME` and `--keys N`, in any order.
-fn parse_args() -> (String, Option<usize>) {
+/// `--store NAME`, `--keys N`, `--pending N` and `--mixed`, in any order.
+fn parse_args() -> (String, Option<usize>, usize, bool) {
     let usage = || -> ! {
         eprintln!(
-            "usage: claim_bench [--store {}] [--keys N]",
+            "usage: claim_bench [--store {}] [--keys N [--pending N] [--mixed]]",
             STORES.join("|")
         );
         std::process::exit(2);
     };
     let mut store = "memory".to_owned();
     let mut keys = None;
+    let mut pending = None;
+    let mut mixed = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--mixed" {
+            mixed = true;
+            continue;
+        }
         let value = args.next().unwrap_or_else(|| usage());
         match flag.as_str() {
             "--store" => store = value,
@@ -148,8 +183,25 @@ fn parse_args() -> (String, Option<usize>) {
                     std::process::exit(2);
                 }
             },
+            "--pending" => match value.parse::<usize>() {
+                Ok(n) if n >= CLAIM => pending = Some(n),
+                _ => {
+                    eprintln!(
+                        "--pending takes a number of messages, at least {CLAIM} ({value:?} given)"
+                    );
+                    std::process::exit(2);
+                }
+            },
             _ => usage(),
         }
+    }
+    if pending.is_some() && keys.is_none() {
+        eprintln!("--pending sizes the --keys comparison; give --keys too");
+        std::process::exit(2);
+    }
+    if mixed && keys.is_none() {
+        eprintln!("--mixed adds keyless messages to the --keys comparison; give --keys too");
+        std::process::exit(2);
     }
     if !STORES.contains(&store.as_str()) {
         eprintln!(
@@ -159,21 +211,21 @@ fn parse_args() -> (String, Option<usize>) {
         );
         std::process::exit(2);
     }
-    (store, keys)
+    (store, keys, pending.unwrap_or(PENDING), mixed)
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let (store, keys) = parse_args();
+    let (store, keys, pending, mixed) = parse_args();
     match (store.as_str(), keys) {
         #[cfg(feature = "sqlite")]
         ("sqlite", None) => sqlite::run().await,
         #[cfg(feature = "sqlite")]
-        ("sqlite", Some(keys)) => sqlite::run_keys(keys).await,
+        ("sqlite", Some(keys)) => sqlite::run_keys(keys, pending, mixed).await,
         #[cfg(feature = "postgres")]
         ("postgres", None) => postgres::run().await,
         #[cfg(feature = "postgres")]
-        ("postgres", Some(keys)) => postgres::run_keys(keys).await,
+        ("postgres", Some(keys)) => postgres::run_keys(keys, pending, mixed).await,
         (_, None) => {
             let started = Instant::now();
             let store = filled(PENDING).await;
@@ -181,37 +233,53 @@ async fn main() {
             measure("memory", started, store, small, true).await;
         }
         (_, Some(keys)) => {
-            let keyless = filled(PENDING).await;
+            let keyless = filled(pending).await;
             KEYS.store(keys, Ordering::Relaxed);
-            let keyed = filled(PENDING).await;
-            compare_keys("memory", keys, &keyless, &keyed).await;
+            let keyed = filled(keyed_fill(pending, mixed)).await;
+            compare_keys("memory", keys, pending, mixed, &keyless, &keyed).await;
         }
     }
 }
 
-/// Times the claim of 100 with a million pending, without keys and with the
-/// million spread over `keys` ordering keys, and prints both and the ratio.
-async fn compare_keys<S: OutboxStore>(name: &str, keys: usize, keyless: &S, keyed: &S) {
-    let now = at(PENDING as i64 + 1_000);
+/// Times the claim of 100 with `pending` messages, without keys and with
+/// them spread over `keys` ordering keys (and, if `mixed`, keyless ones
+/// behind them), and prints both and the ratio.
+async fn compare_keys<S: OutboxStore>(
+    name: &str,
+    keys: usize,
+    pending: usize,
+    mixed: bool,
+    keyless: &S,
+    keyed: &S,
+) {
+    let now = at(2 * pending as i64 + 1_000);
+    // One head per key at most; keyless messages fill the rest.
+    let keyed_claim = if mixed { CLAIM } else { CLAIM.min(keys) };
     // Alternating, so neither side gets a warmer machine.
     let mut keyless_cost = Vec::new();
     let mut keyed_cost = Vec::new();
     for _ in 0..3 {
         keyless_cost.push(claim_cost(keyless, now).await);
-        keyed_cost.push(claim_cost(keyed, now).await);
+        keyed_cost.push(claim_cost_of(keyed, now, keyed_claim).await);
     }
     keyless_cost.sort();
     keyed_cost.sort();
     let (keyless_cost, keyed_cost) = (keyless_cost[1], keyed_cost[1]);
     let ratio = keyed_cost.as_secs_f64() / keyless_cost.as_secs_f64();
     println!(
-        "{name}: claim of {CLAIM} with {PENDING} pending: {:.2} µs without ordering keys, \
-         {:.2} µs over {keys} keys ({ratio:.2}x)",
+        "{name}: claim of {CLAIM} with {pending} pending: {:.2} µs without ordering keys, \
+         {:.2} µs over {keys} keys{}, {keyed_claim} a claim ({ratio:.2}x)",
         micros(keyless_cost),
-        micros(keyed_cost)
+        micros(keyed_cost),
+        if mixed {
+            " with as many keyless behind"
+        } else {
+            ""
+        }
     );
     println!(
-        "{{\"store\":\"{name}\",\"pending\":{PENDING},\"keys\":{keys},\
+        "{{\"store\":\"{name}\",\"pending\":{pending},\"keys\":{keys},\"mixed\":{mixed},\
+         \"claimed_keyed\":{keyed_claim},\
          \"claim100_us_keyless\":{},\"claim100_us_keyed\":{},\"ratio_keyed_vs_keyless\":{ratio:.2}}}",
         micros(keyless_cost),
         micros(keyed_cost)
@@ -380,11 +448,11 @@ mod sqlite {
         measure("sqlite", started, store, small, false).await;
     }
 
-    pub(super) async fn run_keys(keys: usize) {
-        let (_keyless_file, keyless) = filled(PENDING).await;
+    pub(super) async fn run_keys(keys: usize, pending: usize, mixed: bool) {
+        let (_keyless_file, keyless) = filled(pending).await;
         KEYS.store(keys, Ordering::Relaxed);
-        let (_keyed_file, keyed) = filled_as(PENDING, "keyed").await;
-        compare_keys("sqlite", keys, &keyless, &keyed).await;
+        let (_keyed_file, keyed) = filled_as(keyed_fill(pending, mixed), "keyed").await;
+        compare_keys("sqlite", keys, pending, mixed, &keyless, &keyed).await;
     }
 }
 
@@ -446,12 +514,12 @@ mod postgres {
             .expect("drop the bench table");
     }
 
-    pub(super) async fn run_keys(keys: usize) {
+    pub(super) async fn run_keys(keys: usize, pending: usize, mixed: bool) {
         let url = database_url();
-        let keyless = filled(&url, PENDING).await;
+        let keyless = filled(&url, pending).await;
         KEYS.store(keys, Ordering::Relaxed);
-        let keyed = filled_as(&url, PENDING, "keyed").await;
-        compare_keys("postgres", keys, &keyless, &keyed).await;
+        let keyed = filled_as(&url, keyed_fill(pending, mixed), "keyed").await;
+        compare_keys("postgres", keys, pending, mixed, &keyless, &keyed).await;
         drop_table(&keyless).await;
         drop_table(&keyed).await;
     }

@@ -168,7 +168,8 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
             "events_migrations_pkey",
             "events_ordering",
             "events_ordering_claimed",
-            "events_pending",
+            "events_pending_keyed",
+            "events_pending_keyless",
             "events_pkey",
             "events_settled"
         ]
@@ -342,6 +343,112 @@ async fn claim_is_answered_from_the_partial_indexes() {
         .unwrap();
     let ids: Vec<_> = batch.claimed.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids, ["p0", "p1", "p2"]);
+}
+
+/// Every claim statement run without JIT compilation off is priced below
+/// PostgreSQL's default `jit_above_cost`, with a keyed backlog that makes
+/// the claim walk and fall back to its key lookup: compiling a claim takes
+/// longer than running it. The key lookup is priced above it, which is
+/// why the store runs it with JIT off.
+#[cfg(feature = "inspect-statements")]
+#[tokio::test]
+async fn no_claim_statement_is_priced_for_jit_compilation() {
+    let pool = pool().await;
+    let table = unique("jit");
+    let outbox = store(&pool, &table, SettlementMode::default()).await;
+    // Three keys with long queues, and keyless messages beside them.
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (id, kind, name, payload, max_attempts, available_at, \
+           created_at, updated_at, ordering_key) \
+         SELECT 'm' || i, 'event', 'backlog', '{{}}', 5, $1, $1, $1, \
+           CASE WHEN i % 4 = 0 THEN NULL ELSE 'k' || (i % 4) END \
+         FROM generate_series(1, 40000) AS i"
+    )))
+    .bind(t0())
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(AssertSqlSafe(format!("ANALYZE {table}")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::raw_sql("RESET jit_above_cost")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let jit_above: f64 = sqlx::query_scalar("SELECT current_setting('jit_above_cost')::float8")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let cost = |plan: serde_json::Value| plan[0]["Plan"]["Total Cost"].as_f64().unwrap();
+    for limit in [1, 100, 1000, 4160] {
+        let statements = [
+            (
+                "(timestamptz, bigint, bigint)",
+                outbox.claim_statement(limit),
+                "'2030-01-01 12:00:00+00', 30000000, 25",
+            ),
+            (
+                "(timestamptz, bigint, bigint, text[])",
+                outbox.keyed_claim_statement(limit),
+                "'2030-01-01 12:00:00+00', 30000000, 25, array['k1', 'k2', 'k3']",
+            ),
+            (
+                "(timestamptz, bigint, bigint, text[])",
+                outbox.locked_claim_statement(limit),
+                "'2030-01-01 12:00:00+00', 30000000, 25, array['k1', 'k2', 'k3']",
+            ),
+        ];
+        for (i, (types, statement, args)) in statements.into_iter().enumerate() {
+            let name = format!("jit_{limit}_{i}");
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "PREPARE {name} {types} AS {statement}"
+            )))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+            for mode in ["force_custom_plan", "force_generic_plan"] {
+                sqlx::raw_sql(AssertSqlSafe(format!("SET plan_cache_mode = {mode}")))
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                let plan: serde_json::Value = sqlx::query_scalar(AssertSqlSafe(format!(
+                    "EXPLAIN (FORMAT JSON) EXECUTE {name}({args})"
+                )))
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+                let cost = cost(plan);
+                println!("limit {limit}, statement {i}, {mode}: cost {cost}");
+                assert!(
+                    cost < jit_above,
+                    "limit {limit}, statement {i}, {mode}: cost {cost} >= {jit_above}:\n{statement}"
+                );
+            }
+        }
+    }
+    // The key lookup runs, and is right, with JIT off.
+    let plan: serde_json::Value = sqlx::query_scalar(AssertSqlSafe(format!(
+        "EXPLAIN (FORMAT JSON) {}",
+        outbox
+            .key_heads_statement(100)
+            .replace("$1", "'2030-01-01 12:00:00+00'")
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    println!("key lookup: cost {}", cost(plan));
+    let heads: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(
+        outbox
+            .key_heads_statement(100)
+            .replace("$1", "'2030-01-01 12:00:00+00'"),
+    ))
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let keys: Vec<_> = heads.into_iter().map(|(key, _)| key).collect();
+    assert_eq!(keys, ["k1", "k2", "k3"]);
 }
 
 /// A claim statement is planned once and its plan reused: with the limit

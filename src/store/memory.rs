@@ -26,6 +26,8 @@ use crate::message::{
 /// pending messages and claims sit in separate ordered indexes, and settled
 /// messages in none, so a claim costs the same with a thousand or a million
 /// messages stored, and with any number of live claims ahead of the due ones.
+/// Of each ordering key only the first pending or claimed message is among
+/// the pending a claim reads, so no backlog queued behind a key costs it.
 #[derive(Clone, Default)]
 pub struct MemoryOutbox {
     // A std mutex, not tokio's: no critical section awaits, each is a few
@@ -57,8 +59,13 @@ struct State {
     slots: Vec<Option<Stored>>,
     free: Vec<usize>,
     ids: HashMap<Arc<str>, usize>,
-    /// Pending messages, in claim order.
+    /// Pending messages a claim may take: every keyless one and each
+    /// ordering key's front (see [`KeyState::front`]), in claim order.
     pending: BTreeSet<DueKey>,
+    /// The other pending messages of ordering keys, which wait for an
+    /// earlier message of their key, in claim order: kept out of `pending`
+    /// so a claim never walks them.
+    queued: BTreeSet<DueKey>,
     /// Claims, by lease end, until a claim finds them expired.
     leases: BTreeSet<LeaseKey>,
     /// Claims a claim found expired, in claim order. Kept apart from
@@ -81,6 +88,9 @@ struct KeyState {
     unsettled: BTreeMap<u64, usize>,
     /// Enqueue order of the claimed ones.
     claimed: BTreeSet<u64>,
+    /// The slot of the key's front, its first pending or claimed message,
+    /// while that one is pending: the one message of the key in `pending`.
+    front: Option<usize>,
 }
 
 /// Whether a message with this status and skip mark holds its key.
@@ -90,12 +100,15 @@ fn holds_key(message: &OutboxMessage) -> bool {
 
 /// `true` when the message in `slot` is the head of its ordering key (or has
 /// none): no earlier message of the key is pending or claimed (or, while
-/// `block`, a dead letter not skipped), and no later one is claimed.
+/// `block`, a dead letter not skipped), and no later one is claimed under a
+/// lease still running at `now` (see the SQL stores' head test for why an
+/// expired one does not count).
 fn is_head(
     slots: &[Option<Stored>],
     keys: &HashMap<Arc<str>, KeyState>,
     slot: usize,
     block: bool,
+    now: DateTime<Utc>,
 ) -> bool {
     let stored = slots[slot]
         .as_ref()
@@ -106,7 +119,15 @@ fn is_head(
     let Some(state) = keys.get(key) else {
         return true;
     };
-    if state.claimed.range(stored.seq + 1..).next().is_some() {
+    let leased = |seq: &u64| {
+        state.unsettled.get(seq).is_some_and(|&later| {
+            slots[later]
+                .as_ref()
+                .and_then(|later| later.message.locked_until)
+                .is_some_and(|until| until > now)
+        })
+    };
+    if state.claimed.range(stored.seq + 1..).any(leased) {
         return false;
     }
     for &earlier in state.unsettled.range(..stored.seq).map(|(_, slot)| slot) {
@@ -137,6 +158,7 @@ struct Stored {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
     Pending,
+    Queued,
     Leased,
     Expired,
     Settled,
@@ -202,6 +224,7 @@ impl State {
         // Out of its index first, while its key still matches its fields.
         match stored.place {
             Place::Pending => self.pending.remove(&stored.due_key(slot)),
+            Place::Queued => self.queued.remove(&stored.due_key(slot)),
             Place::Leased => self.leases.remove(&stored.lease_key(slot)),
             Place::Expired => self.expired.remove(&stored.due_key(slot)),
             Place::Settled => true,
@@ -210,10 +233,15 @@ impl State {
         let held_before = holds_key(&stored.message);
         let result = change(&mut stored.message);
         let after = stored.message.status;
-        if let Some(key) = stored.message.ordering_key.as_deref() {
+        let key = stored.message.ordering_key.clone();
+        if let Some(key) = key.as_deref() {
             let seq = stored.seq;
             let held_after = holds_key(&stored.message);
             let state = self.keys.entry(Arc::from(key)).or_default();
+            // Out of `pending` above, so no longer the front there.
+            if state.front == Some(slot) {
+                state.front = None;
+            }
             if before == MessageStatus::Claimed {
                 state.claimed.remove(&seq);
             }
@@ -234,6 +262,12 @@ impl State {
             }
         }
         stored.place = match after {
+            // A keyed message waits in `queued` until `refront` finds it at
+            // its key's front.
+            MessageStatus::Pending if key.is_some() => {
+                self.queued.insert(stored.due_key(slot));
+                Place::Queued
+            }
             MessageStatus::Pending => {
                 self.pending.insert(stored.due_key(slot));
                 Place::Pending
@@ -246,6 +280,9 @@ impl State {
         };
         self.counts[status_index(before)] -= 1;
         self.counts[status_index(after)] += 1;
+        if let Some(key) = key {
+            self.refront(&key);
+        }
         result
     }
 
@@ -282,6 +319,63 @@ impl State {
             self.idempotency.remove(&key);
         }
         self.free.push(slot);
+    }
+
+    /// Put `key`'s front (its first pending or claimed message) in
+    /// `pending` if it is pending, and the key's message that was there
+    /// before back in `queued`. Only a change to one of the key's messages
+    /// moves its front, so this runs after each; it reads the key's dead
+    /// letters before the front and no message after it.
+    fn refront(&mut self, key: &str) {
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        let status = |slot: usize| {
+            self.slots[slot]
+                .as_ref()
+                .expect("a keyed slot holds a message")
+                .message
+                .status
+        };
+        let front = state
+            .unsettled
+            .values()
+            .copied()
+            .find(|&slot| {
+                matches!(
+                    status(slot),
+                    MessageStatus::Pending | MessageStatus::Claimed
+                )
+            })
+            .filter(|&slot| status(slot) == MessageStatus::Pending);
+        if front == state.front {
+            return;
+        }
+        let before = std::mem::replace(&mut state.front, front);
+        if let Some(slot) = before {
+            self.move_pending(slot, Place::Queued);
+        }
+        if let Some(slot) = front {
+            self.move_pending(slot, Place::Pending);
+        }
+    }
+
+    /// Move the pending message in `slot` to `pending` or `queued`.
+    fn move_pending(&mut self, slot: usize, to: Place) {
+        let stored = self.slots[slot]
+            .as_mut()
+            .expect("a keyed slot holds a message");
+        let key = stored.due_key(slot);
+        match std::mem::replace(&mut stored.place, to) {
+            Place::Pending => self.pending.remove(&key),
+            Place::Queued => self.queued.remove(&key),
+            other => unreachable!("only pending messages move between the two, not {other:?}"),
+        };
+        match to {
+            Place::Pending => self.pending.insert(key),
+            Place::Queued => self.queued.insert(key),
+            other => unreachable!("only pending messages move between the two, not {other:?}"),
+        };
     }
 
     /// The slot of `id` if `claim_token` owns it with a live lease at `now`.
@@ -326,7 +420,7 @@ impl State {
             .pending
             .iter()
             .take_while(|key| key.available_at <= now)
-            .filter(|key| is_head(slots, keys, key.slot, block))
+            .filter(|key| is_head(slots, keys, key.slot, block, now))
             .peekable();
         // A claim found expired stays claimable; this only matters when
         // callers' clocks disagree and `now` is earlier than that claim's.
@@ -337,7 +431,7 @@ impl State {
                 let message = &slots[key.slot]
                     .as_ref()
                     .expect("an expired slot holds a message");
-                message.message.is_claimable(now) && is_head(slots, keys, key.slot, block)
+                message.message.is_claimable(now) && is_head(slots, keys, key.slot, block, now)
             })
             .peekable();
         let mut selected = Vec::with_capacity(limit.min(1024));
@@ -443,12 +537,27 @@ impl MemoryOutbox {
                 state.slots.len() - 1
             }
         };
-        state.pending.insert(stored.due_key(slot));
-        if let Some(key) = stored.message.ordering_key.as_deref() {
-            let keyed = state.keys.entry(Arc::from(key)).or_default();
-            keyed.unsettled.insert(seq, slot);
-        }
+        let key = stored.message.ordering_key.clone();
+        let stored = match key {
+            // Queued until `refront` finds it at its key's front.
+            Some(ref key) => {
+                let keyed = state.keys.entry(Arc::from(key.as_str())).or_default();
+                keyed.unsettled.insert(seq, slot);
+                state.queued.insert(stored.due_key(slot));
+                Stored {
+                    place: Place::Queued,
+                    ..stored
+                }
+            }
+            None => {
+                state.pending.insert(stored.due_key(slot));
+                stored
+            }
+        };
         state.slots[slot] = Some(stored);
+        if let Some(key) = key {
+            state.refront(&key);
+        }
         state.ids.insert(id.clone(), slot);
         state.listing.insert((now, id.clone()), slot);
         state.counts[status_index(MessageStatus::Pending)] += 1;
@@ -609,11 +718,13 @@ impl MemoryOutbox {
                 stats.expired_claims += 1;
             }
         }
-        // `pending` is ordered by `available_at`, so its first entry is the oldest.
-        stats.oldest_due_at = state
-            .pending
-            .first()
+        // Both are ordered by `available_at`, so their first entries hold the
+        // oldest.
+        stats.oldest_due_at = [state.pending.first(), state.queued.first()]
+            .into_iter()
+            .flatten()
             .map(|key| key.available_at)
+            .min()
             .filter(|available_at| *available_at <= now);
         stats
     }
@@ -1001,27 +1112,41 @@ mod tests {
             let Some(stored) = stored else { continue };
             indexed += 1;
             let in_pending = state.pending.contains(&stored.due_key(slot));
+            let in_queued = state.queued.contains(&stored.due_key(slot));
             let in_expired = state.expired.contains(&stored.due_key(slot));
             let in_leases = stored.message.locked_until.is_some()
                 && state.leases.contains(&stored.lease_key(slot));
             let expected = match stored.message.status {
-                MessageStatus::Pending => (true, false, false),
+                MessageStatus::Pending => {
+                    // A keyed message is in `pending` exactly when it is its
+                    // key's front.
+                    let front = stored.message.ordering_key.as_deref().is_none_or(|key| {
+                        state.keys[key].unsettled.values().find(|&&other| {
+                            matches!(
+                                state.stored(other).message.status,
+                                MessageStatus::Pending | MessageStatus::Claimed
+                            )
+                        }) == Some(&slot)
+                    });
+                    (front, !front, false, false)
+                }
                 MessageStatus::Claimed => (
+                    false,
                     false,
                     stored.place == Place::Expired,
                     stored.place == Place::Leased,
                 ),
-                _ => (false, false, false),
+                _ => (false, false, false, false),
             };
             assert_eq!(
-                (in_pending, in_expired, in_leases),
+                (in_pending, in_queued, in_expired, in_leases),
                 expected,
                 "{:?}",
                 stored.message.id
             );
         }
         assert_eq!(
-            state.pending.len() + state.leases.len() + state.expired.len(),
+            state.pending.len() + state.queued.len() + state.leases.len() + state.expired.len(),
             (state.counts[0] + state.counts[1]) as usize
         );
         assert_eq!(indexed, state.ids.len());

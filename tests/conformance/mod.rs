@@ -143,6 +143,10 @@ macro_rules! conformance_suite {
                 => ordering::a_requeued_dead_letter_is_the_head_again,
             conformance_a_requeued_earlier_message_waits_for_a_claimed_later_one
                 => ordering::a_requeued_earlier_message_waits_for_a_claimed_later_one,
+            conformance_a_requeued_earlier_message_goes_first_once_the_later_claim_ran_out
+                => ordering::a_requeued_earlier_message_goes_first_once_the_later_claim_ran_out,
+            conformance_a_long_backlog_behind_few_keys_yields_only_heads
+                => ordering::a_long_backlog_behind_few_keys_yields_only_heads,
             conformance_skip_refuses_what_is_not_a_dead_letter
                 => ordering::skip_refuses_what_is_not_a_dead_letter,
             conformance_enqueue_options_set_time_key_and_budget

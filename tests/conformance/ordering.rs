@@ -288,6 +288,168 @@ pub(crate) async fn a_requeued_earlier_message_waits_for_a_claimed_later_one<
     );
 }
 
+/// A later message whose claim ran out does not hold its key against an
+/// earlier one requeued meanwhile: the earlier goes first, then the later
+/// is claimed again. Holding the key for it stopped both for good (the
+/// earlier waited for the later's claim, the later for the earlier).
+pub(crate) async fn a_requeued_earlier_message_goes_first_once_the_later_claim_ran_out<
+    S: OutboxStore + OutboxAdmin + Clone,
+>(
+    store: S,
+) {
+    keyed(&store, "a1", Some("a"), 0).await;
+    keyed(&store, "a2", Some("a"), 1).await;
+    dead_letter(&store, "a1", SECOND).await;
+    store
+        .skip_dead_letter(SkipDeadLetter {
+            id: "a1".into(),
+            now: at(2 * SECOND),
+        })
+        .await
+        .unwrap();
+    claim_only(&store, "a2", 3 * SECOND).await;
+    let requeue = RequeueDeadLetters {
+        id: Some("a1".into()),
+        name: None,
+        now: at(4 * SECOND),
+    };
+    assert_eq!(store.requeue_dead_letters(requeue).await.unwrap(), 1);
+    let expired = 3 * SECOND + MINUTE;
+    let token = claim_only(&store, "a1", expired).await;
+    // a2, its claim over, waits behind a1 like any later message.
+    assert!(
+        claimed_ids(&store, OnDeadLetter::Block, expired + 1)
+            .await
+            .is_empty()
+    );
+    store
+        .mark_delivered(delivered("a1", &token, expired + 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        claimed_ids(&store, OnDeadLetter::Block, expired + 3).await,
+        ["a2"]
+    );
+}
+
+/// A long backlog behind few keys, longer than a claim walks: each claim
+/// takes the heads only, in claim order, whether they sit among the first
+/// due messages or far behind them, a retried head keeps its place, and
+/// the backlog drains in key order.
+pub(crate) async fn a_long_backlog_behind_few_keys_yields_only_heads<
+    S: OutboxStore + OutboxAdmin + Clone,
+>(
+    store: S,
+) {
+    const BACKLOG: usize = 300;
+    // Key a's whole backlog first, then b's and c's interleaved, then one
+    // keyless message: b's and c's heads sit behind all of a's messages.
+    let mut created = 0;
+    for i in 0..BACKLOG {
+        keyed(&store, &format!("a{i:03}"), Some("a"), created).await;
+        created += 1;
+    }
+    for i in 0..BACKLOG / 2 {
+        for key in ["b", "c"] {
+            keyed(&store, &format!("{key}{i:03}"), Some(key), created).await;
+            created += 1;
+        }
+    }
+    keyed(&store, "x", None, created).await;
+    let mut now = created + SECOND;
+    let mut tokens = HashMap::new();
+    let claim = |batch: ClaimedBatch, tokens: &mut HashMap<String, String>| {
+        assert!(batch.dead_lettered.is_empty(), "{batch:?}");
+        batch
+            .claimed
+            .into_iter()
+            .map(|m| {
+                tokens.insert(m.id.clone(), m.claim_token);
+                m.id
+            })
+            .collect::<Vec<_>>()
+    };
+    // The first two heads in claim order, then the others.
+    let first = claim(
+        claim_with(&store, OnDeadLetter::Block, 2, now).await,
+        &mut tokens,
+    );
+    assert_eq!(first, ["a000", "b000"]);
+    let rest = claim(
+        claim_with(&store, OnDeadLetter::Block, 100, now).await,
+        &mut tokens,
+    );
+    assert_eq!(rest, ["c000", "x"]);
+    assert!(
+        claimed_ids(&store, OnDeadLetter::Block, now + 1)
+            .await
+            .is_empty()
+    );
+    // Every claimed message, per key, in the order claimed.
+    let mut order: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for id in first.iter().chain(&rest).filter(|id| *id != "x") {
+        order
+            .entry(id[..1].to_owned())
+            .or_default()
+            .push(id.clone());
+    }
+    let mut retried = false;
+    for round in 0.. {
+        assert!(
+            round < 4 * BACKLOG,
+            "the backlog stopped draining: {order:?}"
+        );
+        for (id, token) in tokens.drain() {
+            if id == "a100" && !retried {
+                // Retried a minute on: a101 and after wait for it.
+                retried = true;
+                store
+                    .mark_failed(failed(&id, &token, now + 1, false, Some(now + MINUTE)))
+                    .await
+                    .unwrap();
+            } else {
+                store
+                    .mark_delivered(delivered(&id, &token, now + 1))
+                    .await
+                    .unwrap();
+            }
+        }
+        now += 2;
+        let mut batch = claim(
+            claim_with(&store, OnDeadLetter::Block, 100, now).await,
+            &mut tokens,
+        );
+        if batch.is_empty() {
+            if order["a"].len() < BACKLOG + 1 {
+                // Only the retry is left to wait for.
+                now += MINUTE;
+                continue;
+            }
+            break;
+        }
+        assert!(batch.len() <= 3, "{batch:?}");
+        batch.sort();
+        batch.dedup_by(|a, b| a[..1] == b[..1]);
+        assert_eq!(batch.len(), tokens.len(), "one message per key per claim");
+        for id in batch {
+            order.entry(id[..1].to_owned()).or_default().push(id);
+        }
+    }
+    let expected = |key: &str, count: usize| -> Vec<String> {
+        let mut ids: Vec<String> = (0..count).map(|i| format!("{key}{i:03}")).collect();
+        if key == "a" {
+            ids.insert(100, "a100".into());
+        }
+        ids
+    };
+    assert_eq!(order["a"], expected("a", BACKLOG));
+    assert_eq!(order["b"], expected("b", BACKLOG / 2));
+    assert_eq!(order["c"], expected("c", BACKLOG / 2));
+    let stats = store.stats(at(now)).await.unwrap();
+    assert_eq!((stats.pending, stats.claimed), (0, 0));
+    assert_eq!(stats.delivered, 2 * BACKLOG as u64 + 1);
+}
+
 pub(crate) async fn skip_refuses_what_is_not_a_dead_letter<S: OutboxStore + OutboxAdmin + Clone>(
     store: S,
 ) {

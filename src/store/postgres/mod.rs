@@ -53,6 +53,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -359,12 +360,28 @@ impl PostgresOutbox {
         self.inner.core.sql.claim(limit, true, ClaimPass::Keyless)
     }
 
-    /// The keyed pass of the claim of up to `limit` messages; `$3` is the
-    /// locked key hashes.
+    /// The keyed pass of the claim of up to `limit` messages; `$4` is the
+    /// keys whose locks the transaction holds.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
     pub fn keyed_claim_statement(&self, limit: usize) -> String {
         self.inner.core.sql.claim(limit, true, ClaimPass::Keyed)
+    }
+
+    /// The claim after a short first pass; `$4` is the keys whose locks the
+    /// transaction holds.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn locked_claim_statement(&self, limit: usize) -> String {
+        self.inner.core.sql.claim(limit, true, ClaimPass::Locked)
+    }
+
+    /// The lookup of up to `limit` keys' heads beyond a claim's walk; see
+    /// `Statements::key_heads`.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn key_heads_statement(&self, limit: usize) -> String {
+        self.inner.core.sql.key_heads(limit, true)
     }
 
     /// The fenced write statement; see `Statements::fenced`.
@@ -413,6 +430,19 @@ impl PostgresOutbox {
 
 sql::sql_store!(PostgresOutbox, PostgresOutboxBuilder, PgPool, PgConnection);
 
+/// What every statement of one claim binds besides its keys.
+struct Pass {
+    now: DateTime<Utc>,
+    lease_micros: i64,
+    cap: u32,
+    block: bool,
+}
+
+/// How many claims after a short first pass look keys' heads up without
+/// one. A first pass is cheap when the keyed backlog thins out again; one
+/// that comes back short costs a commit for nothing.
+const FIRST_PASSES_SKIPPED: u32 = 15;
+
 /// What the store and its settlement batch share.
 struct Core {
     parts: SqlParts<sqlx::Postgres>,
@@ -421,6 +451,9 @@ struct Core {
     /// Leases are judged by the database's clock, not the caller's `now`.
     server_clock: bool,
     sql: Statements,
+    /// Claims still to go straight to the key lookup; see
+    /// [`FIRST_PASSES_SKIPPED`].
+    skip_first_passes: AtomicU32,
 }
 
 impl Core {
@@ -431,6 +464,7 @@ impl Core {
             channel: channel_of(&table),
             notify,
             server_clock,
+            skip_first_passes: AtomicU32::new(0),
             parts: SqlParts {
                 pool,
                 table,
@@ -509,53 +543,85 @@ impl Core {
         let locked_until = lease_end(now, lease)?;
         let lease_micros = i64::try_from(lease.as_micros())
             .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
-        let block = on_dead_letter == OnDeadLetter::Block;
-        let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
-            limit,
-            block,
-            ClaimPass::Keyless,
-        )))
-        .bind(self.bound_now(now))
-        .bind(lease_micros)
-        .bind(i64::from(cap))
-        .fetch_all(&self.parts.pool)
-        .await
-        .map_err(db("claim_batch"))?;
-        let mut keys = Vec::new();
-        for row in &rows {
-            let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
-            if outcome == "keyed" {
-                let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
-                keys.push(hash);
-            }
-        }
-        let mut claimed = Vec::with_capacity(rows.len());
+        let pass = Pass {
+            now,
+            lease_micros,
+            cap,
+            block: on_dead_letter == OnDeadLetter::Block,
+        };
+        let mut claimed = Vec::with_capacity(limit);
         let mut abandoned = Vec::new();
-        self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
-            .await?;
-        if !keys.is_empty() {
-            // Sorted: every claimer takes its key locks in one order.
-            keys.sort_unstable();
-            keys.dedup();
-            let limit = keys.len();
-            let mut tx = self.parts.pool.begin().await.map_err(db("claim_batch"))?;
-            sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
-                .bind(&keys)
-                .execute(&mut *tx)
-                .await
-                .map_err(db("claim_batch"))?;
+        // After a short first pass, the next few claims go straight to the
+        // key lookup: the backlog that made it short is likely still there,
+        // and a first pass that comes back short costs a commit for nothing.
+        let lookup = self
+            .skip_first_passes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        let mut short = lookup;
+        if !lookup {
             let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
                 limit,
-                block,
-                ClaimPass::Keyed,
+                pass.block,
+                ClaimPass::Keyless,
             )))
             .bind(self.bound_now(now))
             .bind(lease_micros)
             .bind(i64::from(cap))
-            .bind(&keys)
-            .fetch_all(&mut *tx)
+            .fetch_all(&self.parts.pool)
             .await
             .map_err(db("claim_batch"))?;
+            // The keys the first pass left to the second, by hash; and
+            // whether it claimed nothing for a head its walk may have missed.
+            let mut keys = Vec::new();
+            for row in &rows {
+                let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
+                match outcome.as_str() {
+                    "keyed" => {
+                        let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
+                        let key: String = row.try_get("ordering_key").map_err(db("claim_batch"))?;
+                        keys.push((hash, key));
+                    }
+                    "short" => short = true,
+                    _ => {}
+                }
+            }
+            self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
+                .await?;
+            if short {
+                self.skip_first_passes
+                    .store(FIRST_PASSES_SKIPPED, Ordering::Relaxed);
+            } else if !keys.is_empty() {
+                let mut tx = self.parts.pool.begin().await.map_err(db("claim_batch"))?;
+                let limit = keys.len();
+                let rows = self
+                    .claim_keys(&mut tx, keys, ClaimPass::Keyed, limit, &pass)
+                    .await?;
+                tx.commit().await.map_err(db("claim_batch"))?;
+                self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
+                    .await?;
+            }
+        }
+        if short {
+            // Claim with the heads of the keys looked up one by one, their
+            // keys locked. JIT off for this transaction only: the lookup is
+            // priced above `jit_above_cost` though it runs in milliseconds.
+            let mut tx = self
+                .parts
+                .pool
+                .begin_with("BEGIN; SET LOCAL jit = off")
+                .await
+                .map_err(db("claim_batch"))?;
+            let keys: Vec<(String, i64)> =
+                sqlx::query_as(AssertSqlSafe(self.sql.key_heads(limit, pass.block)))
+                    .bind(self.bound_now(now))
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(db("claim_batch"))?;
+            let keys = keys.into_iter().map(|(key, hash)| (hash, key)).collect();
+            let rows = self
+                .claim_keys(&mut tx, keys, ClaimPass::Locked, limit, &pass)
+                .await?;
             tx.commit().await.map_err(db("claim_batch"))?;
             self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
                 .await?;
@@ -571,6 +637,37 @@ impl Core {
         Ok(batch)
     }
 
+    /// Lock `keys` and run the `pass` that claims their heads, up to
+    /// `limit` rows, in the transaction `tx`.
+    async fn claim_keys(
+        &self,
+        tx: &mut PgConnection,
+        mut keys: Vec<(i64, String)>,
+        pass: ClaimPass,
+        limit: usize,
+        args: &Pass,
+    ) -> Result<Vec<PgRow>> {
+        // Sorted: every claimer takes its key locks in one order.
+        keys.sort_unstable();
+        keys.dedup();
+        let (mut hashes, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
+        // Two keys may share a hash; one lock serves both.
+        hashes.dedup();
+        sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
+            .bind(&hashes)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("claim_batch"))?;
+        sqlx::query(AssertSqlSafe(self.sql.claim(limit, args.block, pass)))
+            .bind(self.bound_now(args.now))
+            .bind(args.lease_micros)
+            .bind(i64::from(args.cap))
+            .bind(&keys)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db("claim_batch"))
+    }
+
     /// Sort the rows of one pass into claimed and abandoned, quarantining
     /// unreadable ones; rows left for the second pass are skipped.
     async fn read_claimed(
@@ -584,7 +681,7 @@ impl Core {
     ) -> Result<()> {
         for row in rows {
             let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
-            if outcome == "keyed" {
+            if outcome == "keyed" || outcome == "short" {
                 continue;
             }
             let decoded = Shared::decode(row).and_then(|r| Ok((r.seq, r.into_message()?)));

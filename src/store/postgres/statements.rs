@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use crate::store::sql::{SharedStatements, TableName, head_test};
+use crate::store::sql::{
+    SharedStatements, TableName, head_test, key_fronts_cte, keyed_walk, keyed_walk_cte, oldest_due,
+    pending_count,
+};
 
 /// The time a statement judges leases by: the caller's (`$1`, bound when
 /// the store runs on the caller's clock) or, when `$1` is NULL, the
@@ -62,8 +65,18 @@ pub(super) struct Statements {
     /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$13`
     /// the channel.
     pub(super) insert: Arc<str>,
-    /// Claim, with `{limit}` to write out; see [`Statements::claim`].
-    claim: Arc<str>,
+    /// The first pass of a claim, with `{limit}`, `{walk}` and `{block}` to
+    /// write out; see [`Statements::claim`].
+    claim_keyless: Arc<str>,
+    /// The second pass of a claim, with `{block}` to write out; see
+    /// [`Statements::claim`].
+    claim_keyed: Arc<str>,
+    /// The claim after a short first pass, with `{limit}` and `{block}` to
+    /// write out; see [`Statements::claim`].
+    claim_locked: Arc<str>,
+    /// The heads of keys beyond a claim's walk, with `{limit}` and
+    /// `{block}` to write out; see [`Statements::key_heads`].
+    key_heads: Arc<str>,
     /// Take the advisory lock of each key hash, in the order given (sorted,
     /// so two claimers never wait on each other in a cycle). Binds: `$1` the
     /// hashes.
@@ -106,8 +119,68 @@ impl Statements {
         let t = table.quoted();
         let all = columns("");
         let m_all = columns("m.");
-        // `{block}` and `{keys}` are written out per claim, like `{limit}`.
-        let head = format!("{} {{keys}}", head_test(&t, "{block}"));
+        // `{block}` is written out per claim, like `{limit}`.
+        let head = head_test(&t, "{block}", NOW, true);
+        // After the rows a pass picked: claim them, except those out of
+        // attempts (returned untouched as `abandoned`) and the keyed rows
+        // the first pass leaves to the second (returned untouched as
+        // `keyed`, with the hash of their key); and nothing unless `guard`
+        // (a condition) holds.
+        let settle_picked = |guard: &str| {
+            format!(
+                "claimed AS ( \
+                   UPDATE {t} AS m SET status = 'claimed', attempts = m.attempts + 1, \
+                     claim_token = gen_random_uuid()::text, claimed_at = {NOW}, \
+                     locked_until = {NOW} + $2::bigint * interval '1 microsecond', \
+                     updated_at = {NOW} \
+                   FROM picked WHERE m.id = picked.id AND NOT picked.abandoned \
+                     AND NOT picked.deferred AND {guard} \
+                   RETURNING {m_all}) \
+                 SELECT 'claimed' AS outcome, NULL::bigint AS key_hash, * FROM claimed \
+                 UNION ALL \
+                 SELECT CASE WHEN picked.deferred THEN 'keyed' ELSE 'abandoned' END, \
+                   hashtextextended(m.ordering_key, 0), {m_all} \
+                 FROM {t} AS m JOIN picked ON m.id = picked.id \
+                 WHERE (picked.abandoned OR picked.deferred) AND {guard}"
+            )
+        };
+        // The arms every claim of keyless rows reads, each from its own
+        // partial index in claim order, skipping rows another claimer
+        // holds: pending keyless rows, and claimed rows with an expired
+        // lease that pass the head test.
+        let arms = format!(
+            "keyless AS ( \
+               SELECT id, available_at, created_at, seq, ordering_key, \
+                 attempts >= {CAP} AS abandoned \
+               FROM {t} AS m \
+               WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= {NOW} \
+               ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
+             expired AS ( \
+               SELECT id, available_at, created_at, seq, ordering_key, \
+                 attempts >= {CAP} AS abandoned \
+               FROM {t} AS m WHERE status = 'claimed' AND locked_until <= {NOW} AND {head} \
+               ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED)"
+        );
+        // The heads of the keys `$4`, whose locks the transaction holds:
+        // each key's first pending or claimed row, looked up in the key's
+        // index, no walk however long its queue.
+        let fronts = format!(
+            "fronts AS ( \
+               SELECT id, available_at, created_at, seq, ordering_key, \
+                 attempts >= {CAP} AS abandoned \
+               FROM {t} AS m \
+               WHERE m.id IN (SELECT (SELECT e.id FROM {t} AS e \
+                   WHERE e.ordering_key = k.k AND e.ordering_key IS NOT NULL \
+                     AND e.status <> 'delivered' AND e.status IN ('pending', 'claimed') \
+                   ORDER BY e.seq LIMIT 1) \
+                 FROM unnest($4::text[]) AS k (k)) \
+               AND ((m.status = 'pending' AND m.available_at <= {NOW}) \
+                 OR (m.status = 'claimed' AND m.locked_until <= {NOW})) \
+               AND {head} \
+               FOR UPDATE SKIP LOCKED)"
+        );
+        let walk = keyed_walk_cte(&t, &head, NOW, "{walk}");
+        let key_fronts = key_fronts_cte(&t, "id", "true");
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
              available_at, created_at, updated_at, ordering_key, idempotency_key, \
@@ -177,47 +250,86 @@ impl Statements {
                  ON CONFLICT (id) DO UPDATE SET idle = true RETURNING 1"
             )
             .into(),
-            // Each arm is read from its own partial index in claim order,
-            // skipping rows another claimer holds; the union is cut to the
-            // limit again. Rows out of attempts are returned untouched.
-            // `{limit}` is written out per claim; see `Statements::claim`.
+            // Keyless rows and expired claims from `arms`, keyed heads from
+            // a bounded walk of the keyed rows in claim order
+            // (`keyed_walk_cte`); the union is cut to the limit again.
             //
             // Keyed rows need more than row locks: the head test reads the
             // statement's snapshot, which a concurrent claim of the same key
-            // may have changed since. So the first pass claims
-            // keyless rows only and returns the keyed heads it saw as
-            // `keyed`; the second pass runs in a transaction holding an
-            // advisory lock per key hash (`$4`), taken before the statement
-            // began, so its snapshot holds every claim of those keys.
-            claim: format!(
-                "WITH pending AS ( \
-                   SELECT id, available_at, created_at, seq, ordering_key, \
-                     attempts >= {CAP} AS abandoned \
-                   FROM {t} AS m WHERE status = 'pending' AND available_at <= {NOW} AND {head} \
-                   ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
-                 expired AS ( \
-                   SELECT id, available_at, created_at, seq, ordering_key, \
-                     attempts >= {CAP} AS abandoned \
-                   FROM {t} AS m WHERE status = 'claimed' AND locked_until <= {NOW} AND {head} \
-                   ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
+            // may have changed since. So the first pass claims keyless rows
+            // only and returns the keyed heads it saw as `keyed`; the second
+            // pass runs in a transaction holding an advisory lock per key
+            // hash, taken before the statement began, so its snapshot holds
+            // every claim of those keys (`claim_keyed`).
+            //
+            // A head the walk did not reach comes after every row it walked,
+            // in claim order. So when the walk was cut short and the rows
+            // picked do not all come before its last row, a head it missed
+            // might belong among them: the pass then claims nothing and
+            // returns one row, `short` (every column NULL), and the claim
+            // looks each key's head up (`key_heads`) and claims again with
+            // those keys locked (`claim_locked`). The lookup is a statement
+            // of its own, run only then: its recursive scan makes
+            // PostgreSQL price a statement above the default
+            // `jit_above_cost`, and compiling it costs more than any claim.
+            claim_keyless: format!(
+                "WITH {arms}, {walk}, \
                  picked AS ( \
-                   SELECT *, {{deferred}} AS deferred \
-                   FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) AS u \
+                   SELECT *, ordering_key IS NOT NULL AS deferred \
+                   FROM (SELECT * FROM keyless UNION ALL SELECT * FROM expired \
+                     UNION ALL SELECT id, available_at, created_at, seq, ordering_key, false \
+                     FROM walk WHERE head) AS u \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
-                 claimed AS ( \
-                   UPDATE {t} AS m SET status = 'claimed', attempts = m.attempts + 1, \
-                     claim_token = gen_random_uuid()::text, claimed_at = {NOW}, \
-                     locked_until = {NOW} + $2::bigint * interval '1 microsecond', \
-                     updated_at = {NOW} \
-                   FROM picked WHERE m.id = picked.id AND NOT picked.abandoned \
-                     AND NOT picked.deferred \
-                   RETURNING {m_all}) \
-                 SELECT 'claimed' AS outcome, NULL::bigint AS key_hash, * FROM claimed \
+                 cut AS ( \
+                   SELECT (SELECT count(*) FROM walk) >= {{walk}} AND ( \
+                     (SELECT count(*) FROM picked) < {{limit}} \
+                     OR (SELECT ROW(available_at, created_at, seq) FROM picked \
+                         ORDER BY available_at DESC, created_at DESC, seq DESC LIMIT 1) \
+                       > (SELECT ROW(available_at, created_at, seq) FROM walk \
+                         ORDER BY available_at DESC, created_at DESC, seq DESC LIMIT 1)) \
+                     AS short), \
+                 {settle} \
                  UNION ALL \
-                 SELECT CASE WHEN picked.deferred THEN 'keyed' ELSE 'abandoned' END, \
-                   hashtextextended(m.ordering_key, 0), {m_all} \
-                 FROM {t} AS m JOIN picked ON m.id = picked.id \
-                 WHERE picked.abandoned OR picked.deferred"
+                 SELECT 'short', NULL::bigint, {m_all} \
+                 FROM (SELECT 1) AS one LEFT JOIN {t} AS m ON false \
+                 WHERE (SELECT short FROM cut)",
+                settle = settle_picked("NOT (SELECT short FROM cut)"),
+            )
+            .into(),
+            // The keys' heads alone, for keyed rows a first pass left.
+            claim_keyed: format!(
+                "WITH {fronts}, \
+                 picked AS (SELECT *, false AS deferred FROM fronts), \
+                 {settle}",
+                settle = settle_picked("true"),
+            )
+            .into(),
+            // After a `short` first pass: keyless rows, expired claims and
+            // the heads of the locked keys `$4`, in claim order, cut to the
+            // limit. Keyed rows of other keys (expired claims) are left
+            // for a later claim, returned as `keyed`.
+            claim_locked: format!(
+                "WITH {arms}, {fronts}, \
+                 picked AS ( \
+                   SELECT *, ordering_key IS NOT NULL \
+                       AND NOT ordering_key = ANY($4::text[]) AS deferred \
+                   FROM (SELECT * FROM keyless UNION ALL SELECT * FROM expired \
+                     UNION ALL SELECT * FROM fronts) AS u \
+                   ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
+                 {settle}",
+                settle = settle_picked("true"),
+            )
+            .into(),
+            // Each key with unsettled rows, looked up in the key index; a
+            // key whose first pending or claimed row is a due head is
+            // returned with its hash, in its head's claim order. Locks
+            // nothing: the claim locks the keys and claims. Binds: `$1` now.
+            key_heads: format!(
+                "WITH RECURSIVE {key_fronts} \
+                 SELECT m.ordering_key, hashtextextended(m.ordering_key, 0) AS key_hash \
+                 FROM key_fronts JOIN {t} AS m ON m.id = key_fronts.r \
+                 WHERE m.status = 'pending' AND m.available_at <= {NOW} AND {head} \
+                 ORDER BY m.available_at, m.created_at, m.seq LIMIT {{limit}}"
             )
             .into(),
             lock_keys: "SELECT count(pg_advisory_xact_lock(h)) FROM unnest($1::bigint[]) AS h"
@@ -257,17 +369,18 @@ impl Statements {
             .into(),
             notify: "SELECT pg_notify($1, '')".into(),
         };
+        let pending = pending_count(&t);
+        let oldest_due = oldest_due(&t, NOW);
         let shared = SharedStatements {
             get: format!("SELECT {all} FROM {t} WHERE id = $1").into(),
             stats: format!(
                 "SELECT \
-                   (SELECT count(*) FROM {t} WHERE status = 'pending'), \
+                   {pending}, \
                    (SELECT count(*) FROM {t} WHERE status = 'claimed'), \
                    (SELECT count(*) FROM {t} WHERE status = 'delivered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'dead_lettered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'claimed' AND locked_until > {NOW}), \
-                   (SELECT min(available_at) FROM {t} \
-                     WHERE status = 'pending' AND available_at <= {NOW}), \
+                   {oldest_due}, \
                    (SELECT count(DISTINCT ordering_key) FROM {t} WHERE ordering_key IS NOT NULL \
                      AND status = 'dead_lettered' AND skipped_at IS NULL)"
             )
@@ -327,9 +440,9 @@ impl Statements {
 }
 
 impl Statements {
-    /// The claim statement for up to `limit` messages, for one pass, with
-    /// the dead-letter policy `block`. A number, two boolean literals and
-    /// one of two fixed fragments are all that is written into it.
+    /// The statement of one pass of a claim of up to `limit` messages, with
+    /// the dead-letter policy `block`. A number and two boolean literals are
+    /// all that is written into it.
     ///
     /// The limit is written into the statement rather than bound: PostgreSQL
     /// cannot see a bound `LIMIT` when it plans a statement for reuse and
@@ -337,25 +450,39 @@ impl Statements {
     /// the limit written out, each size of claim is a prepared statement of
     /// its own whose plan is reused. Binds: `$1` now (NULL for the
     /// database's), `$2` the lease in µs, `$3` the attempt cap of rows
-    /// without their own, and in the keyed pass `$4` the locked key hashes.
-    /// Each row
-    /// comes back with its `outcome`: `claimed`; `abandoned` (out of
-    /// attempts, untouched); or `keyed` (a keyed head the first pass left
-    /// for the second, untouched, with its `key_hash`).
+    /// without their own, and in the keyed and locked passes `$4` the keys
+    /// whose locks the transaction holds (the keyed pass's limit is one row
+    /// per key). Each row comes back with its `outcome`: `claimed`;
+    /// `abandoned` (out of attempts, untouched); `keyed` (a keyed row left
+    /// for a pass holding its key's lock, untouched, with its `key_hash`);
+    /// or, alone and with every column NULL, `short` (the first pass's walk
+    /// of keyed rows may have missed a head that belongs in the claim, so
+    /// it claimed nothing: see `claim_keyless`).
     pub(super) fn claim(&self, limit: usize, block: bool, pass: ClaimPass) -> String {
-        let (keys, deferred) = match pass {
-            ClaimPass::Keyless => ("", "ordering_key IS NOT NULL"),
-            ClaimPass::Keyed => (
-                "AND m.ordering_key IS NOT NULL \
-                 AND hashtextextended(m.ordering_key, 0) = ANY($4::bigint[])",
-                "false",
-            ),
-        };
-        self.claim
+        let block = if block { "true" } else { "false" };
+        match pass {
+            ClaimPass::Keyless => self
+                .claim_keyless
+                .replace("{limit}", &limit.to_string())
+                .replace("{walk}", &keyed_walk(limit).to_string())
+                .replace("{block}", block),
+            ClaimPass::Keyed => self.claim_keyed.replace("{block}", block),
+            ClaimPass::Locked => self
+                .claim_locked
+                .replace("{limit}", &limit.to_string())
+                .replace("{block}", block),
+        }
+    }
+
+    /// The statement that looks up the heads of up to `limit` keys, for a
+    /// claim whose first pass came back `short`, with the dead-letter policy
+    /// `block`. It costs a probe or two per key with unsettled rows, so it
+    /// runs only after a `short` first pass; and with JIT compilation off
+    /// (see `claim_keyless`).
+    pub(super) fn key_heads(&self, limit: usize, block: bool) -> String {
+        self.key_heads
             .replace("{limit}", &limit.to_string())
             .replace("{block}", if block { "true" } else { "false" })
-            .replace("{keys}", keys)
-            .replace("{deferred}", deferred)
     }
 }
 
@@ -366,6 +493,10 @@ pub(super) enum ClaimPass {
     Keyless,
     /// Claims the heads of the keys whose locks the transaction holds.
     Keyed,
+    /// After a first pass came back `short`: claims keyless rows and the
+    /// heads of the keys whose locks the transaction holds, together in
+    /// claim order.
+    Locked,
 }
 
 /// The channel of `table`: readable when it fits in an identifier.

@@ -416,6 +416,7 @@ impl Core {
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .bind(on_dead_letter == OnDeadLetter::Block)
             .bind(i64::from(cap))
+            .bind(i64::try_from(sql::keyed_walk(limit)).unwrap_or(i64::MAX))
             .fetch_all(&mut *tx)
             .await
             .map_err(db("claim_batch"))?;

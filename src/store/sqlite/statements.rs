@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::store::fenced::FencedOp;
-use crate::store::sql::{SharedStatements, TableName};
+use crate::store::sql::{SharedStatements, TableName, keyed_heads, oldest_due, pending_count};
 
 /// Every column, in the order rows are read.
 pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, attempts, max_attempts, \
@@ -23,7 +23,8 @@ pub(super) struct Statements {
     pub(super) insert: Arc<str>,
     /// Claim. Binds: `?1` now and `?2` lease end (µs since the epoch), `?3`
     /// limit, `?4` 1 when a dead letter holds its ordering key, else 0, `?5`
-    /// the attempt cap of messages without their own.
+    /// the attempt cap of messages without their own, `?6` how many keyed
+    /// rows to walk ([`keyed_walk`](crate::store::sql::keyed_walk)).
     pub(super) claim: Arc<str>,
     /// Record why a claimed row was dead-lettered. Binds: error, seq.
     pub(super) abandoned: Arc<str>,
@@ -40,6 +41,7 @@ impl Statements {
     pub(super) fn new(table: &TableName) -> (Self, SharedStatements) {
         let t = table.quoted();
         let head = head(&t, "?4");
+        let keyed = keyed_heads(&t, &head, "?1", "?3", "?6", "seq");
         let own = Statements {
             insert: format!(
                 "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
@@ -49,12 +51,14 @@ impl Statements {
                  ON CONFLICT DO NOTHING"
             )
             .into(),
-            // Each arm is answered from its own partial index, in claim
-            // order; the union is cut to the limit again. The head test reads
-            // the state before this statement, so a claim takes at most one
-            // message per ordering key.
+            // Keyless rows and expired claims are answered from their own
+            // partial indexes, in claim order, keyed heads by
+            // `keyed_heads`; the union is cut to the limit again. The head
+            // test reads the state before this statement, so a claim takes
+            // at most one message per ordering key.
             claim: format!(
-                "UPDATE {t} SET \
+                "WITH RECURSIVE {keyed} \
+                 UPDATE {t} SET \
                    status = CASE WHEN attempts >= {CAP} THEN 'dead_lettered' ELSE 'claimed' END, \
                    attempts = CASE WHEN attempts >= {CAP} THEN attempts ELSE attempts + 1 END, \
                    claim_token = CASE WHEN attempts >= {CAP} THEN NULL ELSE lower(hex(randomblob(16))) END, \
@@ -65,13 +69,15 @@ impl Statements {
                    SELECT seq FROM ( \
                      SELECT * FROM ( \
                        SELECT seq, available_at, created_at FROM {t} AS m \
-                       WHERE status = 'pending' AND available_at <= ?1 AND {head} \
+                       WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= ?1 \
                        ORDER BY available_at, created_at, seq LIMIT ?3) \
                      UNION ALL \
                      SELECT * FROM ( \
                        SELECT seq, available_at, created_at FROM {t} AS m \
                        WHERE status = 'claimed' AND locked_until <= ?1 AND {head} \
-                       ORDER BY available_at, created_at, seq LIMIT ?3)) \
+                       ORDER BY available_at, created_at, seq LIMIT ?3) \
+                     UNION ALL \
+                     SELECT seq, available_at, created_at FROM keyed) \
                    ORDER BY available_at, created_at, seq LIMIT ?3) \
                  RETURNING {COLUMNS}"
             )
@@ -89,16 +95,18 @@ impl Statements {
             )
             .into(),
         };
+        let pending = pending_count(&t);
+        let oldest_due = oldest_due(&t, "?1");
         let shared = SharedStatements {
             get: format!("SELECT {COLUMNS} FROM {t} WHERE id = ?1").into(),
             stats: format!(
                 "SELECT \
-                   (SELECT count(*) FROM {t} WHERE status = 'pending'), \
+                   {pending}, \
                    (SELECT count(*) FROM {t} WHERE status = 'claimed'), \
                    (SELECT count(*) FROM {t} WHERE status = 'delivered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'dead_lettered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'claimed' AND locked_until > ?1), \
-                   (SELECT min(available_at) FROM {t} WHERE status = 'pending' AND available_at <= ?1), \
+                   {oldest_due}, \
                    (SELECT count(DISTINCT ordering_key) FROM {t} WHERE ordering_key IS NOT NULL \
                      AND status = 'dead_lettered' AND skipped_at IS NULL)"
             )
@@ -157,7 +165,7 @@ impl Statements {
 /// The claim's test that `m` is the head of its ordering key, or has none;
 /// `block` is the parameter that says whether a dead letter holds its key.
 fn head(t: &str, block: &str) -> String {
-    crate::store::sql::head_test(t, block)
+    crate::store::sql::head_test(t, block, "?1", false)
 }
 
 /// The fenced write statements, one per kind of write.
