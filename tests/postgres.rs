@@ -1200,6 +1200,67 @@ async fn server_clock_store(pool: &PgPool, table: &str) -> PostgresOutbox {
     outbox
 }
 
+/// On the server's clock, an operator's requeue and retry-now make a
+/// message due by the server's clock, whatever the operator's says: one an
+/// hour ahead does not leave it waiting an hour.
+#[tokio::test]
+async fn admin_changes_follow_the_servers_clock() {
+    let pool = pool().await;
+    let outbox = server_clock_store(&pool, &unique("admin_clock")).await;
+    let real = chrono::Utc::now;
+    let hour = chrono::Duration::hours(1);
+    let claim = |now| ClaimBatch {
+        on_dead_letter: Default::default(),
+        limit: 10,
+        now,
+        lease: LEASE,
+        max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+    };
+    outbox
+        .enqueue(event("dead", 1, real()).with_id("dead"))
+        .await
+        .unwrap();
+    let claimed = outbox.claim_batch(claim(real())).await.unwrap().claimed;
+    outbox
+        .mark_failed(outbox::MarkFailed {
+            id: "dead".into(),
+            claim_token: claimed[0].claim_token.clone(),
+            error: outbox::ErrorRecord::new("Test", "gave up"),
+            dead_letter: true,
+            now: real(),
+            retry_at: None,
+        })
+        .await
+        .unwrap();
+    let requeue = outbox::RequeueDeadLetters {
+        id: Some("dead".into()),
+        name: None,
+        now: real() + hour,
+    };
+    assert_eq!(outbox.requeue_dead_letters(requeue).await.unwrap(), 1);
+    let again = outbox.claim_batch(claim(real())).await.unwrap().claimed;
+    assert_eq!(again.len(), 1, "due by the server's clock once requeued");
+
+    // Retry-now of a message waiting for its retry, asked an hour ahead.
+    outbox
+        .enqueue(
+            event("later", 2, real())
+                .with_id("later")
+                .available_at(real() + chrono::Duration::days(1)),
+        )
+        .await
+        .unwrap();
+    outbox
+        .retry_now(outbox::RetryNow {
+            id: "later".into(),
+            now: real() + hour,
+        })
+        .await
+        .unwrap();
+    let later = outbox.claim_batch(claim(real())).await.unwrap().claimed;
+    assert_eq!(later.len(), 1, "due by the server's clock after retry-now");
+}
+
 /// On the server's clock, callers an hour apart agree on every lease: the
 /// one behind can claim what is due, the one ahead cannot take a live
 /// lease over, renewals and settlements judge liveness by the server, and

@@ -466,7 +466,9 @@ pub struct RequeueDeadLetters {
     pub id: Option<String>,
     /// Only dead letters with this name, when requeueing all.
     pub name: Option<String>,
-    /// The caller's clock.
+    /// The caller's clock: requeued messages are due from then. A store
+    /// that judges leases by the database's clock (PostgreSQL's default)
+    /// uses the database's time instead.
     pub now: DateTime<Utc>,
 }
 
@@ -477,7 +479,8 @@ pub struct RequeueDeadLetters {
 pub struct SkipDeadLetter {
     /// The dead letter's id.
     pub id: String,
-    /// The caller's clock; becomes `skipped_at`.
+    /// The caller's clock; becomes `skipped_at` (the database's time on a
+    /// store that judges leases by it).
     pub now: DateTime<Utc>,
 }
 
@@ -523,7 +526,8 @@ pub struct RetryNow {
     /// The message id.
     pub id: String,
     /// The caller's clock: the message becomes available at this time (or
-    /// stays at its earlier `available_at`).
+    /// stays at its earlier `available_at`); the database's time on a store
+    /// that judges leases by it.
     pub now: DateTime<Utc>,
 }
 

@@ -997,10 +997,18 @@ where
             .map_err(|error| Error::Unreadable(Box::new(Self::unreadable(&row, error))))
     }
 
+    /// The time an admin change writes: the caller's `now`, or NULL where
+    /// the store judges leases by the database's clock (the statement then
+    /// reads that clock). A requeue stamped by a caller whose clock runs
+    /// ahead would otherwise leave the message waiting out the skew.
+    fn admin_now(&self, now: DateTime<Utc>) -> Option<B::Time> {
+        (!self.core.server_clock()).then(|| B::Time::store(now))
+    }
+
     pub(crate) async fn requeue_dead_letters(&self, params: RequeueDeadLetters) -> Result<u64> {
         check::requeue(&params)?;
         let sql = &self.core.parts().shared;
-        let now = B::Time::store(params.now);
+        let now = self.admin_now(params.now);
         let requeued = {
             let _write = self.core.write_lock().await;
             match &params.id {
@@ -1045,7 +1053,7 @@ where
             let _write = self.core.write_lock().await;
             sqlx::query(AssertSqlSafe(statement))
                 .bind(id)
-                .bind(B::Time::store(now))
+                .bind(self.admin_now(now))
                 .execute(&self.core.parts().pool)
                 .await
                 .map_err(db("retry_now"))?
@@ -1106,7 +1114,7 @@ where
             let _write = self.core.write_lock().await;
             sqlx::query(AssertSqlSafe(self.core.parts().shared.skip.clone()))
                 .bind(params.id.as_str())
-                .bind(B::Time::store(params.now))
+                .bind(self.admin_now(params.now))
                 .execute(&self.core.parts().pool)
                 .await
                 .map_err(db("skip_dead_letter"))?

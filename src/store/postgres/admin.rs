@@ -76,7 +76,9 @@ impl Core {
     /// Makes a pending message due: never later than it already was.
     pub(super) fn retry_statement(&self) -> String {
         format!(
-            "UPDATE {} SET available_at = LEAST(available_at, $2), updated_at = $2 \
+            "UPDATE {} SET \
+               available_at = LEAST(available_at, coalesce($2::timestamptz, statement_timestamp())), \
+               updated_at = coalesce($2::timestamptz, statement_timestamp()) \
              WHERE id = $1 AND status = 'pending'",
             self.parts.shared.table
         )

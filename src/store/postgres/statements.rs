@@ -385,15 +385,18 @@ impl Statements {
                      AND status = 'dead_lettered' AND skipped_at IS NULL)"
             )
             .into(),
+            // `now` (`$2` here, `$1` in the next) is NULL on the database's
+            // clock, like a claim's.
             requeue_one: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = $2, updated_at = $2, \
-                   skipped_at = NULL \
+                "UPDATE {t} SET status = 'pending', attempts = 0, \
+                   available_at = coalesce($2::timestamptz, statement_timestamp()), \
+                   updated_at = coalesce($2::timestamptz, statement_timestamp()), skipped_at = NULL \
                  WHERE id = $1 AND status = 'dead_lettered'"
             )
             .into(),
             requeue_all: format!(
-                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = $1, updated_at = $1, \
-                   skipped_at = NULL \
+                "UPDATE {t} SET status = 'pending', attempts = 0, available_at = {NOW}, \
+                   updated_at = {NOW}, skipped_at = NULL \
                  WHERE status = 'dead_lettered' AND ($2::text IS NULL OR name = $2)"
             )
             .into(),
@@ -415,7 +418,8 @@ impl Statements {
             )
             .into(),
             skip: format!(
-                "UPDATE {t} SET skipped_at = $2, updated_at = $2 \
+                "UPDATE {t} SET skipped_at = coalesce($2::timestamptz, statement_timestamp()), \
+                   updated_at = coalesce($2::timestamptz, statement_timestamp()) \
                  WHERE id = $1 AND status = 'dead_lettered'"
             )
             .into(),
