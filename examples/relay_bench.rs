@@ -30,8 +30,9 @@
 //!   over this (`relay_to_drain`) is what the transport costs; the drain
 //!   over the raw loop bounds the ratio any transport could reach.
 //!
-//! `--prefetch N` and `--arbiters N` set the drain's `prefetch` and
-//! `delivery_arbiters` (default 0, as `outbox relay` runs).
+//! The drains run as `outbox relay` does by default: `--batch 10000`,
+//! `--concurrency 256`, `--prefetch 256`, no `--arbiters` (the drain's
+//! `delivery_arbiters`).
 //!
 //! The destination is checked afterwards to hold every message once. Each
 //! (store, broker) prints one JSON line with the three rates and the ratios.
@@ -80,8 +81,8 @@ fn parse_args() -> Result<Args, String> {
         stores: vec!["sqlite".to_owned()],
         messages: 100_000,
         concurrency: 256,
-        batch: 1_000,
-        prefetch: 0,
+        batch: 10_000,
+        prefetch: 256,
         arbiters: 0,
         window: 256,
     };
