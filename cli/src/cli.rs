@@ -444,7 +444,7 @@ pub(crate) struct RunArgs {
 
     /// Messages claimed ahead of free delivery slots (at most 4096), so a
     /// slot that frees starts the next message without waiting for a claim
-    /// [default: 0 for drain, 256 for relay].
+    /// [default: the runtime's `DrainConfig` default for drain, 256 for relay].
     #[arg(long, value_name = "N")]
     pub(crate) prefetch: Option<usize>,
 
