@@ -24,9 +24,18 @@
 //!   destination through the broker transport (`Drain` in a loop, `--batch`
 //!   messages a pass, `--concurrency` deliveries in flight), each message
 //!   settled in the store once the broker acknowledged it.
+//! - **drain**: the same runtime with the same settings draining a second
+//!   outbox, filled alike, into a bus that publishes nowhere: the store's
+//!   and the runtime's own ceiling, which no transport can pass. The relay
+//!   over this (`relay_to_drain`) is what the transport costs; the drain
+//!   over the raw loop bounds the ratio any transport could reach.
+//!
+//! The drains run as `outbox relay` does by default: `--batch 10000`,
+//! `--concurrency 256`, `--prefetch 256`, no `--arbiters` (the drain's
+//! `delivery_arbiters`).
 //!
 //! The destination is checked afterwards to hold every message once. Each
-//! (store, broker) prints one JSON line with both rates and their ratio.
+//! (store, broker) prints one JSON line with the three rates and the ratios.
 
 use std::future::{Future, IntoFuture};
 use std::time::{Duration, Instant};
@@ -48,7 +57,22 @@ struct Args {
     messages: u64,
     concurrency: usize,
     batch: usize,
+    prefetch: usize,
+    arbiters: usize,
     window: usize,
+}
+
+impl Args {
+    /// The settings of both drains, the relay's and the one to nowhere.
+    fn drain_config(&self) -> DrainConfig {
+        DrainConfig {
+            batch_size: self.batch.max(self.concurrency),
+            concurrency: self.concurrency,
+            prefetch: self.prefetch,
+            delivery_arbiters: self.arbiters,
+            ..DrainConfig::default()
+        }
+    }
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -57,7 +81,9 @@ fn parse_args() -> Result<Args, String> {
         stores: vec!["sqlite".to_owned()],
         messages: 100_000,
         concurrency: 256,
-        batch: 1_000,
+        batch: 10_000,
+        prefetch: 256,
+        arbiters: 0,
         window: 256,
     };
     let mut it = std::env::args().skip(1);
@@ -81,14 +107,27 @@ fn parse_args() -> Result<Args, String> {
             "--concurrency" => args.concurrency = number(value()?)? as usize,
             "--batch" => args.batch = number(value()?)? as usize,
             "--window" => args.window = number(value()?)? as usize,
+            "--prefetch" => {
+                args.prefetch = value()?
+                    .parse()
+                    .map_err(|_| "--prefetch: write a whole number from 0".to_owned())?
+            }
+            "--arbiters" => {
+                args.arbiters = value()?
+                    .parse()
+                    .map_err(|_| "--arbiters: write a whole number from 0".to_owned())?
+            }
             other => {
                 return Err(format!(
                     "unknown flag {other}; use --broker nats,amqp,redis (or all), --store sqlite,postgres, \
-                     --messages N, --concurrency N, --batch N, --window N"
+                     --messages N, --concurrency N, --batch N, --prefetch N, --arbiters N, --window N"
                 ));
             }
         }
     }
+    args.drain_config()
+        .validate()
+        .map_err(|e| format!("the drain's settings: {e}"))?;
     if let Some(other) = args.brokers.iter().find(|b| !BROKERS.contains(&b.as_str())) {
         return Err(format!("--broker {other}: use nats, amqp, redis or all"));
     }
@@ -682,8 +721,10 @@ mod pg {
         })
     }
 
-    pub(super) async fn filled(messages: u64) -> PostgresOutbox {
-        let table = format!("relay_bench_{}", std::process::id());
+    /// An outbox of `messages` events in a fresh table named after the run
+    /// and `side`.
+    pub(super) async fn filled(messages: u64, side: &str) -> PostgresOutbox {
+        let table = format!("relay_bench_{}_{side}", std::process::id());
         let pool = PgPoolOptions::new()
             .connect_lazy(&url())
             .expect("a PostgreSQL URL");
@@ -730,8 +771,22 @@ mod pg {
     }
 }
 
+/// A bus that publishes nowhere: the drain with it is the store's and the
+/// runtime's ceiling, which no transport can pass.
+#[derive(Clone)]
+struct Nowhere;
+
+impl EventBus for Nowhere {
+    fn publish(
+        &self,
+        _: outbox::Delivery,
+    ) -> futures_util::future::LocalBoxFuture<'static, outbox::DeliveryResult> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
 /// Drain `store` through `transport` with the runtime; the time it took.
-async fn relay(
+async fn drain(
     store: impl OutboxStore + OutboxAdmin + Clone,
     transport: impl EventBus,
     args: &Args,
@@ -744,11 +799,7 @@ async fn relay(
                 .expect("registry"),
         )
         .event_bus(transport)
-        .config(DrainConfig {
-            batch_size: args.batch.max(args.concurrency),
-            concurrency: args.concurrency,
-            ..DrainConfig::default()
-        })
+        .config(args.drain_config())
         .wake_on_insert(false)
         .start()
         .expect("a valid configuration");
@@ -782,19 +833,20 @@ async fn relay(
 async fn measure<B: Broker>(
     broker: &mut B,
     store_name: &str,
-    store: impl OutboxStore + OutboxAdmin + Clone,
+    [store, ceiling]: [impl OutboxStore + OutboxAdmin + Clone; 2],
     args: &Args,
 ) {
     let raw = broker.raw(args.messages, args.window).await;
+    let drained = drain(ceiling, Nowhere, args).await;
     let transport = broker.transport().await;
-    let relayed = relay(store, transport, args).await;
+    let relayed = drain(store, transport, args).await;
     let stored = broker.stored().await;
     assert_eq!(
         stored, args.messages,
         "the destination holds every message once"
     );
     let rate = |d: Duration| args.messages as f64 / d.as_secs_f64();
-    let (relay_rate, raw_rate) = (rate(relayed), rate(raw));
+    let (relay_rate, raw_rate, drain_rate) = (rate(relayed), rate(raw), rate(drained));
     println!(
         "{}",
         serde_json::json!({
@@ -804,10 +856,14 @@ async fn measure<B: Broker>(
             "messages": args.messages,
             "concurrency": args.concurrency,
             "batch": args.batch.max(args.concurrency),
+            "prefetch": args.prefetch,
+            "arbiters": args.arbiters,
             "raw_window": args.window,
             "relay_msgs_per_s": relay_rate.round(),
             "raw_msgs_per_s": raw_rate.round(),
             "ratio": (relay_rate / raw_rate * 100.0).round() / 100.0,
+            "drain_msgs_per_s": drain_rate.round(),
+            "relay_to_drain": (relay_rate / drain_rate * 100.0).round() / 100.0,
             "stream_messages": stored,
         })
     );
@@ -831,16 +887,20 @@ async fn each_store<B: Broker>(broker: &mut B, args: &Args) {
             "sqlite" => {
                 let dir = std::env::temp_dir().join(format!("relay-bench-{}", std::process::id()));
                 std::fs::create_dir_all(&dir).expect("a temporary directory");
-                let outbox = fill_sqlite(&dir.join("outbox.db"), args.messages).await;
-                measure(broker, "sqlite", outbox.clone(), args).await;
-                outbox.pool().close().await;
+                let relayed = fill_sqlite(&dir.join("outbox.db"), args.messages).await;
+                let drained = fill_sqlite(&dir.join("drained.db"), args.messages).await;
+                measure(broker, "sqlite", [relayed.clone(), drained.clone()], args).await;
+                relayed.pool().close().await;
+                drained.pool().close().await;
                 let _ = std::fs::remove_dir_all(&dir);
             }
             #[cfg(feature = "postgres")]
             "postgres" => {
-                let outbox = pg::filled(args.messages).await;
-                measure(broker, "postgres", outbox.clone(), args).await;
-                pg::clean_up(&outbox).await;
+                let relayed = pg::filled(args.messages, "relayed").await;
+                let drained = pg::filled(args.messages, "drained").await;
+                measure(broker, "postgres", [relayed.clone(), drained.clone()], args).await;
+                pg::clean_up(&relayed).await;
+                pg::clean_up(&drained).await;
             }
             _ => unreachable!("checked by parse_args"),
         }

@@ -433,7 +433,7 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) every: Option<Duration>,
 
-    /// Most messages one pass claims [default: 100 for drain, 1000 for relay].
+    /// Most messages one pass claims [default: 100 for drain, 10000 for relay].
     #[arg(long, value_name = "N")]
     pub(crate) batch_size: Option<usize>,
 
@@ -441,6 +441,12 @@ pub(crate) struct RunArgs {
     /// drain, 256 for relay].
     #[arg(long, short = 'c', value_name = "N")]
     pub(crate) concurrency: Option<usize>,
+
+    /// Messages claimed ahead of free delivery slots (at most 4096), so a
+    /// slot that frees starts the next message without waiting for a claim
+    /// [default: the runtime's `DrainConfig` default for drain, 256 for relay].
+    #[arg(long, value_name = "N")]
+    pub(crate) prefetch: Option<usize>,
 
     /// How long a claim owns a message unless renewed.
     #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = parse_duration)]

@@ -53,6 +53,7 @@ pub(crate) async fn drain(store: &Store, args: DrainArgs) -> Result<(), Failure>
     let settings = Defaults {
         batch_size: 100,
         concurrency: 1,
+        prefetch: DrainConfig::default().prefetch,
         every: None,
         doing: "draining",
     };
@@ -63,6 +64,7 @@ pub(crate) async fn drain(store: &Store, args: DrainArgs) -> Result<(), Failure>
 pub(crate) struct Defaults {
     pub(crate) batch_size: usize,
     pub(crate) concurrency: usize,
+    pub(crate) prefetch: usize,
     /// The interval without --once or --every; `None` when one is required.
     pub(crate) every: Option<Duration>,
     /// How the command announces itself: `draining`, `relaying to …`.
@@ -119,6 +121,7 @@ fn config(args: &RunArgs, defaults: &Defaults) -> Result<DrainConfig, Failure> {
     let config = DrainConfig {
         batch_size: args.batch_size.unwrap_or(defaults.batch_size),
         concurrency: args.concurrency.unwrap_or(defaults.concurrency),
+        prefetch: args.prefetch.unwrap_or(defaults.prefetch),
         lease: args.lease,
         heartbeat: args.heartbeat,
         max_active: args.max_active,

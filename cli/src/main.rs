@@ -56,8 +56,8 @@
 //! 0 is delivered, anything else a failure whose last stderr lines become the
 //! message's `last_error` (retried with backoff, dead-lettered when out of
 //! attempts). `--print` writes each message to stdout as a JSON line. The
-//! flags `--batch-size`, `--concurrency`, `--lease`, `--heartbeat`,
-//! `--max-active`, `--retry-delay` and `--retry-max-delay` map onto
+//! flags `--batch-size`, `--concurrency`, `--prefetch`, `--lease`,
+//! `--heartbeat`, `--max-active`, `--retry-delay` and `--retry-max-delay` map onto
 //! `DrainConfig` and are validated like it. `--once` runs one pass (at most
 //! `--batch-size` messages), and the passes the coordinator starts by itself
 //! before it is shut down, and reports the totals over all of them. `--every` runs a pass at that interval, and on

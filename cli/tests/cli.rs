@@ -1008,6 +1008,16 @@ async fn drain_flags_are_validated_before_anything_runs<S: OutboxStore + OutboxA
         invalid.stderr
     );
     let invalid = f
+        .run(&["drain", "--once", "--print", "--prefetch", "5000"])
+        .code(2);
+    assert!(
+        invalid
+            .stderr
+            .contains("`--prefetch` must be at most 4096 (5000 given)"),
+        "{}",
+        invalid.stderr
+    );
+    let invalid = f
         .run(&[
             "drain",
             "--once",
