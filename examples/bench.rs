@@ -179,9 +179,7 @@ fn parse_args() -> Result<Args, String> {
             "--prefetch" => {
                 args.prefetch = value()?.parse().map_err(|e| format!("--prefetch: {e}"))?
             }
-            "--claims" => {
-                args.claims = value()?.parse().map_err(|e| format!("--claims: {e}"))?
-            }
+            "--claims" => args.claims = value()?.parse().map_err(|e| format!("--claims: {e}"))?,
             "--schedule" => args.schedule = Some(parse_every(&value()?)?),
             "--help" | "-h" => {
                 return Err(format!(

@@ -161,6 +161,9 @@ pub(crate) struct Claimer {
     arm: Option<WakeupArm>,
     /// What arming found.
     arming: Arming,
+    /// Arming has not answered yet: a claim before it could miss a commit
+    /// that then wakes nobody.
+    arming_in_flight: bool,
 }
 
 impl Claimer {
@@ -193,17 +196,21 @@ impl Claimer {
             backoff: Duration::ZERO,
             arm,
             arming: Arming::NotAsked,
+            arming_in_flight: false,
         }
     }
 
     /// Arm the store's wake-ups, then claim. Counted as a claim in flight,
-    /// so nothing is claimed, and the pass does not end, before it answers.
+    /// so the pass does not end before it answers, and nothing is claimed
+    /// before then (see `arming_in_flight`).
     fn arm_then_fill(&mut self, arm: WakeupArm, ctx: &mut Context<Self>) {
         self.claims += 1;
+        self.arming_in_flight = true;
         let lease = self.drain.config.lease;
         let armed = async move { tokio::time::timeout(lease, arm.arm()).await };
         ctx.spawn(armed.into_actor(self).map(move |armed, act, ctx| {
             act.claims -= 1;
+            act.arming_in_flight = false;
             act.arming = match armed {
                 Ok(Ok(Armed::Yes)) => Arming::Armed,
                 Ok(Ok(Armed::Busy)) => Arming::Busy,
@@ -258,6 +265,7 @@ impl Claimer {
         let in_flight = config.claims_in_flight.max(1);
         let share = (concurrency + prefetch).div_ceil(in_flight);
         while self.claims < in_flight
+            && !self.arming_in_flight
             && self.phase == Phase::Claiming
             && self.budget > 0
             && self.paused_until.is_none()
