@@ -56,6 +56,9 @@
 //!     --sweep 1,4,16,64,256 --plot docs/throughput.png
 //! ```
 //!
+//! `--prefetch N` and `--claims N` set the runtime's `prefetch` and
+//! `claims_in_flight`.
+//!
 //! The last line printed is one JSON object.
 
 mod bench_plot;
@@ -240,6 +243,15 @@ fn parse_args() -> Result<Args, String> {
     if args.messages == 0 || args.concurrency == 0 {
         return Err("--messages and --concurrency must be at least 1".into());
     }
+    // The drain refuses these at start; say so before filling any store.
+    let drain = DrainConfig {
+        prefetch: args.prefetch,
+        claims_in_flight: args.claims,
+        ..DrainConfig::default()
+    };
+    drain
+        .validate()
+        .map_err(|error| format!("--prefetch or --claims: {error}"))?;
     Ok(args)
 }
 
