@@ -56,6 +56,9 @@
 //!     --sweep 1,4,16,64,256 --plot docs/throughput.png
 //! ```
 //!
+//! `--prefetch N` and `--claims N` set the runtime's `prefetch` and
+//! `claims_in_flight`.
+//!
 //! The last line printed is one JSON object.
 
 mod bench_plot;
@@ -105,6 +108,8 @@ struct Args {
     arbiters: usize,
     /// `prefetch` of the runtime's drain.
     prefetch: usize,
+    /// `claims_in_flight` of the runtime's drain.
+    claims: usize,
     /// Drain on this schedule instead of sending `Drain` in a loop.
     schedule: Option<Duration>,
     /// Measure each of these concurrencies in turn.
@@ -131,6 +136,7 @@ fn parse_args() -> Result<Args, String> {
         only: None,
         arbiters: 0,
         prefetch: 0,
+        claims: DrainConfig::default().claims_in_flight,
         schedule: None,
         sweep: None,
         plot: None,
@@ -176,13 +182,14 @@ fn parse_args() -> Result<Args, String> {
             "--prefetch" => {
                 args.prefetch = value()?.parse().map_err(|e| format!("--prefetch: {e}"))?
             }
+            "--claims" => args.claims = value()?.parse().map_err(|e| format!("--claims: {e}"))?,
             "--schedule" => args.schedule = Some(parse_every(&value()?)?),
             "--help" | "-h" => {
                 return Err(format!(
                     "usage: bench [--store {}] [--messages N] [--concurrency N] [--batch N] \
-                     [--only runtime|baseline] [--arbiters N] [--prefetch N] [--schedule EVERY]\n       \
+                     [--only runtime|baseline] [--arbiters N] [--prefetch N] [--claims N] [--schedule EVERY]\n       \
                      bench --store STORE,STORE... --sweep N,N,... [--plot FILE.png] \
-                     [--messages N] [--batch N] [--arbiters N] [--prefetch N] [--schedule EVERY]",
+                     [--messages N] [--batch N] [--arbiters N] [--prefetch N] [--claims N] [--schedule EVERY]",
                     STORES.join("|")
                 ));
             }
@@ -236,6 +243,15 @@ fn parse_args() -> Result<Args, String> {
     if args.messages == 0 || args.concurrency == 0 {
         return Err("--messages and --concurrency must be at least 1".into());
     }
+    // The drain refuses these at start; say so before filling any store.
+    let drain = DrainConfig {
+        prefetch: args.prefetch,
+        claims_in_flight: args.claims,
+        ..DrainConfig::default()
+    };
+    drain
+        .validate()
+        .map_err(|error| format!("--prefetch or --claims: {error}"))?;
     Ok(args)
 }
 
@@ -339,6 +355,8 @@ struct RuntimeSettings {
     arbiters: usize,
     /// Messages claimed ahead of free slots.
     prefetch: usize,
+    /// Claims in flight at once.
+    claims: usize,
     /// `Some`: no `Drain` loop, the coordinator drains on this schedule.
     schedule: Option<Duration>,
 }
@@ -357,6 +375,7 @@ async fn drain_with_runtime(
             concurrency: settings.concurrency,
             delivery_arbiters: settings.arbiters,
             prefetch: settings.prefetch,
+            claims_in_flight: settings.claims,
             every: settings.schedule,
             ..DrainConfig::default()
         })
@@ -1052,6 +1071,7 @@ fn main() {
         only,
         arbiters,
         prefetch,
+        claims,
         schedule,
         sweep,
         plot,
@@ -1073,6 +1093,7 @@ fn main() {
         batch_size: batch.unwrap_or(default_batch).max(concurrency),
         arbiters,
         prefetch,
+        claims,
         schedule,
     };
 
@@ -1153,6 +1174,7 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         concurrency,
         batch_size,
         prefetch,
+        claims,
         schedule,
         ..
     } = settings;
@@ -1197,7 +1219,7 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
     };
     println!(
         "{store_name}: {messages} messages, concurrency {concurrency}, batch {batch_size}, \
-         prefetch {prefetch}, {driven_by}: runtime {:.0}/s ({:.2?}{}{}), baseline {:.0}/s ({:.2?}{}{})",
+         prefetch {prefetch}, claims {claims}, {driven_by}: runtime {:.0}/s ({:.2?}{}{}), baseline {:.0}/s ({:.2?}{}{})",
         runtime_per_sec,
         runtime_side.elapsed,
         commits(runtime_side),
@@ -1217,6 +1239,7 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         concurrency,
         batch: batch_size,
         prefetch,
+        claims_in_flight: claims,
         schedule_ms: schedule.map(|every| every.as_millis() as u64),
         runtime_per_sec: runtime_per_sec.round(),
         baseline_per_sec: baseline_per_sec.round(),
@@ -1256,6 +1279,8 @@ struct Summary {
     batch: usize,
     /// `prefetch` of the runtime's drain.
     prefetch: usize,
+    /// `claims_in_flight` of the runtime's drain.
+    claims_in_flight: usize,
     /// The schedule the runtime drained on, or `None` for a `Drain` loop.
     schedule_ms: Option<u64>,
     runtime_per_sec: f64,

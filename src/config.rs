@@ -17,6 +17,10 @@ use crate::retry::RetryPolicy;
 /// row whose lease runs while it waits.
 const MAX_PREFETCH: usize = 4096;
 
+/// The most claims [`DrainConfig::claims_in_flight`] may allow at once: each
+/// holds a store connection while it runs.
+const MAX_CLAIMS_IN_FLIGHT: usize = 64;
+
 /// Drain settings. `Default` gives the documented defaults.
 ///
 /// ```
@@ -45,6 +49,15 @@ pub struct DrainConfig {
     /// left is given back undelivered, and all are given back at shutdown.
     /// Default 0: claim only for free slots.
     pub prefetch: usize,
+    /// Claims a pass may have in flight at once, 1 to 64. With more than
+    /// one, the free slots (`concurrency + prefetch`) are claimed in shares
+    /// of `(concurrency + prefetch) / claims_in_flight`, and a claim goes out
+    /// while others still run, as soon as a share of slots is free: a
+    /// store whose claim is bound by a durable commit's round-trip (such as
+    /// PostgreSQL with `fsync` on) overlaps those waits, and the commits of
+    /// concurrent claims share a flush. Each claim holds a store connection
+    /// while it runs. Default 1: one claim at a time, sized by all free slots.
+    pub claims_in_flight: usize,
     /// How long a claim owns a message unless renewed. Default 30 s.
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
@@ -207,6 +220,7 @@ impl Default for DrainConfig {
             batch_size: 100,
             concurrency: 1,
             prefetch: 0,
+            claims_in_flight: 1,
             lease: Duration::from_secs(30),
             heartbeat: None,
             max_active: Duration::from_secs(300),
@@ -311,6 +325,15 @@ impl DrainConfig {
             bad(
                 "prefetch",
                 format!("must be at most {MAX_PREFETCH} ({} given)", self.prefetch),
+            );
+        }
+        if !(1..=MAX_CLAIMS_IN_FLIGHT).contains(&self.claims_in_flight) {
+            bad(
+                "claims_in_flight",
+                format!(
+                    "must be between 1 and {MAX_CLAIMS_IN_FLIGHT} ({} given)",
+                    self.claims_in_flight
+                ),
             );
         }
         if self.delivery_arbiters > 256 {
@@ -437,6 +460,25 @@ mod tests {
                 .contains("`prefetch` must be at most 4096 (4097 given)"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn claims_in_flight_is_between_one_and_sixty_four() {
+        let config: DrainConfig = serde_json::from_str(r#"{"claims_in_flight": 64}"#).unwrap();
+        config.validate().unwrap();
+        for given in [0, 65] {
+            let config = DrainConfig {
+                claims_in_flight: given,
+                ..DrainConfig::default()
+            };
+            let error = config.validate().unwrap_err();
+            assert!(
+                error.to_string().contains(&format!(
+                    "`claims_in_flight` must be between 1 and 64 ({given} given)"
+                )),
+                "{error}"
+            );
+        }
     }
 
     #[test]

@@ -174,6 +174,19 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
             "events_settled"
         ]
     );
+    // Migration 0008: only rows with an idempotency key are in its index.
+    let idempotency: String = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = 'events_idempotency'",
+    )
+    .bind(&schema)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        idempotency.starts_with("CREATE UNIQUE INDEX")
+            && idempotency.ends_with("WHERE (idempotency_key IS NOT NULL)"),
+        "{idempotency}"
+    );
     // Concurrent setups of one new table serialize on sqlx's migration lock.
     let shared = unique("concurrent");
     let stores: Vec<_> = (0..3)

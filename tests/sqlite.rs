@@ -197,6 +197,17 @@ async fn custom_tables_coexist_and_each_is_set_up_once() {
             "jobs_b_settled"
         ]
     );
+    // Migration 0008: only rows with an idempotency key are in its index.
+    let idempotency: String =
+        sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'jobs_b_idempotency'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(
+        idempotency.contains("UNIQUE")
+            && idempotency.ends_with("WHERE idempotency_key IS NOT NULL"),
+        "{idempotency}"
+    );
     for tracking in ["jobs_a_migrations", "jobs_b_migrations"] {
         let applied: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT count(*) FROM {tracking}"

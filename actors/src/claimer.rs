@@ -4,9 +4,16 @@
 //! free slots (never past the pass's remaining budget), starts one
 //! [`DeliveryActor`] per claimed message, and refills a slot as soon as its
 //! handler returns, while that delivery settles, rather than waiting for a
-//! whole wave to finish. One claim is in flight at a time; slots that free
-//! while it runs are filled by the next, so a slow store gets larger batches
-//! on its own. With `prefetch`, a claim also takes up to that many messages
+//! whole wave to finish. Up to `claims_in_flight` claims run at once, each
+//! for a share of the slots (`(concurrency + prefetch) / claims_in_flight`):
+//! the first for whatever is free (at most a share), the others only once a
+//! whole share is free; slots that free while they run are filled by the
+//! next, so a slow store gets larger batches on its own. A claim's budget is
+//! set aside when it goes out and what it did not use is returned when it
+//! comes back, so concurrent claims never select more than the pass's
+//! budget. Concurrent claims are safe at store level as claims of separate
+//! workers are (each is atomic, and at most one message per ordering key is
+//! claimed at a time). With `prefetch`, a claim also takes up to that many messages
 //! more than there are free slots: they wait in claim order and start as
 //! slots free, without waiting for a claim's round-trip. A waiting message's
 //! lease runs (its heartbeat starts with its handler), so one that waited
@@ -18,7 +25,9 @@
 //! the messages already in the mailbox are handled. Messages dead-lettered
 //! at claim (attempts used up) are reported as dead letters. The pass ends
 //! when the budget is spent, a claim returns nothing, or claiming fails, and
-//! every delivery it started has reported. A [`Refill`] (sent when new
+//! every claim in flight has come back and every delivery it started has
+//! reported (an empty claim stops further claims; those still in flight
+//! deliver what they took). A [`Refill`] (sent when new
 //! messages may be due) makes it claim again after an empty claim, as long
 //! as the pass is still open. When it is done it tells the coordinator
 //! whether the budget was spent (so more is likely waiting and the next pass
@@ -131,8 +140,11 @@ pub(crate) struct Claimer {
     next_slot: u64,
     /// Deliveries started; the coordinator waits for that many outcomes.
     claimed: u64,
-    /// A claim (or the release of an over-claim) is in flight; one at a time.
-    claiming: bool,
+    /// Claims (or arming, or the release of an over-claim) in flight.
+    claims: usize,
+    /// Slots the claims in flight asked for: they count as taken until the
+    /// claims come back.
+    asked: usize,
     /// A [`FillSlots`] is queued.
     filling: bool,
     /// Whether the pass still claims.
@@ -149,6 +161,9 @@ pub(crate) struct Claimer {
     arm: Option<WakeupArm>,
     /// What arming found.
     arming: Arming,
+    /// Arming has not answered yet: a claim before it could miss a commit
+    /// that then wakes nobody.
+    arming_in_flight: bool,
 }
 
 impl Claimer {
@@ -172,7 +187,8 @@ impl Claimer {
             keyed: HashSet::new(),
             next_slot: 0,
             claimed: 0,
-            claiming: false,
+            claims: 0,
+            asked: 0,
             filling: false,
             phase: Phase::Claiming,
             error: None,
@@ -180,17 +196,21 @@ impl Claimer {
             backoff: Duration::ZERO,
             arm,
             arming: Arming::NotAsked,
+            arming_in_flight: false,
         }
     }
 
     /// Arm the store's wake-ups, then claim. Counted as a claim in flight,
-    /// so nothing is claimed, and the pass does not end, before it answers.
+    /// so the pass does not end before it answers, and nothing is claimed
+    /// before then (see `arming_in_flight`).
     fn arm_then_fill(&mut self, arm: WakeupArm, ctx: &mut Context<Self>) {
-        self.claiming = true;
+        self.claims += 1;
+        self.arming_in_flight = true;
         let lease = self.drain.config.lease;
         let armed = async move { tokio::time::timeout(lease, arm.arm()).await };
         ctx.spawn(armed.into_actor(self).map(move |armed, act, ctx| {
-            act.claiming = false;
+            act.claims -= 1;
+            act.arming_in_flight = false;
             act.arming = match armed {
                 Ok(Ok(Armed::Yes)) => Arming::Armed,
                 Ok(Ok(Armed::Busy)) => Arming::Busy,
@@ -240,31 +260,44 @@ impl Claimer {
     }
 
     fn fill(&mut self, ctx: &mut Context<Self>) {
-        if self.claiming
-            || self.phase != Phase::Claiming
-            || self.budget == 0
-            || self.paused_until.is_some()
+        let config = &self.drain.config;
+        let (concurrency, prefetch) = (config.concurrency, config.prefetch);
+        let in_flight = config.claims_in_flight.max(1);
+        let share = (concurrency + prefetch).div_ceil(in_flight);
+        while self.claims < in_flight
+            && !self.arming_in_flight
+            && self.phase == Phase::Claiming
+            && self.budget > 0
+            && self.paused_until.is_none()
         {
-            return;
+            // A slot is a running handler. Deliveries whose handler returned
+            // finish their settlement without one, so the next claim
+            // overlaps those writes instead of waiting for them; but no more
+            // than the concurrency may be settling, so a store that settles
+            // slower than it claims makes claiming wait rather than pile up
+            // handlers whose writes queue past their leases. Prefetched
+            // messages, and those claims in flight asked for, count as
+            // running handlers, and widen both bounds by as many.
+            let taken = self.waiting.len() + self.asked;
+            let free = (concurrency + prefetch)
+                .saturating_sub(self.handling + taken)
+                .min((2 * concurrency + prefetch).saturating_sub(self.active.len() + taken));
+            // Beside a claim in flight, another goes out only for a whole
+            // share: slots that free a few at a time join one claim instead
+            // of each costing a statement and a commit.
+            if free == 0 || (self.claims > 0 && free < share) {
+                return;
+            }
+            self.claim(free.min(share).min(self.budget), ctx);
         }
-        // A slot is a running handler. Deliveries whose handler returned
-        // finish their settlement without one, so the next claim overlaps
-        // those writes instead of waiting for them; but no more than the
-        // concurrency may be settling, so a store that settles slower than
-        // it claims makes claiming wait rather than pile up handlers whose
-        // writes queue past their leases. Prefetched messages count as
-        // running handlers, and widen both bounds by as many.
-        let concurrency = self.drain.config.concurrency;
-        let prefetch = self.drain.config.prefetch;
-        let held = self.waiting.len();
-        let free = (concurrency + prefetch)
-            .saturating_sub(self.handling + held)
-            .min((2 * concurrency + prefetch).saturating_sub(self.active.len() + held));
-        if free == 0 {
-            return;
-        }
-        let limit = free.min(self.budget);
-        self.claiming = true;
+    }
+
+    /// Claim up to `limit` messages, setting that much budget and as many
+    /// slots aside until the claim comes back.
+    fn claim(&mut self, limit: usize, ctx: &mut Context<Self>) {
+        self.claims += 1;
+        self.asked += limit;
+        self.budget -= limit;
         let drain = self.drain.clone();
         let claim = async move {
             let lease = drain.config.lease;
@@ -299,7 +332,9 @@ impl Claimer {
         took: Duration,
         ctx: &mut Context<Self>,
     ) {
-        self.claiming = false;
+        self.claims -= 1;
+        self.asked -= limit;
+        self.budget += limit;
         match result {
             Err(error) => {
                 telemetry::claim_failed(&error);
@@ -314,10 +349,10 @@ impl Claimer {
                 self.stop_claiming(error);
                 // Give back what it took, so those messages need not wait out
                 // a lease; the pass ends once that is done.
-                self.claiming = true;
+                self.claims += 1;
                 let release = release_all(self.drain.clone(), batch);
                 ctx.spawn(release.into_actor(self).map(|(), act, ctx| {
-                    act.claiming = false;
+                    act.claims -= 1;
                     act.finish_if_done(ctx);
                 }));
             }
@@ -438,7 +473,7 @@ impl Claimer {
 
     fn finish_if_done(&mut self, ctx: &mut Context<Self>) {
         let done_claiming = self.phase != Phase::Claiming || self.budget == 0;
-        if !self.claiming && done_claiming && self.active.is_empty() && self.waiting.is_empty() {
+        if self.claims == 0 && done_claiming && self.active.is_empty() && self.waiting.is_empty() {
             // The budget can only reach zero through a claim that came back
             // with all it asked for (a claim's limit never exceeds what is
             // left), so a spent budget means the store still had rows when

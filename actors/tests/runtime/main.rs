@@ -7,7 +7,7 @@
 //!
 //! # Layout
 //!
-//! - `passes`, `prefetch`, `lease`, `settlement`, `outages`, `shutdown`, `registry`, `faults`: one
+//! - `passes`, `prefetch`, `claims`, `lease`, `settlement`, `outages`, `shutdown`, `registry`, `faults`: one
 //!   test per behaviour, against the scriptable fault store of `support`,
 //!   through the [`Harness`] below.
 //! - `telemetry`, and `telemetry_otel` with the `opentelemetry` feature:
@@ -22,6 +22,7 @@
 mod support;
 
 mod budget;
+mod claims;
 mod faults;
 mod lease;
 mod ordering;

@@ -537,6 +537,9 @@ async fn drain_as_worker(
         batch_size: 1_000,
         concurrency: 32,
         lease: Duration::from_secs(300),
+        // One claim at a time in the first worker, up to four in the last:
+        // a worker's own claims compete for rows as other workers' do.
+        claims_in_flight: 1 + worker,
         ..DrainConfig::default()
     };
     let coordinator = coordinator(outbox.clone(), &probe, config, false);

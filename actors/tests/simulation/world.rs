@@ -248,6 +248,8 @@ fn draw_config(rng: &mut Rng, seed: u64) -> DrainConfig {
         // From the seed rather than the generator, so every other draw of a
         // seed stays what it was before prefetch existed.
         prefetch: (seed % 4) as usize,
+        // Likewise: one to three claims in flight.
+        claims_in_flight: 1 + (seed / 4 % 3) as usize,
         batch_size: concurrency + rng.below(8) as usize,
         lease,
         heartbeat,
