@@ -348,17 +348,23 @@ mod amqp {
         names: Vec<String>,
     }
 
+    /// A connection to `url` and a channel on it in confirm mode.
+    async fn confirm_channel(url: &str) -> (Connection, Channel) {
+        let connection = Connection::connect(url, ConnectionProperties::default())
+            .await
+            .expect("connect to AMQP_URL");
+        let channel = connection.create_channel().await.expect("a channel");
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirm mode");
+        (connection, channel)
+    }
+
     impl Amqp {
         pub(super) async fn connect() -> Amqp {
             let url = service_url("AMQP_URL", "amqp");
-            let connection = Connection::connect(&url, ConnectionProperties::default())
-                .await
-                .expect("connect to AMQP_URL");
-            let channel = connection.create_channel().await.expect("a channel");
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await
-                .expect("confirm mode");
+            let (connection, channel) = confirm_channel(&url).await;
             Amqp {
                 url,
                 connection,
@@ -473,17 +479,7 @@ mod amqp {
         async fn raw(&mut self, messages: u64, window: usize) -> Duration {
             let exchange = self.fresh().await;
             let url = self.url.clone();
-            let connect = move || async move {
-                let connection = Connection::connect(&url, ConnectionProperties::default())
-                    .await
-                    .expect("connect to AMQP_URL");
-                let channel = connection.create_channel().await.expect("a channel");
-                channel
-                    .confirm_select(ConfirmSelectOptions::default())
-                    .await
-                    .expect("confirm mode");
-                (connection, channel)
-            };
+            let connect = move || async move { confirm_channel(&url).await };
             let payloads = (0..messages).map(payload_json).collect();
             raw_on_own_runtime(connect, move |(connection, channel)| async move {
                 publish(&channel, &exchange, payloads, window).await;
