@@ -571,16 +571,17 @@ impl Core {
             .fetch_all(&self.parts.pool)
             .await
             .map_err(db("claim_batch"))?;
-            // The keys the first pass left to the second, by hash; and
-            // whether it claimed nothing for a head its walk may have missed.
-            let mut keys = Vec::new();
+            // The heads the first pass left to the second, with the hashes
+            // of their keys; and whether it claimed nothing for a head its
+            // walk may have missed.
+            let mut heads = Vec::new();
             for row in &rows {
                 let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
                 match outcome.as_str() {
                     "keyed" => {
                         let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
-                        let key: String = row.try_get("ordering_key").map_err(db("claim_batch"))?;
-                        keys.push((hash, key));
+                        let id: String = row.try_get("id").map_err(db("claim_batch"))?;
+                        heads.push((hash, id));
                     }
                     "short" => short = true,
                     _ => {}
@@ -591,11 +592,18 @@ impl Core {
             if short {
                 self.skip_first_passes
                     .store(FIRST_PASSES_SKIPPED, Ordering::Relaxed);
-            } else if !keys.is_empty() {
-                let mut tx = self.parts.pool.begin().await.map_err(db("claim_batch"))?;
-                let limit = keys.len();
+            } else if !heads.is_empty() {
+                // The key locks ride with `BEGIN`: one round trip.
+                let (hashes, heads) = lock_order(heads);
+                let begin = format!("BEGIN; {}", Statements::lock_keys(&hashes));
+                let mut tx = self
+                    .parts
+                    .pool
+                    .begin_with(AssertSqlSafe(begin))
+                    .await
+                    .map_err(db("claim_batch"))?;
                 let rows = self
-                    .claim_keys(&mut tx, keys, ClaimPass::Keyed, limit, &pass)
+                    .claim_pass(&mut tx, &heads, ClaimPass::Keyed, heads.len(), &pass)
                     .await?;
                 tx.commit().await.map_err(db("claim_batch"))?;
                 self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
@@ -618,9 +626,13 @@ impl Core {
                     .fetch_all(&mut *tx)
                     .await
                     .map_err(db("claim_batch"))?;
-            let keys = keys.into_iter().map(|(key, hash)| (hash, key)).collect();
+            let (hashes, keys) = lock_order(keys.into_iter().map(|(key, hash)| (hash, key)));
+            sqlx::raw_sql(AssertSqlSafe(Statements::lock_keys(&hashes)))
+                .execute(&mut *tx)
+                .await
+                .map_err(db("claim_batch"))?;
             let rows = self
-                .claim_keys(&mut tx, keys, ClaimPass::Locked, limit, &pass)
+                .claim_pass(&mut tx, &keys, ClaimPass::Locked, limit, &pass)
                 .await?;
             tx.commit().await.map_err(db("claim_batch"))?;
             self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
@@ -637,32 +649,22 @@ impl Core {
         Ok(batch)
     }
 
-    /// Lock `keys` and run the `pass` that claims their heads, up to
-    /// `limit` rows, in the transaction `tx`.
-    async fn claim_keys(
+    /// Run the `pass` that claims the heads `keys` name (keys, or for the
+    /// keyed pass the heads' ids), whose keys' locks `tx` holds, up to
+    /// `limit` rows.
+    async fn claim_pass(
         &self,
         tx: &mut PgConnection,
-        mut keys: Vec<(i64, String)>,
+        keys: &[String],
         pass: ClaimPass,
         limit: usize,
         args: &Pass,
     ) -> Result<Vec<PgRow>> {
-        // Sorted: every claimer takes its key locks in one order.
-        keys.sort_unstable();
-        keys.dedup();
-        let (mut hashes, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
-        // Two keys may share a hash; one lock serves both.
-        hashes.dedup();
-        sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
-            .bind(&hashes)
-            .execute(&mut *tx)
-            .await
-            .map_err(db("claim_batch"))?;
         sqlx::query(AssertSqlSafe(self.sql.claim(limit, args.block, pass)))
             .bind(self.bound_now(args.now))
             .bind(args.lease_micros)
             .bind(i64::from(args.cap))
-            .bind(&keys)
+            .bind(keys)
             .fetch_all(&mut *tx)
             .await
             .map_err(db("claim_batch"))
@@ -766,6 +768,18 @@ impl Core {
             .map_err(db("claim_batch"))?;
         Ok(())
     }
+}
+
+/// The key hashes of `keys` (hash, a key or a head's id) in the one order
+/// every claimer takes their locks, each once (two keys may share a hash;
+/// one lock serves both), and the keys or ids.
+fn lock_order(keys: impl IntoIterator<Item = (i64, String)>) -> (Vec<i64>, Vec<String>) {
+    let mut keys: Vec<(i64, String)> = keys.into_iter().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let (mut hashes, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
+    hashes.dedup();
+    (hashes, keys)
 }
 
 /// The earliest time a `timestamptz` holds: 4714-11-24 BC (year -4713).

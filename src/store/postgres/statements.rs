@@ -3,8 +3,7 @@
 use std::sync::Arc;
 
 use crate::store::sql::{
-    SharedStatements, TableName, head_test, key_fronts_cte, keyed_walk, keyed_walk_cte, oldest_due,
-    pending_count,
+    SharedStatements, TableName, head_test, key_fronts_cte, keyed_walk, oldest_due, pending_count,
 };
 
 /// The time a statement judges leases by: the caller's (`$1`, bound when
@@ -77,10 +76,6 @@ pub(super) struct Statements {
     /// The heads of keys beyond a claim's walk, with `{limit}` and
     /// `{block}` to write out; see [`Statements::key_heads`].
     key_heads: Arc<str>,
-    /// Take the advisory lock of each key hash, in the order given (sorted,
-    /// so two claimers never wait on each other in a cycle). Binds: `$1` the
-    /// hashes.
-    pub(super) lock_keys: Arc<str>,
     /// Dead-letter rows out of attempts if they still are. Binds: now (NULL
     /// for the database's), then arrays of ids, attempts and errors, then
     /// the attempt cap of rows without their own.
@@ -119,12 +114,23 @@ impl Statements {
         let t = table.quoted();
         let all = columns("");
         let m_all = columns("m.");
+        // Every column NULL but the id and the key, for a keyed row a pass
+        // leaves to the next: the claim reads only those, and the rest would
+        // cost a lookup and its transfer per row.
+        let key_only = m_all
+            .split(", ")
+            .map(|column| match column {
+                "m.id" | "m.ordering_key" => column.replace("m.", "picked."),
+                other => other.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         // `{block}` is written out per claim, like `{limit}`.
         let head = head_test(&t, "{block}", NOW, true);
         // After the rows a pass picked: claim them, except those out of
         // attempts (returned untouched as `abandoned`) and the keyed rows
         // the first pass leaves to the second (returned untouched as
-        // `keyed`, with the hash of their key); and nothing unless `guard`
+        // `keyed`: their id, key and key hash only); and nothing unless `guard`
         // (a condition) holds.
         let settle_picked = |guard: &str| {
             format!(
@@ -138,10 +144,13 @@ impl Statements {
                    RETURNING {m_all}) \
                  SELECT 'claimed' AS outcome, NULL::bigint AS key_hash, * FROM claimed \
                  UNION ALL \
-                 SELECT CASE WHEN picked.deferred THEN 'keyed' ELSE 'abandoned' END, \
-                   hashtextextended(m.ordering_key, 0), {m_all} \
+                 SELECT 'abandoned', NULL::bigint, {m_all} \
                  FROM {t} AS m JOIN picked ON m.id = picked.id \
-                 WHERE (picked.abandoned OR picked.deferred) AND {guard}"
+                 WHERE picked.abandoned AND NOT picked.deferred AND {guard} \
+                 UNION ALL \
+                 SELECT 'keyed', hashtextextended(picked.ordering_key, 0), {key_only} \
+                 FROM picked LEFT JOIN {t} AS m ON false \
+                 WHERE picked.deferred AND {guard}"
             )
         };
         // The arms every claim of keyless rows reads, each from its own
@@ -161,25 +170,43 @@ impl Statements {
                FROM {t} AS m WHERE status = 'claimed' AND locked_until <= {NOW} AND {head} \
                ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED)"
         );
-        // The heads of the keys `$4`, whose locks the transaction holds:
-        // each key's first pending or claimed row, looked up in the key's
-        // index, no walk however long its queue.
-        let fronts = format!(
-            "fronts AS ( \
-               SELECT id, available_at, created_at, seq, ordering_key, \
-                 attempts >= {CAP} AS abandoned \
-               FROM {t} AS m \
-               WHERE m.id IN (SELECT (SELECT e.id FROM {t} AS e \
-                   WHERE e.ordering_key = k.k AND e.ordering_key IS NOT NULL \
-                     AND e.status <> 'delivered' AND e.status IN ('pending', 'claimed') \
-                   ORDER BY e.seq LIMIT 1) \
-                 FROM unnest($4::text[]) AS k (k)) \
-               AND ((m.status = 'pending' AND m.available_at <= {NOW}) \
-                 OR (m.status = 'claimed' AND m.locked_until <= {NOW})) \
-               AND {head} \
-               FOR UPDATE SKIP LOCKED)"
+        // `fronts`: the rows `which` (a condition) picks that are due heads,
+        // locked. The transaction holds their keys' locks.
+        let fronts = |which: &str| {
+            format!(
+                "fronts AS ( \
+                   SELECT id, available_at, created_at, seq, ordering_key, \
+                     attempts >= {CAP} AS abandoned \
+                   FROM {t} AS m \
+                   WHERE {which} \
+                     AND ((m.status = 'pending' AND m.available_at <= {NOW}) \
+                       OR (m.status = 'claimed' AND m.locked_until <= {NOW})) \
+                     AND {head} \
+                   FOR UPDATE SKIP LOCKED)"
+            )
+        };
+        // The heads of the keys `$4`: each key's first pending or claimed
+        // row, looked up in the key's index, no walk however long its
+        // queue. A lateral join rather than a scalar subquery: PostgreSQL
+        // ran that subquery three times per key (grouping, cache key, index
+        // condition).
+        let fronts_of_keys = fronts(&format!(
+            "m.id IN (SELECT f.id FROM unnest($4::text[]) AS k (k) \
+               CROSS JOIN LATERAL (SELECT e.id FROM {t} AS e \
+                 WHERE e.ordering_key = k.k AND e.ordering_key IS NOT NULL \
+                   AND e.status <> 'delivered' AND e.status IN ('pending', 'claimed') \
+                 ORDER BY e.seq LIMIT 1) AS f)"
+        ));
+        // The keyed rows a first pass walks, untested: `picked` tests them
+        // in claim order, only until the claim is full (`OFFSET 0` keeps
+        // its filter above the sort, so the filter runs row by row in claim
+        // order and stops at the limit).
+        let walk = format!(
+            "walk AS MATERIALIZED ( \
+               SELECT id, available_at, created_at, seq, ordering_key FROM {t} \
+               WHERE status = 'pending' AND ordering_key IS NOT NULL AND available_at <= {NOW} \
+               ORDER BY available_at, created_at, seq LIMIT {{walk}})"
         );
-        let walk = keyed_walk_cte(&t, &head, NOW, "{walk}");
         let key_fronts = key_fronts_cte(&t, "id", "true");
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
@@ -251,8 +278,10 @@ impl Statements {
             )
             .into(),
             // Keyless rows and expired claims from `arms`, keyed heads from
-            // a bounded walk of the keyed rows in claim order
-            // (`keyed_walk_cte`); the union is cut to the limit again.
+            // a bounded walk of the keyed rows in claim order; the union is
+            // cut to the limit again, testing walked rows for heads in claim
+            // order only until it is (where keys are many, most walked rows
+            // are heads, and the claim is full long before the walk ends).
             //
             // Keyed rows need more than row locks: the head test reads the
             // statement's snapshot, which a concurrent claim of the same key
@@ -275,11 +304,14 @@ impl Statements {
             claim_keyless: format!(
                 "WITH {arms}, {walk}, \
                  picked AS ( \
-                   SELECT *, ordering_key IS NOT NULL AS deferred \
-                   FROM (SELECT * FROM keyless UNION ALL SELECT * FROM expired \
-                     UNION ALL SELECT id, available_at, created_at, seq, ordering_key, false \
-                     FROM walk WHERE head) AS u \
-                   ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
+                   SELECT id, available_at, created_at, seq, ordering_key, abandoned, \
+                     ordering_key IS NOT NULL AS deferred \
+                   FROM (SELECT * FROM (SELECT *, false AS walked FROM keyless \
+                       UNION ALL SELECT *, false FROM expired \
+                       UNION ALL SELECT *, false, true FROM walk) AS u \
+                     ORDER BY available_at, created_at, seq OFFSET 0) AS m \
+                   WHERE NOT m.walked OR {head} \
+                   LIMIT {{limit}}), \
                  cut AS ( \
                    SELECT (SELECT count(*) FROM walk) >= {{walk}} AND ( \
                      (SELECT count(*) FROM picked) < {{limit}} \
@@ -296,11 +328,13 @@ impl Statements {
                 settle = settle_picked("NOT (SELECT short FROM cut)"),
             )
             .into(),
-            // The keys' heads alone, for keyed rows a first pass left.
+            // The heads a first pass left, by id (`$4`), if still heads
+            // now that their keys are locked.
             claim_keyed: format!(
                 "WITH {fronts}, \
                  picked AS (SELECT *, false AS deferred FROM fronts), \
                  {settle}",
+                fronts = fronts("m.id = ANY($4::text[])"),
                 settle = settle_picked("true"),
             )
             .into(),
@@ -309,7 +343,7 @@ impl Statements {
             // limit. Keyed rows of other keys (expired claims) are left
             // for a later claim, returned as `keyed`.
             claim_locked: format!(
-                "WITH {arms}, {fronts}, \
+                "WITH {arms}, {fronts_of_keys}, \
                  picked AS ( \
                    SELECT *, ordering_key IS NOT NULL \
                        AND NOT ordering_key = ANY($4::text[]) AS deferred \
@@ -332,8 +366,6 @@ impl Statements {
                  ORDER BY m.available_at, m.created_at, m.seq LIMIT {{limit}}"
             )
             .into(),
-            lock_keys: "SELECT count(pg_advisory_xact_lock(h)) FROM unnest($1::bigint[]) AS h"
-                .into(),
             abandoned: format!(
                 "UPDATE {t} AS m SET status = 'dead_lettered', claim_token = NULL, \
                    claimed_at = NULL, locked_until = NULL, last_error = v.error, \
@@ -454,11 +486,13 @@ impl Statements {
     /// the limit written out, each size of claim is a prepared statement of
     /// its own whose plan is reused. Binds: `$1` now (NULL for the
     /// database's), `$2` the lease in µs, `$3` the attempt cap of rows
-    /// without their own, and in the keyed and locked passes `$4` the keys
-    /// whose locks the transaction holds (the keyed pass's limit is one row
-    /// per key). Each row comes back with its `outcome`: `claimed`;
-    /// `abandoned` (out of attempts, untouched); `keyed` (a keyed row left
-    /// for a pass holding its key's lock, untouched, with its `key_hash`);
+    /// without their own; `$4` in the keyed pass the ids of the heads a first
+    /// pass left (its limit is one row per head), in the locked pass the
+    /// keys; the transaction holds their keys' locks. Each row comes back
+    /// with its `outcome`: `claimed`; `abandoned` (out of attempts,
+    /// untouched); `keyed` (a head left for a pass holding its key's lock,
+    /// untouched: every column NULL but its `id`, `ordering_key` and
+    /// `key_hash`);
     /// or, alone and with every column NULL, `short` (the first pass's walk
     /// of keyed rows may have missed a head that belongs in the claim, so
     /// it claimed nothing: see `claim_keyless`).
@@ -478,6 +512,20 @@ impl Statements {
         }
     }
 
+    /// The statement that takes the advisory lock of each key hash in
+    /// `hashes`, in the order given (sorted, so two claimers never wait on
+    /// each other in a cycle). The hashes are written out, numbers only, so
+    /// the statement can follow `BEGIN` in one round trip; it runs
+    /// unprepared, as each is new.
+    pub(super) fn lock_keys(hashes: &[i64]) -> String {
+        let list = hashes
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        format!("SELECT count(pg_advisory_xact_lock(h)) FROM unnest('{{{list}}}'::bigint[]) AS h")
+    }
+
     /// The statement that looks up the heads of up to `limit` keys, for a
     /// claim whose first pass came back `short`, with the dead-letter policy
     /// `block`. It costs a probe or two per key with unsettled rows, so it
@@ -495,7 +543,8 @@ impl Statements {
 pub(super) enum ClaimPass {
     /// Claims keyless rows; returns the keyed heads it saw as `keyed`.
     Keyless,
-    /// Claims the heads of the keys whose locks the transaction holds.
+    /// Claims the heads a first pass left, by id, if still heads with
+    /// their keys' locks held.
     Keyed,
     /// After a first pass came back `short`: claims keyless rows and the
     /// heads of the keys whose locks the transaction holds, together in
