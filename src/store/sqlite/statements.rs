@@ -10,6 +10,15 @@ pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, a
     available_at, claim_token, claimed_at, locked_until, last_error, created_at, updated_at, \
     delivered_at, ordering_key, skipped_at, max_attempts_set";
 
+/// The claim's limits, `?3` and `?6`, as expressions rather than bare
+/// parameters: SQLite plans a `LIMIT ?N` for the value bound, and so marks
+/// the statement to be compiled again whenever `?N` is bound again, which
+/// is every claim; the claim, the largest statement of the store, was
+/// parsed and planned anew each time. The cast keeps the value and one
+/// plan for any limit.
+const LIMIT: &str = "CAST(?3 AS INTEGER)";
+const WALK: &str = "CAST(?6 AS INTEGER)";
+
 /// The attempt cap of a row: its own when set at enqueue, else the claim's
 /// (`?5`).
 const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE ?5 END)";
@@ -41,7 +50,7 @@ impl Statements {
     pub(super) fn new(table: &TableName) -> (Self, SharedStatements) {
         let t = table.quoted();
         let head = head(&t, "?4");
-        let keyed = keyed_heads(&t, &head, "?1", "?3", "?6", "seq");
+        let keyed = keyed_heads(&t, &head, "?1", LIMIT, WALK, "seq");
         let own = Statements {
             insert: format!(
                 "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
@@ -70,15 +79,15 @@ impl Statements {
                      SELECT * FROM ( \
                        SELECT seq, available_at, created_at FROM {t} AS m \
                        WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= ?1 \
-                       ORDER BY available_at, created_at, seq LIMIT ?3) \
+                       ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
                      UNION ALL \
                      SELECT * FROM ( \
                        SELECT seq, available_at, created_at FROM {t} AS m \
                        WHERE status = 'claimed' AND locked_until <= ?1 AND {head} \
-                       ORDER BY available_at, created_at, seq LIMIT ?3) \
+                       ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
                      UNION ALL \
                      SELECT seq, available_at, created_at FROM keyed) \
-                   ORDER BY available_at, created_at, seq LIMIT ?3) \
+                   ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
                  RETURNING {COLUMNS}"
             )
             .into(),
