@@ -217,6 +217,7 @@ impl DeliveryActor {
     /// A delivery of the claimed message `reporter` carries.
     pub(crate) fn new(drain: Arc<DrainContext>, reporter: Reporter) -> Self {
         let message = reporter.message.clone();
+        let now = tokio::time::Instant::now();
         DeliveryActor {
             span: telemetry::delivery_span(&message),
             active_until: message.claimed_at,
@@ -227,10 +228,10 @@ impl DeliveryActor {
             delivery: None,
             timer: None,
             heartbeat_due: false,
-            heartbeat_at: tokio::time::Instant::now(),
-            max_active_at: tokio::time::Instant::now(),
+            heartbeat_at: now,
+            max_active_at: now,
             result: None,
-            started: tokio::time::Instant::now(),
+            started: now,
             give_back: None,
         }
     }
