@@ -448,8 +448,7 @@ impl Claimer {
             self.pass,
             slot,
             self.coordinator.finished.clone(),
-            ctx.address().recipient(),
-            ctx.address().recipient(),
+            ctx.address(),
             Arc::new(message),
         );
         let drain = self.drain.clone();

@@ -29,6 +29,7 @@ use outbox::{
 };
 use tracing::Instrument;
 
+use crate::claimer::Claimer;
 use crate::context::{DrainContext, after};
 use crate::error::{LeaseLostError, MaxActiveDurationError};
 use crate::heartbeat::{
@@ -84,10 +85,9 @@ pub(crate) struct Reporter {
     slot: u64,
     /// Where the outcome goes.
     coordinator: Recipient<DeliveryFinished>,
-    /// Told when the handler returns, so the slot can take another message.
-    returned: Recipient<HandlerReturned>,
-    /// Told when the delivery ends, however it ends.
-    ended: Recipient<DeliveryEnded>,
+    /// Told when the handler returns, so the slot can take another message,
+    /// and when the delivery ends, however it ends.
+    claimer: Addr<Claimer>,
     /// The claimed message, for the loss a dying actor reports.
     message: Arc<ClaimedMessage>,
     /// The delivery's heartbeat while it runs: reporting stops it.
@@ -104,8 +104,7 @@ impl Reporter {
         pass: u64,
         slot: u64,
         coordinator: Recipient<DeliveryFinished>,
-        returned: Recipient<HandlerReturned>,
-        ended: Recipient<DeliveryEnded>,
+        claimer: Addr<Claimer>,
         message: Arc<ClaimedMessage>,
     ) -> Self {
         telemetry::delivery_claimed(&message);
@@ -113,8 +112,7 @@ impl Reporter {
             pass,
             slot,
             coordinator,
-            returned,
-            ended,
+            claimer,
             message,
             heartbeat: None,
             handler: HandlerResult::Unfinished,
@@ -144,7 +142,7 @@ impl Reporter {
             notices,
             retry_at,
         });
-        self.ended.do_send(DeliveryEnded {
+        self.claimer.do_send(DeliveryEnded {
             slot: self.slot,
             store_faulted,
         });
@@ -193,12 +191,18 @@ pub(crate) struct DeliveryActor {
     active_until: DateTime<Utc>,
     /// The handler's future, dropped when the delivery is aborted.
     delivery: Option<SpawnHandle>,
-    /// The `max_active` timer, cancelled when the handler returns.
-    max_active: Option<SpawnHandle>,
-    /// Starts the heartbeat when its first renewal is due; cancelled when
-    /// the handler returns before then (most do), so those deliveries start
-    /// no heartbeat actor at all.
-    heartbeat_due: Option<SpawnHandle>,
+    /// The one timer of a running handler: it starts the heartbeat when
+    /// its first renewal is due, and ends the delivery when `max_active`
+    /// does; cancelled when the handler returns. Most handlers return
+    /// before either, so those deliveries register one timer and start no
+    /// heartbeat actor at all.
+    timer: Option<SpawnHandle>,
+    /// The heartbeat is still to start, at `heartbeat_at`.
+    heartbeat_due: bool,
+    /// When the heartbeat's first renewal is due.
+    heartbeat_at: tokio::time::Instant,
+    /// When `max_active` ends the handler, on the runtime's clock.
+    max_active_at: tokio::time::Instant,
     /// The handler's result, kept while the heartbeat hands over the lease.
     result: Option<DeliveryResult>,
     /// The delivery's span: every event of this delivery is inside it.
@@ -213,6 +217,7 @@ impl DeliveryActor {
     /// A delivery of the claimed message `reporter` carries.
     pub(crate) fn new(drain: Arc<DrainContext>, reporter: Reporter) -> Self {
         let message = reporter.message.clone();
+        let now = tokio::time::Instant::now();
         DeliveryActor {
             span: telemetry::delivery_span(&message),
             active_until: message.claimed_at,
@@ -221,10 +226,12 @@ impl DeliveryActor {
             reporter,
             phase: Phase::Delivering,
             delivery: None,
-            max_active: None,
-            heartbeat_due: None,
+            timer: None,
+            heartbeat_due: false,
+            heartbeat_at: now,
+            max_active_at: now,
             result: None,
-            started: tokio::time::Instant::now(),
+            started: now,
             give_back: None,
         }
     }
@@ -237,17 +244,66 @@ impl DeliveryActor {
         }
     }
 
-    /// Stop delivering: drop the handler's future, the `max_active` timer
-    /// and a heartbeat not started yet.
+    /// Stop delivering: drop the handler's future, and its timer with the
+    /// heartbeat not started yet.
     fn stop_delivering(&mut self, ctx: &mut Context<Self>) {
-        let handles = [
-            self.delivery.take(),
-            self.max_active.take(),
-            self.heartbeat_due.take(),
-        ];
-        for handle in handles.into_iter().flatten() {
+        self.heartbeat_due = false;
+        for handle in [self.delivery.take(), self.timer.take()]
+            .into_iter()
+            .flatten()
+        {
             ctx.cancel_future(handle);
         }
+    }
+
+    /// Set the timer for the handler's next deadline: the heartbeat's
+    /// start while it is due, and `max_active`.
+    fn set_timer(&mut self, ctx: &mut Context<Self>) {
+        let at = if self.heartbeat_due {
+            self.heartbeat_at.min(self.max_active_at)
+        } else {
+            self.max_active_at
+        };
+        let delay = at.saturating_duration_since(tokio::time::Instant::now());
+        self.timer = Some(ctx.run_later(delay, |act, ctx| act.timer_fired(ctx)));
+    }
+
+    /// Start the heartbeat if it is due; end the delivery if `max_active`
+    /// is over; otherwise wait for the next deadline.
+    fn timer_fired(&mut self, ctx: &mut Context<Self>) {
+        self.timer = None;
+        if self.phase != Phase::Delivering {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if self.heartbeat_due && now >= self.heartbeat_at {
+            self.start_heartbeat(ctx);
+        }
+        if now < self.max_active_at {
+            self.set_timer(ctx);
+            return;
+        }
+        // After the handler's future has been polled at this instant too
+        // (it comes later in the actor's futures): a handler that returns
+        // just as `max_active` ends has returned in time.
+        let over = actix::fut::ready(());
+        self.timer = Some(
+            ctx.spawn(ActorFutureExt::map(over, |(), act: &mut Self, ctx| {
+                act.timer = None;
+                if act.phase == Phase::Delivering {
+                    let error =
+                        MaxActiveDurationError::new(&act.message.id, act.drain.config.max_active);
+                    let failure = LeaseLost::new(
+                        &act.message,
+                        LeaseOperation::MaxActive,
+                        LeaseState::Lost,
+                        false,
+                        error.into(),
+                    );
+                    act.lost(failure, ctx);
+                }
+            })),
+        );
     }
 
     fn lost(&mut self, failure: LeaseLost, ctx: &mut Context<Self>) {
@@ -273,26 +329,25 @@ impl DeliveryActor {
             return;
         }
         self.delivery = None;
-        let heartbeat_due = self.heartbeat_due.take();
+        let heartbeat_due = self.heartbeat_due;
         self.stop_delivering(ctx);
         self.phase = Phase::AwaitingLease;
         self.reporter.handler = HandlerResult::of(&result);
         self.result = Some(result);
         // The handler's slot is free; the settlement writes still to come
         // do not need it.
-        self.reporter.returned.do_send(HandlerReturned {
+        self.reporter.claimer.do_send(HandlerReturned {
             slot: self.reporter.slot,
         });
         match (&self.reporter.heartbeat, heartbeat_due) {
             (Some(heartbeat), _) => heartbeat.do_send(StopAndHandOver),
-            (None, Some(due)) => {
+            (None, true) => {
                 // No renewal was due yet: the claim's own lease is the one
                 // to settle under.
-                ctx.cancel_future(due);
                 let hand_over = unrenewed_hand_over(&self.drain, &self.message, self.active_until);
                 self.lease_handed_over(hand_over, ctx);
             }
-            (None, None) => {
+            (None, false) => {
                 let failure = heartbeat_gone(&self.message);
                 self.lost(failure, ctx);
             }
@@ -301,7 +356,7 @@ impl DeliveryActor {
 
     /// Start the heartbeat: its first renewal is due.
     fn start_heartbeat(&mut self, ctx: &mut Context<Self>) {
-        self.heartbeat_due = None;
+        self.heartbeat_due = false;
         if self.phase != Phase::Delivering {
             return;
         }
@@ -404,9 +459,11 @@ impl Actor for DeliveryActor {
         let started_at = self.drain.now();
         self.active_until = after(started_at, self.drain.config.max_active);
         let first_renewal = next_tick(&self.drain, self.message.locked_until, self.active_until);
-        self.heartbeat_due = Some(ctx.run_later(first_renewal, |act, ctx| {
-            act.start_heartbeat(ctx);
-        }));
+        let now = tokio::time::Instant::now();
+        self.heartbeat_due = true;
+        self.heartbeat_at = now + first_renewal;
+        self.max_active_at = now + self.drain.config.max_active;
+        self.set_timer(ctx);
 
         self.started = self
             .span
@@ -416,21 +473,6 @@ impl Actor for DeliveryActor {
         self.delivery = Some(ctx.spawn(run.into_actor(self).map(|result, act, ctx| {
             act.delivered(result, ctx);
         })));
-        self.max_active = Some(ctx.run_later(self.drain.config.max_active, |act, ctx| {
-            act.max_active = None;
-            if act.phase == Phase::Delivering {
-                let error =
-                    MaxActiveDurationError::new(&act.message.id, act.drain.config.max_active);
-                let failure = LeaseLost::new(
-                    &act.message,
-                    LeaseOperation::MaxActive,
-                    LeaseState::Lost,
-                    false,
-                    error.into(),
-                );
-                act.lost(failure, ctx);
-            }
-        }));
     }
 }
 

@@ -61,7 +61,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
+    SqliteRow, SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Connection, Row};
 
@@ -75,7 +75,8 @@ use super::{ClaimBatch, ClaimedBatch, Wakeups};
 use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::kind::MessageStatus;
-use crate::message::{Enqueued, NewMessage, OnDeadLetter};
+use crate::message::{ClaimedMessage, Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
+use crate::payload::Payload;
 use statements::{FencedWrites, Statements};
 
 mod admin;
@@ -422,17 +423,33 @@ impl Core {
             .map_err(db("claim_batch"))?;
         let mut selected = Vec::with_capacity(rows.len());
         for row in &rows {
+            if let Some(claimed) = claimed_row(row, cap) {
+                selected.push(claimed);
+                continue;
+            }
+            // Dead-lettered at claim, or unreadable: the full decode says
+            // which, and why.
             match Shared::decode(row).and_then(|read| Ok((read.seq, read.into_message()?))) {
-                Ok(read) => selected.push(read),
+                Ok((seq, message)) => selected.push((seq, Selected::Abandoned(message))),
                 Err(unreadable) => {
                     let seq: i64 = row.try_get("seq").map_err(db("claim_batch"))?;
                     self.quarantine(&mut tx, seq, &unreadable, now).await?;
                 }
             }
         }
-        selected.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
+        selected.sort_by_key(|(seq, selected)| {
+            let (available_at, created_at) = selected.order();
+            (available_at, created_at, *seq)
+        });
         let mut batch = ClaimedBatch::default();
-        for (seq, mut message) in selected {
+        for (seq, selected) in selected {
+            let mut message = match selected {
+                Selected::Claimed(message) => {
+                    batch.claimed.push(message);
+                    continue;
+                }
+                Selected::Abandoned(message) => message,
+            };
             if message.status == MessageStatus::DeadLettered {
                 let record = ErrorRecord::from_error(&AbandonedClaimError {
                     id: message.id.clone(),
@@ -542,19 +559,15 @@ impl FencedBackend for Core {
                 let Some(&first) = group.first() else {
                     continue;
                 };
-                let statement = self.sql.fenced.get(rows[first].op).clone();
-                let json =
-                    serde_json::Value::Array(group.iter().map(|&i| fenced_row(&rows[i])).collect())
-                        .to_string();
-                let changed: sqlx::Result<Vec<String>> =
-                    sqlx::query_scalar(AssertSqlSafe(statement))
-                        .bind(&json)
-                        .fetch_all(&self.parts.pool)
-                        .await;
-                match changed {
-                    Ok(changed) => {
-                        let changed: std::collections::HashSet<String> =
-                            changed.into_iter().collect();
+                let op = rows[first].op;
+                let json = fenced_json(group.iter().map(|&i| &rows[i]));
+                match self.write_group(op, &json, group.len()).await {
+                    Ok(None) => {
+                        for &i in &group {
+                            results[i] = Some(Ok(()));
+                        }
+                    }
+                    Ok(Some(changed)) => {
                         for &i in &group {
                             if changed.contains(&rows[i].id) {
                                 results[i] = Some(Ok(()));
@@ -564,7 +577,7 @@ impl FencedBackend for Core {
                         }
                     }
                     Err(e) => {
-                        let error = Error::store(rows[first].op.operation(), e);
+                        let error = Error::store(op.operation(), e);
                         for &i in &group {
                             results[i] = Some(Err(error.clone()));
                         }
@@ -587,24 +600,139 @@ impl FencedBackend for Core {
     }
 }
 
-/// The JSON row a fenced write reads: `[id, token, now]`, then what the
-/// write sets (the new lease end, or the retry time and the error record).
-fn fenced_row(row: &FencedWrite) -> serde_json::Value {
-    let mut fields = vec![
-        serde_json::Value::from(row.id.as_str()),
-        serde_json::Value::from(row.claim_token.as_str()),
-        serde_json::Value::from(micros(row.now)),
-    ];
-    match row.op {
-        FencedOp::Renew { locked_until, .. } => fields.push(micros(locked_until).into()),
-        FencedOp::Retry { available_at } => {
-            fields.push(micros(available_at).into());
-            fields.push(row.error.as_deref().into());
+/// From how many rows a fenced write is counted rather than returning its
+/// ids: each id comes back from SQLite's worker as a row of its own, which
+/// past a few rows costs more than the transaction's two extra commands.
+const COUNTED_FROM: usize = 8;
+
+impl Core {
+    /// Apply one kind of write, `op`, to the `count` rows of `json`: `None`
+    /// when every row applied, else the ids of the rows that did.
+    async fn write_group(
+        &self,
+        op: FencedOp,
+        json: &str,
+        count: usize,
+    ) -> sqlx::Result<Option<std::collections::HashSet<String>>> {
+        let mut conn = self.parts.pool.acquire().await?;
+        if count >= COUNTED_FROM {
+            // Ids are distinct, so each row changes at most one message: a
+            // full count means every row applied. A short one is undone and
+            // the write run again, returning which rows it changed.
+            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+            let done = sqlx::query(AssertSqlSafe(self.sql.fenced.counted(op).clone()))
+                .bind(json)
+                .execute(&mut *tx)
+                .await?;
+            if usize::try_from(done.rows_affected()) == Ok(count) {
+                tx.commit().await?;
+                return Ok(None);
+            }
+            tx.rollback().await?;
         }
-        FencedOp::DeadLetter => fields.push(row.error.as_deref().into()),
-        FencedOp::Deliver | FencedOp::Delete | FencedOp::Release => {}
+        let changed: Vec<String> =
+            sqlx::query_scalar(AssertSqlSafe(self.sql.fenced.get(op).clone()))
+                .bind(json)
+                .fetch_all(&mut *conn)
+                .await?;
+        Ok(Some(changed.into_iter().collect()))
     }
-    serde_json::Value::Array(fields)
+}
+
+/// The JSON array of rows a fenced write reads, each `[id, token, now]`
+/// (`now` in µs), then what the write sets (the new lease end, or the retry
+/// time and the error record). Written straight to text, one row at a time.
+fn fenced_json<'a>(rows: impl Iterator<Item = &'a FencedWrite>) -> String {
+    let mut json = Vec::with_capacity(128);
+    json.push(b'[');
+    for (n, row) in rows.enumerate() {
+        if n > 0 {
+            json.push(b',');
+        }
+        let fence = (row.id.as_str(), row.claim_token.as_str(), micros(row.now));
+        let (id, token, now) = fence;
+        let error = row.error.as_deref();
+        let written = match row.op {
+            FencedOp::Renew { locked_until, .. } => {
+                serde_json::to_writer(&mut json, &(id, token, now, micros(locked_until)))
+            }
+            FencedOp::Retry { available_at } => {
+                serde_json::to_writer(&mut json, &(id, token, now, micros(available_at), error))
+            }
+            FencedOp::DeadLetter => serde_json::to_writer(&mut json, &(id, token, now, error)),
+            FencedOp::Deliver | FencedOp::Delete | FencedOp::Release => {
+                serde_json::to_writer(&mut json, &fence)
+            }
+        };
+        written.expect("strings and integers serialize");
+    }
+    json.push(b']');
+    String::from_utf8(json).expect("serde_json writes UTF-8")
+}
+
+/// A row a claim selected: claimed, or dead-lettered at claim (out of
+/// attempts), which the caller gets as the full stored message.
+enum Selected {
+    Claimed(ClaimedMessage),
+    Abandoned(OutboxMessage),
+}
+
+impl Selected {
+    /// Where the row stands in claim order, before its `seq`.
+    fn order(&self) -> (DateTime<Utc>, DateTime<Utc>) {
+        match self {
+            Selected::Claimed(m) => (m.available_at, m.created_at),
+            Selected::Abandoned(m) => (m.available_at, m.created_at),
+        }
+    }
+}
+
+/// A row the claim returned as claimed, decoded by position (the order of
+/// [`statements::COLUMNS`]) straight into the message a delivery gets, with
+/// `cap` the claim's attempt cap. `None` for any other row, or one with a
+/// column the full decode ([`SqlOutbox::decode`]) would refuse: that decode
+/// then says what the row is, or why it cannot be read. Columns the
+/// delivery does not need are still checked, not copied.
+fn claimed_row(row: &SqliteRow, cap: u32) -> Option<(i64, Selected)> {
+    let text = |i: usize| row.try_get::<&str, _>(i).ok();
+    let optional_text = |i: usize| row.try_get::<Option<&str>, _>(i).ok();
+    let time = |i: usize| DateTime::from_timestamp_micros(row.try_get::<i64, _>(i).ok()?);
+    let optional_time = |i: usize| match row.try_get::<Option<i64>, _>(i).ok()? {
+        Some(micros) => DateTime::from_timestamp_micros(micros).map(Some),
+        None => Some(None),
+    };
+    let count = |i: usize| u32::try_from(row.try_get::<i64, _>(i).ok()?).ok();
+    if text(6)? != MessageStatus::Claimed.as_str() {
+        return None;
+    }
+    let trace = match optional_text(5)? {
+        Some(text) => Some(serde_json::from_str(text).ok()?),
+        None => None,
+    };
+    // Read only to be checked, as the full decode would.
+    optional_text(13)?;
+    time(15)?;
+    optional_time(16)?;
+    optional_time(18)?;
+    let max_attempts_set: bool = row.try_get(19).ok()?;
+    let max_attempts = count(8)?;
+    let message = ClaimedMessage {
+        id: text(1)?.to_owned(),
+        kind: text(2)?.parse().ok()?,
+        name: text(3)?.to_owned(),
+        payload: Payload::from_json(text(4)?).ok()?,
+        trace,
+        attempts: count(7)?,
+        max_attempts: if max_attempts_set { max_attempts } else { cap },
+        max_attempts_set,
+        available_at: time(9)?,
+        created_at: time(14)?,
+        ordering_key: optional_text(17)?.map(str::to_owned),
+        claim_token: optional_text(10)??.to_owned(),
+        claimed_at: optional_time(11)??,
+        locked_until: optional_time(12)??,
+    };
+    Some((row.try_get(0).ok()?, Selected::Claimed(message)))
 }
 
 /// `at` as the store binds it: µs since the epoch.
@@ -712,6 +840,73 @@ mod tests {
                 plan.join("\n")
             );
         }
+    }
+
+    /// A write of many rows is counted rather than returning ids: when
+    /// every row applies, all are answered `Ok`; when some do not, the
+    /// count is short, the write is undone and run again returning ids, so
+    /// each row still gets its own answer and the others still apply.
+    #[tokio::test]
+    async fn a_counted_write_answers_each_row() {
+        let file = TempFile::new("counted");
+        let (store, claims) = claimed(&file, 2 * COUNTED_FROM).await;
+        let (first, second) = claims.split_at(COUNTED_FROM);
+        let rows: Vec<_> = first.iter().map(|c| row(FencedOp::Deliver, c)).collect();
+        let results = store.inner.core.apply(&rows).await.unwrap();
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let mut rows: Vec<_> = second.iter().map(|c| row(FencedOp::Deliver, c)).collect();
+        rows[1].claim_token = "not-the-token".into();
+        rows[4].claim_token = "not-the-token".into();
+        let results = store.inner.core.apply(&rows).await.unwrap();
+        for (n, (result, claim)) in results.iter().zip(second).enumerate() {
+            let stored = store.get_message(&claim.id).await.unwrap();
+            if n == 1 || n == 4 {
+                assert!(
+                    matches!(result, Err(Error::Claim(_))),
+                    "row {n}: {result:?}"
+                );
+                assert_eq!(stored.status, MessageStatus::Claimed);
+            } else {
+                assert!(result.is_ok(), "row {n}: {result:?}");
+                assert_eq!(stored.status, MessageStatus::Delivered);
+            }
+        }
+    }
+
+    /// The claim's decode by position gives what the full decode of the
+    /// same row gives.
+    #[tokio::test]
+    async fn a_claimed_row_decodes_as_the_full_decode_does() {
+        let file = TempFile::new("decode");
+        let store = SqliteOutbox::connect(&file.url()).await.unwrap();
+        let payload = crate::Payload::from_json(r#"{"n": [1, "two"]}"#).unwrap();
+        let message = NewMessage::new(MessageKind::Job, "decode", payload)
+            .at(t0())
+            .with_ordering_key("k");
+        store.enqueue(message).await.unwrap();
+        let cap = 7;
+        let batch = store
+            .claim_batch(ClaimBatch {
+                on_dead_letter: Default::default(),
+                limit: 1,
+                now: t0(),
+                lease: Duration::from_secs(30),
+                max_attempts: cap,
+            })
+            .await
+            .unwrap();
+        let claimed = &batch.claimed[0];
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {} FROM \"outbox\"",
+            statements::COLUMNS
+        )))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        let full = Shared::decode(&row).unwrap().into_message().unwrap();
+        assert_eq!(*claimed, sql::claimed_view(full, cap).unwrap());
+        assert_eq!(claimed.ordering_key.as_deref(), Some("k"));
+        assert_eq!(claimed.max_attempts, cap);
     }
 
     /// A batch mixing kinds of writes runs one statement per kind; one that

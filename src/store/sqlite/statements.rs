@@ -10,6 +10,15 @@ pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, a
     available_at, claim_token, claimed_at, locked_until, last_error, created_at, updated_at, \
     delivered_at, ordering_key, skipped_at, max_attempts_set";
 
+/// The claim's limits, `?3` and `?6`, as expressions rather than bare
+/// parameters: SQLite plans a `LIMIT ?N` for the value bound, and so marks
+/// the statement to be compiled again whenever `?N` is bound again, which
+/// is every claim; the claim, the largest statement of the store, was
+/// parsed and planned anew each time. The cast keeps the value and one
+/// plan for any limit.
+const LIMIT: &str = "CAST(?3 AS INTEGER)";
+const WALK: &str = "CAST(?6 AS INTEGER)";
+
 /// The attempt cap of a row: its own when set at enqueue, else the claim's
 /// (`?5`).
 const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE ?5 END)";
@@ -41,7 +50,7 @@ impl Statements {
     pub(super) fn new(table: &TableName) -> (Self, SharedStatements) {
         let t = table.quoted();
         let head = head(&t, "?4");
-        let keyed = keyed_heads(&t, &head, "?1", "?3", "?6", "seq");
+        let keyed = keyed_heads(&t, &head, "?1", LIMIT, WALK, "seq");
         let own = Statements {
             insert: format!(
                 "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
@@ -70,15 +79,15 @@ impl Statements {
                      SELECT * FROM ( \
                        SELECT seq, available_at, created_at FROM {t} AS m \
                        WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= ?1 \
-                       ORDER BY available_at, created_at, seq LIMIT ?3) \
+                       ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
                      UNION ALL \
                      SELECT * FROM ( \
                        SELECT seq, available_at, created_at FROM {t} AS m \
                        WHERE status = 'claimed' AND locked_until <= ?1 AND {head} \
-                       ORDER BY available_at, created_at, seq LIMIT ?3) \
+                       ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
                      UNION ALL \
                      SELECT seq, available_at, created_at FROM keyed) \
-                   ORDER BY available_at, created_at, seq LIMIT ?3) \
+                   ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
                  RETURNING {COLUMNS}"
             )
             .into(),
@@ -178,8 +187,15 @@ fn head(t: &str, block: &str) -> String {
 /// the index of claimed rows, which statistics taken while few rows were
 /// claimed make look free, and which would then be scanned once per row of
 /// the batch.
+///
+/// Each comes twice: returning the id of every row it changed, and
+/// returning nothing (the count of changed rows says whether every row
+/// applied, without a row per message coming back from SQLite's worker).
 #[derive(Debug)]
-pub(super) struct FencedWrites([Arc<str>; 6]);
+pub(super) struct FencedWrites {
+    returning: [Arc<str>; 6],
+    counted: [Arc<str>; 6],
+}
 
 impl FencedWrites {
     /// Every kind, by [`FencedOp::code`], in the order a batch applies them.
@@ -198,21 +214,20 @@ impl FencedWrites {
         };
         const WHERE: &str = "m.id = v.id AND +m.status = 'claimed' AND m.claim_token = v.token \
                              AND +m.locked_until > v.now";
-        let write = |fields: &[&str], set: &str| -> Arc<str> {
+        let write = |fields: &[&str], set: &str| {
             let rows = rows(fields);
-            format!("UPDATE {t} AS m SET {set} FROM {rows} WHERE {WHERE} RETURNING id").into()
+            format!("UPDATE {t} AS m SET {set} FROM {rows} WHERE {WHERE}")
         };
         const FENCE: [&str; 3] = ["id", "token", "now"];
         // SQLite's DELETE has no FROM: the fenced ids are found the way the
         // updates find theirs (by id), then deleted by rowid.
         let delete = format!(
-            "DELETE FROM {t} WHERE id IN (SELECT m.id FROM {t} AS m, {rows} WHERE {WHERE}) \
-             RETURNING id",
+            "DELETE FROM {t} WHERE id IN (SELECT m.id FROM {t} AS m, {rows} WHERE {WHERE})",
             rows = rows(&FENCE)
         );
         const CLEAR: &str = "claim_token = NULL, claimed_at = NULL, locked_until = NULL";
         // In the order of `KINDS`.
-        FencedWrites([
+        let counted = [
             write(
                 &[&FENCE[..], &["until"]].concat(),
                 "locked_until = v.until, updated_at = v.now",
@@ -221,7 +236,7 @@ impl FencedWrites {
                 &FENCE,
                 &format!("status = 'delivered', {CLEAR}, delivered_at = v.now, updated_at = v.now"),
             ),
-            delete.into(),
+            delete,
             write(
                 &[&FENCE[..], &["available", "error"]].concat(),
                 &format!(
@@ -242,18 +257,33 @@ impl FencedWrites {
                      {CLEAR}, updated_at = v.now"
                 ),
             ),
-        ])
+        ];
+        FencedWrites {
+            returning: counted
+                .clone()
+                .map(|sql| format!("{sql} RETURNING id").into()),
+            counted: counted.map(Arc::from),
+        }
     }
 
-    /// The statement for `op`.
+    /// The statement for `op`, returning the id of each row it changed.
     pub(super) fn get(&self, op: FencedOp) -> &Arc<str> {
-        let kind = Self::KINDS.iter().position(|&kind| kind == op.code());
-        &self.0[kind.expect("every kind of write has a statement")]
+        &self.returning[Self::index(op)]
     }
 
-    /// Every statement, in the order of `KINDS`.
+    /// The statement for `op`, returning nothing.
+    pub(super) fn counted(&self, op: FencedOp) -> &Arc<str> {
+        &self.counted[Self::index(op)]
+    }
+
+    fn index(op: FencedOp) -> usize {
+        let kind = Self::KINDS.iter().position(|&kind| kind == op.code());
+        kind.expect("every kind of write has a statement")
+    }
+
+    /// Every statement returning ids, in the order of `KINDS`.
     #[cfg(test)]
     pub(super) fn all(&self) -> &[Arc<str>] {
-        &self.0
+        &self.returning
     }
 }
