@@ -395,6 +395,17 @@ async fn no_claim_statement_is_priced_for_jit_compilation() {
         .await
         .unwrap();
     let cost = |plan: serde_json::Value| plan[0]["Plan"]["Total Cost"].as_f64().unwrap();
+    // The claim the `claim_heads` function runs, with its arguments as
+    // parameters, for this table.
+    let migration = include_str!("../migrations/postgres/0009_claim_heads.sql");
+    let body = migration.split("RETURN QUERY").nth(1).unwrap();
+    let claim_heads = body[..body.find(";\nEND").unwrap()]
+        .replace("\"outbox\"", &format!("\"{table}\""))
+        .replace("p_ids", "$1")
+        .replace("p_now", "$2")
+        .replace("p_lease", "$3")
+        .replace("p_cap", "$4")
+        .replace("p_block", "$5");
     for limit in [1, 100, 1000, 4160] {
         let statements = [
             (
@@ -403,9 +414,9 @@ async fn no_claim_statement_is_priced_for_jit_compilation() {
                 "'2030-01-01 12:00:00+00', 30000000, 25",
             ),
             (
-                "(timestamptz, bigint, bigint, text[])",
-                outbox.keyed_claim_statement(limit),
-                "'2030-01-01 12:00:00+00', 30000000, 25, array['k1', 'k2', 'k3']",
+                "(text[], timestamptz, bigint, bigint, boolean)",
+                claim_heads.clone(),
+                "array['m1', 'm2', 'm3'], '2030-01-01 12:00:00+00', 30000000, 25, true",
             ),
             (
                 "(timestamptz, bigint, bigint, text[])",

@@ -360,14 +360,6 @@ impl PostgresOutbox {
         self.inner.core.sql.claim(limit, true, ClaimPass::Keyless)
     }
 
-    /// The keyed pass of the claim of up to `limit` messages; `$4` is the
-    /// keys whose locks the transaction holds.
-    #[cfg(feature = "inspect-statements")]
-    #[doc(hidden)]
-    pub fn keyed_claim_statement(&self, limit: usize) -> String {
-        self.inner.core.sql.claim(limit, true, ClaimPass::Keyed)
-    }
-
     /// The claim after a short first pass; `$4` is the keys whose locks the
     /// transaction holds.
     #[cfg(feature = "inspect-statements")]
@@ -429,14 +421,6 @@ impl PostgresOutbox {
 }
 
 sql::sql_store!(PostgresOutbox, PostgresOutboxBuilder, PgPool, PgConnection);
-
-/// What every statement of one claim binds besides its keys.
-struct Pass {
-    now: DateTime<Utc>,
-    lease_micros: i64,
-    cap: u32,
-    block: bool,
-}
 
 /// How many claims after a short first pass look keys' heads up without
 /// one. A first pass is cheap when the keyed backlog thins out again; one
@@ -543,12 +527,7 @@ impl Core {
         let locked_until = lease_end(now, lease)?;
         let lease_micros = i64::try_from(lease.as_micros())
             .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
-        let pass = Pass {
-            now,
-            lease_micros,
-            cap,
-            block: on_dead_letter == OnDeadLetter::Block,
-        };
+        let block = on_dead_letter == OnDeadLetter::Block;
         let mut claimed = Vec::with_capacity(limit);
         let mut abandoned = Vec::new();
         // After a short first pass, the next few claims go straight to the
@@ -562,7 +541,7 @@ impl Core {
         if !lookup {
             let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
                 limit,
-                pass.block,
+                block,
                 ClaimPass::Keyless,
             )))
             .bind(self.bound_now(now))
@@ -593,19 +572,19 @@ impl Core {
                 self.skip_first_passes
                     .store(FIRST_PASSES_SKIPPED, Ordering::Relaxed);
             } else if !heads.is_empty() {
-                // The key locks ride with `BEGIN`: one round trip.
-                let (hashes, heads) = lock_order(heads);
-                let begin = format!("BEGIN; {}", Statements::lock_keys(&hashes));
-                let mut tx = self
-                    .parts
-                    .pool
-                    .begin_with(AssertSqlSafe(begin))
+                // One round trip locks their keys and claims those still
+                // heads (`migrations/postgres/0009_claim_heads.sql`).
+                let (hashes, ids) = lock_order(heads);
+                let rows = sqlx::query(AssertSqlSafe(self.sql.claim_heads.clone()))
+                    .bind(&hashes)
+                    .bind(&ids)
+                    .bind(self.bound_now(now))
+                    .bind(lease_micros)
+                    .bind(i64::from(cap))
+                    .bind(block)
+                    .fetch_all(&self.parts.pool)
                     .await
                     .map_err(db("claim_batch"))?;
-                let rows = self
-                    .claim_pass(&mut tx, &heads, ClaimPass::Keyed, heads.len(), &pass)
-                    .await?;
-                tx.commit().await.map_err(db("claim_batch"))?;
                 self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
                     .await?;
             }
@@ -621,19 +600,26 @@ impl Core {
                 .await
                 .map_err(db("claim_batch"))?;
             let keys: Vec<(String, i64)> =
-                sqlx::query_as(AssertSqlSafe(self.sql.key_heads(limit, pass.block)))
+                sqlx::query_as(AssertSqlSafe(self.sql.key_heads(limit, block)))
                     .bind(self.bound_now(now))
                     .fetch_all(&mut *tx)
                     .await
                     .map_err(db("claim_batch"))?;
             let (hashes, keys) = lock_order(keys.into_iter().map(|(key, hash)| (hash, key)));
-            sqlx::raw_sql(AssertSqlSafe(Statements::lock_keys(&hashes)))
+            sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
+                .bind(&hashes)
                 .execute(&mut *tx)
                 .await
                 .map_err(db("claim_batch"))?;
-            let rows = self
-                .claim_pass(&mut tx, &keys, ClaimPass::Locked, limit, &pass)
-                .await?;
+            let claim = self.sql.claim(limit, block, ClaimPass::Locked);
+            let rows = sqlx::query(AssertSqlSafe(claim))
+                .bind(self.bound_now(now))
+                .bind(lease_micros)
+                .bind(i64::from(cap))
+                .bind(&keys)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db("claim_batch"))?;
             tx.commit().await.map_err(db("claim_batch"))?;
             self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
                 .await?;
@@ -647,27 +633,6 @@ impl Core {
             batch.dead_lettered = self.dead_letter_abandoned(abandoned, now, cap).await?;
         }
         Ok(batch)
-    }
-
-    /// Run the `pass` that claims the heads `keys` name (keys, or for the
-    /// keyed pass the heads' ids), whose keys' locks `tx` holds, up to
-    /// `limit` rows.
-    async fn claim_pass(
-        &self,
-        tx: &mut PgConnection,
-        keys: &[String],
-        pass: ClaimPass,
-        limit: usize,
-        args: &Pass,
-    ) -> Result<Vec<PgRow>> {
-        sqlx::query(AssertSqlSafe(self.sql.claim(limit, args.block, pass)))
-            .bind(self.bound_now(args.now))
-            .bind(args.lease_micros)
-            .bind(i64::from(args.cap))
-            .bind(keys)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(db("claim_batch"))
     }
 
     /// Sort the rows of one pass into claimed and abandoned, quarantining

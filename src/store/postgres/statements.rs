@@ -67,15 +67,19 @@ pub(super) struct Statements {
     /// The first pass of a claim, with `{limit}`, `{walk}` and `{block}` to
     /// write out; see [`Statements::claim`].
     claim_keyless: Arc<str>,
-    /// The second pass of a claim, with `{block}` to write out; see
-    /// [`Statements::claim`].
-    claim_keyed: Arc<str>,
+    /// The second pass of a claim that found keyed heads: a call of the
+    /// table's `claim_heads` function.
+    pub(super) claim_heads: Arc<str>,
     /// The claim after a short first pass, with `{limit}` and `{block}` to
     /// write out; see [`Statements::claim`].
     claim_locked: Arc<str>,
     /// The heads of keys beyond a claim's walk, with `{limit}` and
     /// `{block}` to write out; see [`Statements::key_heads`].
     key_heads: Arc<str>,
+    /// Take the advisory lock of each key hash, in the order given (sorted,
+    /// so two claimers never wait on each other in a cycle). Binds: `$1` the
+    /// hashes.
+    pub(super) lock_keys: Arc<str>,
     /// Dead-letter rows out of attempts if they still are. Binds: now (NULL
     /// for the database's), then arrays of ids, attempts and errors, then
     /// the attempt cap of rows without their own.
@@ -170,33 +174,26 @@ impl Statements {
                FROM {t} AS m WHERE status = 'claimed' AND locked_until <= {NOW} AND {head} \
                ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED)"
         );
-        // `fronts`: the rows `which` (a condition) picks that are due heads,
-        // locked. The transaction holds their keys' locks.
-        let fronts = |which: &str| {
-            format!(
-                "fronts AS ( \
-                   SELECT id, available_at, created_at, seq, ordering_key, \
-                     attempts >= {CAP} AS abandoned \
-                   FROM {t} AS m \
-                   WHERE {which} \
-                     AND ((m.status = 'pending' AND m.available_at <= {NOW}) \
-                       OR (m.status = 'claimed' AND m.locked_until <= {NOW})) \
-                     AND {head} \
-                   FOR UPDATE SKIP LOCKED)"
-            )
-        };
-        // The heads of the keys `$4`: each key's first pending or claimed
-        // row, looked up in the key's index, no walk however long its
-        // queue. A lateral join rather than a scalar subquery: PostgreSQL
-        // ran that subquery three times per key (grouping, cache key, index
-        // condition).
-        let fronts_of_keys = fronts(&format!(
-            "m.id IN (SELECT f.id FROM unnest($4::text[]) AS k (k) \
-               CROSS JOIN LATERAL (SELECT e.id FROM {t} AS e \
-                 WHERE e.ordering_key = k.k AND e.ordering_key IS NOT NULL \
-                   AND e.status <> 'delivered' AND e.status IN ('pending', 'claimed') \
-                 ORDER BY e.seq LIMIT 1) AS f)"
-        ));
+        // The heads of the keys `$4`, whose locks the transaction holds:
+        // each key's first pending or claimed row, looked up in the key's
+        // index, no walk however long its queue. A lateral join rather than
+        // a scalar subquery: PostgreSQL ran that subquery three times per
+        // key (grouping, cache key, index condition).
+        let fronts = format!(
+            "fronts AS ( \
+               SELECT id, available_at, created_at, seq, ordering_key, \
+                 attempts >= {CAP} AS abandoned \
+               FROM {t} AS m \
+               WHERE m.id IN (SELECT f.id FROM unnest($4::text[]) AS k (k) \
+                 CROSS JOIN LATERAL (SELECT e.id FROM {t} AS e \
+                   WHERE e.ordering_key = k.k AND e.ordering_key IS NOT NULL \
+                     AND e.status <> 'delivered' AND e.status IN ('pending', 'claimed') \
+                   ORDER BY e.seq LIMIT 1) AS f) \
+               AND ((m.status = 'pending' AND m.available_at <= {NOW}) \
+                 OR (m.status = 'claimed' AND m.locked_until <= {NOW})) \
+               AND {head} \
+               FOR UPDATE SKIP LOCKED)"
+        );
         // The keyed rows a first pass walks, untested: `picked` tests them
         // in claim order, only until the claim is full (`OFFSET 0` keeps
         // its filter above the sort, so the filter runs row by row in claim
@@ -287,9 +284,9 @@ impl Statements {
             // statement's snapshot, which a concurrent claim of the same key
             // may have changed since. So the first pass claims keyless rows
             // only and returns the keyed heads it saw as `keyed`; the second
-            // pass runs in a transaction holding an advisory lock per key
-            // hash, taken before the statement began, so its snapshot holds
-            // every claim of those keys (`claim_keyed`).
+            // pass takes an advisory lock per key hash before its claim
+            // statement begins, so that statement's snapshot holds every
+            // claim of those keys (`claim_heads`).
             //
             // A head the walk did not reach comes after every row it walked,
             // in claim order. So when the walk was cut short and the rows
@@ -328,14 +325,16 @@ impl Statements {
                 settle = settle_picked("NOT (SELECT short FROM cut)"),
             )
             .into(),
-            // The heads a first pass left, by id (`$4`), if still heads
-            // now that their keys are locked.
-            claim_keyed: format!(
-                "WITH {fronts}, \
-                 picked AS (SELECT *, false AS deferred FROM fronts), \
-                 {settle}",
-                fronts = fronts("m.id = ANY($4::text[])"),
-                settle = settle_picked("true"),
+            // The heads a first pass left, by id, claimed with their keys
+            // locked, in one round trip: see
+            // `migrations/postgres/0009_claim_heads.sql`. Binds: `$1` the
+            // key hashes in ascending order, `$2` the ids, `$3` now (NULL
+            // for the database's), `$4` the lease in µs, `$5` the attempt
+            // cap of rows without their own, `$6` whether a dead letter
+            // holds its key.
+            claim_heads: format!(
+                "SELECT * FROM {}($1, $2, $3, $4, $5, $6)",
+                table.derived("claim_heads", true)
             )
             .into(),
             // After a `short` first pass: keyless rows, expired claims and
@@ -343,7 +342,7 @@ impl Statements {
             // limit. Keyed rows of other keys (expired claims) are left
             // for a later claim, returned as `keyed`.
             claim_locked: format!(
-                "WITH {arms}, {fronts_of_keys}, \
+                "WITH {arms}, {fronts}, \
                  picked AS ( \
                    SELECT *, ordering_key IS NOT NULL \
                        AND NOT ordering_key = ANY($4::text[]) AS deferred \
@@ -354,6 +353,8 @@ impl Statements {
                 settle = settle_picked("true"),
             )
             .into(),
+            lock_keys: "SELECT count(pg_advisory_xact_lock(h)) FROM unnest($1::bigint[]) AS h"
+                .into(),
             // Each key with unsettled rows, looked up in the key index; a
             // key whose first pending or claimed row is a due head is
             // returned with its hash, in its head's claim order. Locks
@@ -486,13 +487,11 @@ impl Statements {
     /// the limit written out, each size of claim is a prepared statement of
     /// its own whose plan is reused. Binds: `$1` now (NULL for the
     /// database's), `$2` the lease in µs, `$3` the attempt cap of rows
-    /// without their own; `$4` in the keyed pass the ids of the heads a first
-    /// pass left (its limit is one row per head), in the locked pass the
-    /// keys; the transaction holds their keys' locks. Each row comes back
-    /// with its `outcome`: `claimed`; `abandoned` (out of attempts,
-    /// untouched); `keyed` (a head left for a pass holding its key's lock,
-    /// untouched: every column NULL but its `id`, `ordering_key` and
-    /// `key_hash`);
+    /// without their own, and in the locked pass `$4` the keys whose locks
+    /// the transaction holds. Each row comes back with its `outcome`:
+    /// `claimed`; `abandoned` (out of attempts, untouched); `keyed` (a head
+    /// left for a pass holding its key's lock, untouched: every column NULL
+    /// but its `id`, `ordering_key` and `key_hash`);
     /// or, alone and with every column NULL, `short` (the first pass's walk
     /// of keyed rows may have missed a head that belongs in the claim, so
     /// it claimed nothing: see `claim_keyless`).
@@ -504,26 +503,11 @@ impl Statements {
                 .replace("{limit}", &limit.to_string())
                 .replace("{walk}", &keyed_walk(limit).to_string())
                 .replace("{block}", block),
-            ClaimPass::Keyed => self.claim_keyed.replace("{block}", block),
             ClaimPass::Locked => self
                 .claim_locked
                 .replace("{limit}", &limit.to_string())
                 .replace("{block}", block),
         }
-    }
-
-    /// The statement that takes the advisory lock of each key hash in
-    /// `hashes`, in the order given (sorted, so two claimers never wait on
-    /// each other in a cycle). The hashes are written out, numbers only, so
-    /// the statement can follow `BEGIN` in one round trip; it runs
-    /// unprepared, as each is new.
-    pub(super) fn lock_keys(hashes: &[i64]) -> String {
-        let list = hashes
-            .iter()
-            .map(i64::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        format!("SELECT count(pg_advisory_xact_lock(h)) FROM unnest('{{{list}}}'::bigint[]) AS h")
     }
 
     /// The statement that looks up the heads of up to `limit` keys, for a
@@ -543,9 +527,6 @@ impl Statements {
 pub(super) enum ClaimPass {
     /// Claims keyless rows; returns the keyed heads it saw as `keyed`.
     Keyless,
-    /// Claims the heads a first pass left, by id, if still heads with
-    /// their keys' locks held.
-    Keyed,
     /// After a first pass came back `short`: claims keyless rows and the
     /// heads of the keys whose locks the transaction holds, together in
     /// claim order.
