@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use crate::store::sql::{
-    SharedStatements, TableName, head_test, key_fronts_cte, keyed_walk, oldest_due, pending_count,
+    SharedStatements, TableName, head_test, key_fronts_cte, keyed_walk, keyed_walk_cte, oldest_due,
+    pending_count,
 };
 
 /// The time a statement judges leases by: the caller's (`$1`, bound when
@@ -198,12 +199,7 @@ impl Statements {
         // in claim order, only until the claim is full (`OFFSET 0` keeps
         // its filter above the sort, so the filter runs row by row in claim
         // order and stops at the limit).
-        let walk = format!(
-            "walk AS MATERIALIZED ( \
-               SELECT id, available_at, created_at, seq, ordering_key FROM {t} \
-               WHERE status = 'pending' AND ordering_key IS NOT NULL AND available_at <= {NOW} \
-               ORDER BY available_at, created_at, seq LIMIT {{walk}})"
-        );
+        let walk = keyed_walk_cte(&t, None, NOW, "{walk}");
         let key_fronts = key_fronts_cte(&t, "id", "true");
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
