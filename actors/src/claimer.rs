@@ -448,7 +448,8 @@ impl Claimer {
             self.pass,
             slot,
             self.coordinator.finished.clone(),
-            ctx.address(),
+            ctx.address().recipient(),
+            ctx.address().recipient(),
             Arc::new(message),
         );
         let drain = self.drain.clone();

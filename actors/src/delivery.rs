@@ -29,7 +29,6 @@ use outbox::{
 };
 use tracing::Instrument;
 
-use crate::claimer::Claimer;
 use crate::context::{DrainContext, after};
 use crate::error::{LeaseLostError, MaxActiveDurationError};
 use crate::heartbeat::{
@@ -85,9 +84,10 @@ pub(crate) struct Reporter {
     slot: u64,
     /// Where the outcome goes.
     coordinator: Recipient<DeliveryFinished>,
-    /// Told when the handler returns, so the slot can take another message,
-    /// and when the delivery ends, however it ends.
-    claimer: Addr<Claimer>,
+    /// Told when the handler returns, so the slot can take another message.
+    returned: Recipient<HandlerReturned>,
+    /// Told when the delivery ends, however it ends.
+    ended: Recipient<DeliveryEnded>,
     /// The claimed message, for the loss a dying actor reports.
     message: Arc<ClaimedMessage>,
     /// The delivery's heartbeat while it runs: reporting stops it.
@@ -104,7 +104,8 @@ impl Reporter {
         pass: u64,
         slot: u64,
         coordinator: Recipient<DeliveryFinished>,
-        claimer: Addr<Claimer>,
+        returned: Recipient<HandlerReturned>,
+        ended: Recipient<DeliveryEnded>,
         message: Arc<ClaimedMessage>,
     ) -> Self {
         telemetry::delivery_claimed(&message);
@@ -112,7 +113,8 @@ impl Reporter {
             pass,
             slot,
             coordinator,
-            claimer,
+            returned,
+            ended,
             message,
             heartbeat: None,
             handler: HandlerResult::Unfinished,
@@ -142,7 +144,7 @@ impl Reporter {
             notices,
             retry_at,
         });
-        self.claimer.do_send(DeliveryEnded {
+        self.ended.do_send(DeliveryEnded {
             slot: self.slot,
             store_faulted,
         });
@@ -336,7 +338,7 @@ impl DeliveryActor {
         self.result = Some(result);
         // The handler's slot is free; the settlement writes still to come
         // do not need it.
-        self.reporter.claimer.do_send(HandlerReturned {
+        self.reporter.returned.do_send(HandlerReturned {
             slot: self.reporter.slot,
         });
         match (&self.reporter.heartbeat, heartbeat_due) {
