@@ -30,7 +30,7 @@ use outbox::{
 use tracing::Instrument;
 
 use crate::context::{DrainContext, after};
-use crate::error::{LeaseLostError, MaxActiveDurationError};
+use crate::error::{Error, LeaseLostError, MaxActiveDurationError};
 use crate::heartbeat::{
     HeartbeatActor, StopAndHandOver, StopHeartbeat, next_tick, unrenewed_hand_over,
 };
@@ -416,21 +416,44 @@ impl DeliveryActor {
         // failed write does.
         let late = matches!(self.give_back, Some(GiveBack::Late { .. }));
         let store_faulted = release.store_faulted() || late;
-        let outcome = self.span.in_scope(|| match release {
+        let (confirmed_lost, error) = self.span.in_scope(|| match release {
             Release::Released => {
                 telemetry::released(&self.message, self.give_back);
-                Outcome::Released
+                (false, None)
             }
             Release::Failed(error) => {
                 telemetry::release_failed(&self.message, Some(&error));
-                Outcome::LeaseLost
+                (error.is_claim_lost(), Some(error.into()))
             }
             Release::TimedOut => {
                 telemetry::release_failed(&self.message, None);
-                Outcome::LeaseLost
+                let timeout = Error::Timeout {
+                    operation: "release_claim",
+                    timeout: self.drain.config.lease,
+                };
+                (false, Some(timeout))
             }
         });
-        self.finish(outcome, Vec::new(), None, store_faulted, ctx);
+        let Some(error) = error else {
+            self.finish(Outcome::Released, Vec::new(), None, store_faulted, ctx);
+            return;
+        };
+        // The claim stays with this worker until its lease runs out, so the
+        // message waits that long: subscribers hear of it like of any lost
+        // lease. `outbox.release_failed` has already logged and counted it.
+        let failure = LeaseLost::new(
+            &self.message,
+            LeaseOperation::Release,
+            LeaseState::Lost,
+            confirmed_lost,
+            error,
+        )
+        .after(self.reporter.handler.clone());
+        self.drain.observe("on_lease_error", |observer| {
+            observer.on_lease_error(&failure)
+        });
+        let notices = vec![Notice::Lease(failure)];
+        self.finish(Outcome::LeaseLost, notices, None, store_faulted, ctx);
     }
 
     fn finish(

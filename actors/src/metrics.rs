@@ -197,6 +197,7 @@ pub(crate) fn lease(failure: &LeaseLost) {
     let operation = match failure.operation {
         LeaseOperation::Renew => "renew",
         LeaseOperation::MaxActive => "max_active",
+        LeaseOperation::Release => "release",
     };
     counter!(LEASE_FAILURES, "kind" => failure.kind.as_str(), "name" => name(&failure.name),
         "state" => state, "operation" => operation)

@@ -131,6 +131,10 @@ pub enum LeaseOperation {
     Renew,
     /// The delivery reached the `max_active` limit.
     MaxActive,
+    /// Giving the claim back unsettled (at shutdown, or a claim that came
+    /// back too late to deliver) failed or did not answer: the message is
+    /// claimable again only once its lease has run out.
+    Release,
 }
 
 /// How a lease failure ended.

@@ -146,6 +146,7 @@ pub(crate) fn lease(failure: &LeaseLost) {
     let operation = match failure.operation {
         LeaseOperation::Renew => "renew",
         LeaseOperation::MaxActive => "max_active",
+        LeaseOperation::Release => "release",
     };
     match failure.state {
         LeaseState::Lost if failure.handler.finished() => tracing::warn!(target: "outbox",

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use outbox::{DrainConfig, MessageStatus};
-use outbox_actors::{Drain, Error, Shutdown};
+use outbox_actors::{Drain, Error, LeaseOperation, LeaseState, Shutdown};
 
-use crate::support::run;
+use crate::support::{Fault, FaultStore, Op, run};
 use crate::{Harness, config, ping, report};
 
 #[test]
@@ -96,5 +96,62 @@ fn drains_after_shutdown_began_are_refused() {
         assert!(matches!(queued.await.unwrap(), Err(Error::ShuttingDown)));
         assert_eq!(first.await.unwrap().unwrap().delivered, 1);
         assert_eq!(shutdown.await.unwrap().delivered, 1);
+    });
+}
+
+#[test]
+fn a_claim_not_given_back_at_shutdown_is_heard_as_a_lost_lease() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.fault(Op::Release, 1, Fault::Transient);
+        store.fault(Op::Release, 2, Fault::Hang);
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                concurrency: 3,
+                ..config()
+            },
+            |b| b,
+        );
+        let mut ids = Vec::new();
+        for n in 0..3 {
+            ids.push(h.enqueue(ping(n, 60_000)).await);
+        }
+        let drain = h.coordinator.send(Drain);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let r = h
+            .coordinator
+            .send(Shutdown {
+                grace: Duration::from_secs(1),
+            })
+            .await
+            .unwrap();
+        assert_eq!((r.claimed, r.released, r.lease_lost), (3, 1, 2), "{r}");
+        assert_eq!(drain.await.unwrap().unwrap(), r);
+        let mut lost: Vec<_> = h
+            .leases()
+            .into_iter()
+            .map(|l| (l.operation, l.state, l.confirmed_lost, l.handler.finished()))
+            .collect();
+        lost.dedup();
+        assert_eq!(
+            lost,
+            [(LeaseOperation::Release, LeaseState::Lost, false, false)],
+            "one notice per claim not given back"
+        );
+        assert_eq!(h.leases().len(), 2);
+        let mut statuses = Vec::new();
+        for id in &ids {
+            statuses.push(h.status(id).await);
+        }
+        statuses.sort_by_key(|s| format!("{s:?}"));
+        assert_eq!(
+            statuses,
+            [
+                MessageStatus::Claimed,
+                MessageStatus::Claimed,
+                MessageStatus::Pending
+            ]
+        );
     });
 }

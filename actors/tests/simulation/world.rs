@@ -587,10 +587,9 @@ impl World {
             ),
         );
         // Every lost claim is heard as a lost lease, those lost while
-        // settling included, except a claim not given back at shutdown (the
-        // `outbox.release_failed` event tells of it).
+        // settling and those not given back at shutdown included.
         check(
-            lost == t.lease_lost - answered.release_failed,
+            lost == t.lease_lost,
             format!(
                 "subscribers heard {lost} lost leases ({lost_while_settling} lost while \
                  settling, {} releases failed)",
