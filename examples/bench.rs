@@ -57,7 +57,8 @@
 //! ```
 //!
 //! `--prefetch N` and `--claims N` set the runtime's `prefetch` and
-//! `claims_in_flight`.
+//! `claims_in_flight`; `--pool N` sizes each side's PostgreSQL pool (sqlx's
+//! default, 10, unless given), to match a peer run's `--pool`.
 //!
 //! The last line printed is one JSON object.
 
@@ -116,6 +117,8 @@ struct Args {
     sweep: Option<Vec<usize>>,
     /// Draw the sweep into this PNG.
     plot: Option<std::path::PathBuf>,
+    /// PostgreSQL connections of each side's pool (sqlx's default unless given).
+    pool: Option<u32>,
 }
 
 /// The stores this build can measure.
@@ -140,6 +143,7 @@ fn parse_args() -> Result<Args, String> {
         schedule: None,
         sweep: None,
         plot: None,
+        pool: None,
     };
     let mut concurrency_given = false;
     let mut it = std::env::args().skip(1);
@@ -183,13 +187,20 @@ fn parse_args() -> Result<Args, String> {
                 args.prefetch = value()?.parse().map_err(|e| format!("--prefetch: {e}"))?
             }
             "--claims" => args.claims = value()?.parse().map_err(|e| format!("--claims: {e}"))?,
+            "--pool" => {
+                let pool: u32 = value()?.parse().map_err(|e| format!("--pool: {e}"))?;
+                if pool == 0 {
+                    return Err("--pool: a pool needs at least 1 connection".into());
+                }
+                args.pool = Some(pool);
+            }
             "--schedule" => args.schedule = Some(parse_every(&value()?)?),
             "--help" | "-h" => {
                 return Err(format!(
                     "usage: bench [--store {}] [--messages N] [--concurrency N] [--batch N] \
-                     [--only runtime|baseline] [--arbiters N] [--prefetch N] [--claims N] [--schedule EVERY]\n       \
+                     [--only runtime|baseline] [--arbiters N] [--prefetch N] [--claims N] [--schedule EVERY] [--pool N]\n       \
                      bench --store STORE,STORE... --sweep N,N,... [--plot FILE.png] \
-                     [--messages N] [--batch N] [--arbiters N] [--prefetch N] [--claims N] [--schedule EVERY]",
+                     [--messages N] [--batch N] [--arbiters N] [--prefetch N] [--claims N] [--schedule EVERY] [--pool N]",
                     STORES.join("|")
                 ));
             }
@@ -359,6 +370,8 @@ struct RuntimeSettings {
     claims: usize,
     /// `Some`: no `Drain` loop, the coordinator drains on this schedule.
     schedule: Option<Duration>,
+    /// PostgreSQL pool size; `None` for sqlx's default.
+    pool: Option<u32>,
 }
 
 /// Drain every message with the actor runtime; returns the time taken.
@@ -771,10 +784,14 @@ mod postgres {
         })
     }
 
-    /// The store on a fresh pool (sqlx's default size, as a user gets it),
-    /// which connects when first used.
-    fn store(table: &str) -> PostgresOutbox {
-        let pool = PgPoolOptions::new()
+    /// The store on a fresh pool of `size` connections (sqlx's default, as a
+    /// user gets it, unless given), which connects when first used.
+    fn store(table: &str, size: Option<u32>) -> PostgresOutbox {
+        let mut options = PgPoolOptions::new();
+        if let Some(size) = size {
+            options = options.max_connections(size);
+        }
+        let pool = options
             .connect_lazy(&url())
             .expect("DATABASE_URL is a PostgreSQL URL");
         PostgresOutbox::builder(pool)
@@ -788,9 +805,9 @@ mod postgres {
     /// A fresh table `bench_<pid>_<side>` holding `messages` pending ticks,
     /// filled on a pool that is closed again, and a store on a new pool for
     /// the drain.
-    pub(super) async fn filled(side: &str, messages: u64) -> PostgresOutbox {
+    pub(super) async fn filled(side: &str, messages: u64, pool: Option<u32>) -> PostgresOutbox {
         let table = format!("bench_{}_{side}", std::process::id());
-        let fill = store(&table);
+        let fill = store(&table, None);
         drop_table(&fill).await;
         fill.setup().await.expect("create the bench table");
         let now = SystemClock.now();
@@ -810,7 +827,7 @@ mod postgres {
             .await
             .expect("analyze");
         fill.pool().close().await;
-        store(&table)
+        store(&table, pool)
     }
 
     pub(super) async fn drop_table(store: &PostgresOutbox) {
@@ -1028,7 +1045,7 @@ fn postgres_sides(
             .expect("a runtime");
         runtime.block_on(async {
             let mut commits = postgres::Commits::connect().await;
-            let store = postgres::filled("baseline", messages).await;
+            let store = postgres::filled("baseline", messages, settings.pool).await;
             let before = commits.settled().await;
             let elapsed = postgres::raw_sql(&store, messages).await;
             let commits = commits.per_message(store.pool(), before, messages).await;
@@ -1043,7 +1060,7 @@ fn postgres_sides(
     let runtime_side = measured_if(run_runtime, || {
         actix::System::new().block_on(async move {
             let mut commits = postgres::Commits::connect().await;
-            let store = postgres::filled("runtime", messages).await;
+            let store = postgres::filled("runtime", messages, settings.pool).await;
             let before = commits.settled().await;
             let elapsed = drain_with_runtime(store.clone(), settings).await;
             let commits = commits.per_message(store.pool(), before, messages).await;
@@ -1078,6 +1095,7 @@ fn main() {
         schedule,
         sweep,
         plot,
+        pool,
     } = args;
     let sides = (
         only.as_deref() != Some("runtime"),
@@ -1098,6 +1116,7 @@ fn main() {
         prefetch,
         claims,
         schedule,
+        pool,
     };
 
     let Some(sweep) = sweep else {
@@ -1179,6 +1198,7 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         prefetch,
         claims,
         schedule,
+        pool,
         ..
     } = settings;
     let (baseline_side, runtime_side) = match store_name {
@@ -1244,6 +1264,7 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         prefetch,
         claims_in_flight: claims,
         schedule_ms: schedule.map(|every| every.as_millis() as u64),
+        pool,
         runtime_per_sec: runtime_per_sec.round(),
         baseline_per_sec: baseline_per_sec.round(),
         ratio: round(runtime_per_sec / baseline_per_sec, 3),
@@ -1286,6 +1307,8 @@ struct Summary {
     claims_in_flight: usize,
     /// The schedule the runtime drained on, or `None` for a `Drain` loop.
     schedule_ms: Option<u64>,
+    /// Each side's PostgreSQL pool size, when given.
+    pool: Option<u32>,
     runtime_per_sec: f64,
     baseline_per_sec: f64,
     /// `runtime_per_sec / baseline_per_sec`.
