@@ -31,7 +31,9 @@ impl Core {
         if params.after.is_some() {
             query.push_str(" AND (created_at, id) > (?3, ?4)");
         }
-        query.push_str(" ORDER BY created_at, id LIMIT ?5");
+        // A cast, not a bare `?5`, so the page size does not make SQLite
+        // compile the statement again on every call (see the claim's limits).
+        query.push_str(" ORDER BY created_at, id LIMIT CAST(?5 AS INTEGER)");
         let rows = sqlx::query(AssertSqlSafe(query))
             .bind(params.status.map(MessageStatus::as_str))
             .bind(params.name.as_deref())

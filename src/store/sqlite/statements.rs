@@ -15,7 +15,8 @@ pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, a
 /// the statement to be compiled again whenever `?N` is bound again, which
 /// is every claim; the claim, the largest statement of the store, was
 /// parsed and planned anew each time. The cast keeps the value and one
-/// plan for any limit.
+/// plan for any limit. Every other `LIMIT` of the store (purge batches,
+/// listing pages) is written the same way.
 const LIMIT: &str = "CAST(?3 AS INTEGER)";
 const WALK: &str = "CAST(?6 AS INTEGER)";
 
@@ -139,7 +140,7 @@ impl Statements {
                 "DELETE FROM {t} WHERE seq IN ( \
                    SELECT seq FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
                    AND status = ?1 AND updated_at < ?2 \
-                   ORDER BY status, updated_at LIMIT ?3)"
+                   ORDER BY status, updated_at LIMIT CAST(?3 AS INTEGER))"
             )
             .into(),
             // The purge's predicate, without its batch limit.
