@@ -297,6 +297,18 @@ async fn an_idle_drain_is_woken_and_a_busy_one_is_not_notified_per_enqueue() {
     })
     .await;
     idle(&coordinator).await;
+    // The coordinator can read idle while its drain is not armed yet (a pass
+    // that could not arm polls again a moment later); an enqueue then finds
+    // no drain waiting and rightly sends no NOTIFY. Wait for the flag itself.
+    eventually("the drain is armed", || async {
+        sqlx::query_scalar::<_, bool>(AssertSqlSafe(format!(
+            "SELECT EXISTS (SELECT FROM \"{name}_drains\" WHERE idle)"
+        )))
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    })
+    .await;
     let mut listener = PgListener::connect(&database_url()).await.unwrap();
     listener.listen(outbox.channel()).await.unwrap();
 
