@@ -16,7 +16,7 @@ use actix::Addr;
 use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
 use outbox::{
-    ConfigError, DeliveryContext, DeliveryResult, DrainConfig, EventBus, InProcessBus,
+    Armed, ConfigError, DeliveryContext, DeliveryResult, DrainConfig, EventBus, InProcessBus,
     InProcessJobs, JobDispatcher, MessageKind, OutboxStore, Payload, RawMessage, Registry,
     RetryPolicy, SystemClock, TraceCarrier, Wakeups,
 };
@@ -306,6 +306,7 @@ async fn every_interval(
 ) -> Result<(), Failure> {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut arming = Arming::default();
     loop {
         tokio::select! {
             biased;
@@ -316,8 +317,10 @@ async fn every_interval(
                 return Ok(());
             }
             _ = ticks.tick() => {}
-            () = woken(&mut wakeups) => {}
+            () = woken(&mut wakeups) => arming.armed = false,
+            () = arming.retry() => {}
         }
+        arming.arm(wakeups.as_ref()).await;
         match pass(coordinator, &mut stop, grace).await? {
             PassEnd::Finished(result) => report_tick(result),
             PassEnd::Interrupted {
@@ -395,6 +398,68 @@ fn mailbox(error: actix::MailboxError) -> Failure {
     Failure::operational(format!(
         "the drain coordinator stopped unexpectedly: {error}"
     ))
+}
+
+/// Asking the store for a wake-up on the next commit, where commits wake
+/// only drains that asked (PostgreSQL): the command starts every pass
+/// itself, so it arms as the coordinator would for its own. It arms before
+/// a pass claims, so what committed before the arming that pass sees, and
+/// what commits after wakes the command; a wake-up uses the arming up.
+#[derive(Default)]
+struct Arming {
+    /// Armed, and no wake-up since.
+    armed: bool,
+    /// When arming last failed or found an enqueue in flight: the next
+    /// pass comes this soon, since no wake-up will.
+    retry_in: Option<Duration>,
+}
+
+impl Arming {
+    /// The first wait before claiming again when arming found an enqueue
+    /// in flight; it doubles up to [`Arming::MAX_RETRY`].
+    const FIRST_RETRY: Duration = Duration::from_millis(1);
+    const MAX_RETRY: Duration = Duration::from_millis(25);
+    /// The wait after arming failed: a store that cannot answer gets no
+    /// faster pace than this.
+    const AFTER_FAILURE: Duration = Duration::from_secs(1);
+
+    async fn arm(&mut self, wakeups: Option<&Wakeups>) {
+        let Some(arm) = wakeups.and_then(Wakeups::arm) else {
+            return;
+        };
+        if self.armed {
+            return;
+        }
+        match arm.arm().await {
+            Ok(Armed::Yes) => {
+                self.armed = true;
+                self.retry_in = None;
+            }
+            Ok(Armed::Busy) => {
+                let wait = self
+                    .retry_in
+                    .map_or(Self::FIRST_RETRY, |wait| (wait * 2).min(Self::MAX_RETRY));
+                self.retry_in = Some(wait);
+            }
+            Err(error) => {
+                eprintln!(
+                    "{} cannot ask the database for wake-ups, passing again in {}: {error}",
+                    time(chrono::Utc::now()),
+                    humantime::format_duration(Self::AFTER_FAILURE)
+                );
+                self.retry_in = Some(Self::AFTER_FAILURE);
+            }
+        }
+    }
+
+    /// Resolves when a pass is due because arming did not succeed; never
+    /// while armed or without wake-ups.
+    async fn retry(&self) {
+        match self.retry_in {
+            Some(wait) if !self.armed => tokio::time::sleep(wait).await,
+            _ => std::future::pending().await,
+        }
+    }
 }
 
 /// Resolves on the next committed insert; never, without wake-ups.

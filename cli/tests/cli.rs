@@ -1116,7 +1116,9 @@ async fn drain_every_stops_on_a_signal_and_releases_claims<S: OutboxStore + Outb
 
 /// On PostgreSQL a committed message wakes `drain --every` at once: with an
 /// hour between ticks, only a wake-up (the listener's first look, or a
-/// notification) delivers the second message.
+/// notification) delivers the later messages. Commits notify only a drain
+/// that asked, so each message is enqueued once the command has asked
+/// (and asked again after the wake-up the previous one used up).
 #[tokio::test]
 async fn postgres_drain_every_drains_a_committed_message_without_waiting_for_a_tick() {
     let f = postgres().await;
@@ -1146,7 +1148,27 @@ async fn postgres_drain_every_drains_a_committed_message_without_waiting_for_a_t
             })
     };
 
-    for name in ["first", "second"] {
+    let armed = format!(
+        "SELECT EXISTS (SELECT FROM \"{}_drains\" WHERE idle)",
+        f.table
+    );
+    for name in ["first", "second", "third"] {
+        let asked = async {
+            while !sqlx::query_scalar::<_, bool>(sqlx::AssertSqlSafe(armed.clone()))
+                .fetch_one(f.store.pool())
+                .await
+                .unwrap_or(false)
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(60), asked)
+            .await
+            .is_err()
+        {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            panic!("the drain did not ask for a wake-up within 60 s (before {name})");
+        }
         let id = f.pending(name, serde_json::json!({ "name": name })).await;
         let printed: Value = serde_json::from_str(&next_line()).unwrap();
         assert_eq!(printed["id"], id.as_str());
@@ -1156,7 +1178,7 @@ async fn postgres_drain_every_drains_a_committed_message_without_waiting_for_a_t
     assert!(sent.success(), "kill -TERM");
     let run = wait(child, &pid).ok();
     assert!(run.stderr.contains("and on every commit"), "{}", run.stderr);
-    assert!(run.stderr.contains("delivered 2"), "{}", run.stderr);
+    assert!(run.stderr.contains("delivered 3"), "{}", run.stderr);
 }
 
 /// Wait for `child`; a child that hangs is killed so the test fails instead.
