@@ -238,7 +238,7 @@ fn cargo() -> Command {
         command.env_remove(var);
     }
     // The snippets' crate keeps a target directory of its own; without debug
-    // info it takes a tenth of the disk.
+    // info it takes about a third of the disk (0.7 GB against 1.9 GB).
     command.env("CARGO_PROFILE_DEV_DEBUG", "false");
     command
 }
