@@ -177,6 +177,9 @@ async fn commits_wake_the_coordinator_and_bursts_are_coalesced() {
     let id = outbox.enqueue_in(&mut tx, ping(1)).await.unwrap().into_id();
     tx.commit().await.unwrap();
     assert_eq!(reports.finished(1).await[0].id, id);
+    // Armed, so no pass that polls for an arming falls among those counted.
+    idle(&coordinator).await;
+    armed(&pool, &name).await;
     let before = idle(&coordinator).await;
 
     // Rolled back: a listener of the test's own hears nothing before a
@@ -261,6 +264,22 @@ async fn the_wake_up_listener_reconnects_after_its_backend_is_killed() {
     assert_eq!(end.totals.delivered, 2, "{end:?}");
 }
 
+/// Wait until a drain on table `name` is armed. The coordinator can read
+/// idle while its drain is not armed yet (a pass that could not arm polls
+/// again a moment later); an enqueue then finds no drain waiting and rightly
+/// sends no `NOTIFY`, so a test that counts them waits for the flag itself.
+async fn armed(pool: &PgPool, name: &str) {
+    eventually("the drain is armed", || async {
+        sqlx::query_scalar::<_, bool>(AssertSqlSafe(format!(
+            "SELECT EXISTS (SELECT FROM \"{name}_drains\" WHERE idle)"
+        )))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    })
+    .await;
+}
+
 /// What a listener of the test's own heard up to a marker sent now.
 async fn heard_until_marker(listener: &mut PgListener, pool: &PgPool, channel: &str) -> usize {
     sqlx::query("SELECT pg_notify($1, 'marker')")
@@ -297,18 +316,7 @@ async fn an_idle_drain_is_woken_and_a_busy_one_is_not_notified_per_enqueue() {
     })
     .await;
     idle(&coordinator).await;
-    // The coordinator can read idle while its drain is not armed yet (a pass
-    // that could not arm polls again a moment later); an enqueue then finds
-    // no drain waiting and rightly sends no NOTIFY. Wait for the flag itself.
-    eventually("the drain is armed", || async {
-        sqlx::query_scalar::<_, bool>(AssertSqlSafe(format!(
-            "SELECT EXISTS (SELECT FROM \"{name}_drains\" WHERE idle)"
-        )))
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-    })
-    .await;
+    armed(&pool, &name).await;
     let mut listener = PgListener::connect(&database_url()).await.unwrap();
     listener.listen(outbox.channel()).await.unwrap();
 
@@ -363,6 +371,7 @@ async fn an_enqueue_committing_while_the_drain_goes_idle_is_not_lost() {
 
     // Armed once nothing is in flight: the next commit wakes it.
     idle(&coordinator).await;
+    armed(&pool, &name).await;
     let second = outbox.enqueue(ping(2)).await.unwrap().into_id();
     assert_eq!(reports.finished(1).await[0].id, second);
     assert_eq!(
