@@ -409,8 +409,8 @@ fn mailbox(error: actix::MailboxError) -> Failure {
 struct Arming {
     /// Armed, and no wake-up since.
     armed: bool,
-    /// When arming last failed or found an enqueue in flight: the next
-    /// pass comes this soon, since no wake-up will.
+    /// When arming last failed or found an enqueue in flight (so not
+    /// armed): the next pass comes this soon, since no wake-up will.
     retry_in: Option<Duration>,
 }
 
@@ -456,8 +456,8 @@ impl Arming {
     /// while armed or without wake-ups.
     async fn retry(&self) {
         match self.retry_in {
-            Some(wait) if !self.armed => tokio::time::sleep(wait).await,
-            _ => std::future::pending().await,
+            Some(wait) => tokio::time::sleep(wait).await,
+            None => std::future::pending().await,
         }
     }
 }
