@@ -59,6 +59,9 @@
 //! `--prefetch N` and `--claims N` set the runtime's `prefetch` and
 //! `claims_in_flight`; `--pool N` sizes each side's PostgreSQL pool (sqlx's
 //! default, 10, unless given), to match a peer run's `--pool`.
+//! `--delete-on-delivery` sets the runtime's `retention.delete_on_delivery`:
+//! each message is deleted by the write that settles it, as job queues
+//! that keep no finished jobs do; the baseline still marks rows delivered.
 //!
 //! The last line printed is one JSON object.
 
@@ -119,6 +122,8 @@ struct Args {
     plot: Option<std::path::PathBuf>,
     /// PostgreSQL connections of each side's pool (sqlx's default unless given).
     pool: Option<u32>,
+    /// The runtime deletes each message as it settles it.
+    delete_on_delivery: bool,
 }
 
 /// The stores this build can measure.
@@ -144,6 +149,7 @@ fn parse_args() -> Result<Args, String> {
         sweep: None,
         plot: None,
         pool: None,
+        delete_on_delivery: false,
     };
     let mut concurrency_given = false;
     let mut it = std::env::args().skip(1);
@@ -195,12 +201,13 @@ fn parse_args() -> Result<Args, String> {
                 args.pool = Some(pool);
             }
             "--schedule" => args.schedule = Some(parse_every(&value()?)?),
+            "--delete-on-delivery" => args.delete_on_delivery = true,
             "--help" | "-h" => {
                 return Err(format!(
                     "usage: bench [--store {}] [--messages N] [--concurrency N] [--batch N] \
-                     [--only runtime|baseline] [--arbiters N] [--prefetch N] [--claims N] [--schedule EVERY] [--pool N]\n       \
+                     [--only runtime|baseline] [--arbiters N] [--prefetch N] [--claims N] [--schedule EVERY] [--pool N] [--delete-on-delivery]\n       \
                      bench --store STORE,STORE... --sweep N,N,... [--plot FILE.png] \
-                     [--messages N] [--batch N] [--arbiters N] [--prefetch N] [--claims N] [--schedule EVERY] [--pool N]",
+                     [--messages N] [--batch N] [--arbiters N] [--prefetch N] [--claims N] [--schedule EVERY] [--pool N] [--delete-on-delivery]",
                     STORES.join("|")
                 ));
             }
@@ -372,6 +379,8 @@ struct RuntimeSettings {
     schedule: Option<Duration>,
     /// PostgreSQL pool size; `None` for sqlx's default.
     pool: Option<u32>,
+    /// `retention.delete_on_delivery` of the runtime's drain.
+    delete_on_delivery: bool,
 }
 
 /// Drain every message with the actor runtime; returns the time taken.
@@ -390,6 +399,10 @@ async fn drain_with_runtime(
             prefetch: settings.prefetch,
             claims_in_flight: settings.claims,
             every: settings.schedule,
+            retention: outbox::RetentionConfig {
+                delete_on_delivery: settings.delete_on_delivery,
+                ..Default::default()
+            },
             ..DrainConfig::default()
         })
         .wake_on_insert(false)
@@ -397,7 +410,7 @@ async fn drain_with_runtime(
         .expect("a valid configuration");
     let started = Instant::now();
     if settings.schedule.is_some() {
-        return drain_on_schedule(coordinator, store, started, settings.messages).await;
+        return drain_on_schedule(coordinator, store, started, settings).await;
     }
     loop {
         let report = coordinator
@@ -438,8 +451,9 @@ async fn drain_on_schedule(
     coordinator: actix::Addr<DrainCoordinator>,
     store: impl OutboxAdmin,
     started: Instant,
-    messages: u64,
+    settings: RuntimeSettings,
 ) -> Duration {
+    let messages = settings.messages;
     let elapsed = loop {
         let status = coordinator.send(GetStatus).await.expect("coordinator");
         if status.totals.delivered >= messages {
@@ -455,9 +469,14 @@ async fn drain_on_schedule(
         status.totals
     );
     let stats = store.stats(SystemClock.now()).await.expect("stats");
+    let kept = if settings.delete_on_delivery {
+        0
+    } else {
+        messages
+    };
     assert_eq!(
         (stats.pending, stats.claimed, stats.delivered),
-        (0, 0, messages),
+        (0, 0, kept),
         "the store is empty"
     );
     coordinator
@@ -1096,6 +1115,7 @@ fn main() {
         sweep,
         plot,
         pool,
+        delete_on_delivery,
     } = args;
     let sides = (
         only.as_deref() != Some("runtime"),
@@ -1117,6 +1137,7 @@ fn main() {
         claims,
         schedule,
         pool,
+        delete_on_delivery,
     };
 
     let Some(sweep) = sweep else {
@@ -1199,6 +1220,7 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         claims,
         schedule,
         pool,
+        delete_on_delivery,
         ..
     } = settings;
     let (baseline_side, runtime_side) = match store_name {
@@ -1265,6 +1287,7 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         claims_in_flight: claims,
         schedule_ms: schedule.map(|every| every.as_millis() as u64),
         pool,
+        delete_on_delivery,
         runtime_per_sec: runtime_per_sec.round(),
         baseline_per_sec: baseline_per_sec.round(),
         ratio: round(runtime_per_sec / baseline_per_sec, 3),
@@ -1309,6 +1332,8 @@ struct Summary {
     schedule_ms: Option<u64>,
     /// Each side's PostgreSQL pool size, when given.
     pool: Option<u32>,
+    /// Whether the runtime deleted each message as it settled it.
+    delete_on_delivery: bool,
     runtime_per_sec: f64,
     baseline_per_sec: f64,
     /// `runtime_per_sec / baseline_per_sec`.
