@@ -585,6 +585,119 @@ async fn an_unreadable_row_is_reported_and_does_not_block_claims() {
     assert!(error.contains("unreadable"), "{error}");
 }
 
+/// Rows another writer left with values this store never writes: each is
+/// either claimed as it reads or dead-lettered with the reason, and none
+/// stops the claim of the rows around it, however the claim hands rows over.
+#[tokio::test]
+async fn a_claim_takes_readable_rows_and_dead_letters_the_rest_whatever_they_hold() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    let outbox = store(&pool, "outbox", SettlementMode::default()).await;
+    for (i, id) in ["good-1", "good-2"].iter().enumerate() {
+        outbox
+            .enqueue(event(id, i as u64, t0() + secs(1)))
+            .await
+            .unwrap();
+    }
+    // (id, name, payload, trace, max_attempts, due in seconds), the values
+    // as SQL expressions. Text that is not UTF-8 comes due a claim later than
+    // the rest, so both the claim that hands rows over as JSON and the one
+    // that cannot are met.
+    let hostile = [
+        ("blob-payload", "'x'", "X'7B7D'", "NULL", "3", 0),
+        ("blob-name", "X'78'", "'{}'", "NULL", "3", 0),
+        ("broken-trace", "'x'", "'{}'", "'{broken'", "3", 0),
+        ("real-cap", "'x'", "'{}'", "NULL", "2.5", 0),
+        ("text-cap", "'x'", "'{}'", "NULL", "'many'", 0),
+        (
+            "escaped",
+            "'x\"y'",
+            r#"'{"a": "\u00e9\n"}'"#,
+            "NULL",
+            "3",
+            0,
+        ),
+        (
+            "bad-utf8-name",
+            "CAST(X'FF' AS TEXT)",
+            "'{}'",
+            "NULL",
+            "3",
+            3,
+        ),
+        ("late", "'x'", "'{}'", "NULL", "3", 3),
+    ];
+    // And one out of attempts, which the claim dead-letters.
+    sqlx::query(
+        "INSERT INTO outbox (id, kind, name, payload, attempts, max_attempts, max_attempts_set, \
+           available_at, created_at, updated_at) \
+         VALUES ('spent', 'event', 'x', '{}', 2, 2, 1, ?1, ?1, ?1)",
+    )
+    .bind(t0().timestamp_micros())
+    .execute(&pool)
+    .await
+    .unwrap();
+    for (id, name, payload, trace, cap, due) in hostile {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO outbox (id, kind, name, payload, trace, max_attempts, max_attempts_set, \
+               available_at, created_at, updated_at) \
+             VALUES ('{id}', 'event', {name}, {payload}, {trace}, {cap}, 1, ?1, ?1, ?1)"
+        )))
+        .bind((t0() + secs(due)).timestamp_micros())
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let mut claimed = Vec::new();
+    let mut dead = Vec::new();
+    for at in [2, 4] {
+        let batch = outbox
+            .claim_batch(ClaimBatch {
+                on_dead_letter: Default::default(),
+                limit: 20,
+                now: t0() + secs(at),
+                lease: LEASE,
+                max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            })
+            .await
+            .unwrap();
+        claimed.extend(batch.claimed);
+        dead.extend(batch.dead_lettered.into_iter().map(|m| m.id));
+    }
+    let mut ids: Vec<&str> = claimed.iter().map(|m| m.id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["escaped", "good-1", "good-2", "late"]);
+    assert_eq!(dead, ["spent"]);
+    let escaped = claimed.iter().find(|m| m.id == "escaped").unwrap();
+    assert_eq!(escaped.name, "x\"y");
+    assert_eq!(escaped.payload.as_str(), "{\"a\": \"\\u00e9\\n\"}");
+    for message in &claimed {
+        assert_eq!(message.attempts, 1);
+        let (status, token): (String, String) =
+            sqlx::query_as("SELECT status, claim_token FROM outbox WHERE id = ?1")
+                .bind(&message.id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            (status.as_str(), token.as_str()),
+            ("claimed", message.claim_token.as_str())
+        );
+    }
+    let unreadable: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT id, status, last_error FROM outbox \
+         WHERE id NOT IN ('good-1', 'good-2', 'escaped', 'late', 'spent') ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(unreadable.len(), 6, "{unreadable:?}");
+    for (id, status, error) in unreadable {
+        assert_eq!(status, "dead_lettered", "{id}");
+        assert!(error.contains("unreadable"), "{id}: {error}");
+    }
+}
+
 #[tokio::test]
 async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
     let dir = TempDir::new();

@@ -8,11 +8,13 @@
 //! sqlx, WAL journal, a `busy_timeout` so writers queue instead of failing.
 //! Times are stored as INTEGER microseconds since the epoch.
 //!
-//! - **Claims** are one `UPDATE ... RETURNING` inside a `BEGIN IMMEDIATE`
-//!   transaction: the write lock is taken before anything is read, so two
-//!   claimers can never pick the same row, and the claim never has to upgrade
-//!   a read lock (which fails in WAL mode when another writer got in first).
-//!   Messages out of attempts are dead-lettered by the same statement.
+//! - **Claims** run inside a `BEGIN IMMEDIATE` transaction: the write lock
+//!   is taken before anything is read, so two claimers can never pick the
+//!   same row, and the claim never has to upgrade a read lock (which fails
+//!   in WAL mode when another writer got in first). One statement picks the
+//!   rows and hands them over as one JSON text, a second claims them by
+//!   rowid; messages out of attempts are dead-lettered by that second
+//!   statement.
 //! - **Fenced writes** (renewals and settlements) are an `UPDATE ... FROM
 //!   json_each(...)` over any number of rows, each matched on `id`,
 //!   `claim_token` and `locked_until > now`; see [`SettlementMode`]. Each
@@ -75,7 +77,9 @@ use super::{ClaimBatch, ClaimedBatch, Wakeups};
 use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::kind::MessageStatus;
-use crate::message::{ClaimedMessage, Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
+use crate::message::{
+    ClaimedMessage, Enqueued, NewMessage, OnDeadLetter, OutboxMessage, new_claim_token,
+};
 use crate::payload::Payload;
 use statements::{FencedWrites, Statements};
 
@@ -411,17 +415,41 @@ impl Core {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(db("claim_batch"))?;
-        let rows = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
-            .bind(micros(now))
-            .bind(micros(locked_until))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .bind(on_dead_letter == OnDeadLetter::Block)
-            .bind(i64::from(cap))
-            .bind(i64::try_from(sql::keyed_walk(limit)).unwrap_or(i64::MAX))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(db("claim_batch"))?;
-        let mut selected = Vec::with_capacity(rows.len());
+        // The claim's binds, in the order of both `claim` and `pick`.
+        let bound = |statement: &Arc<str>| {
+            sqlx::query(AssertSqlSafe(statement.clone()))
+                .bind(micros(now))
+                .bind(micros(locked_until))
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .bind(on_dead_letter == OnDeadLetter::Block)
+                .bind(i64::from(cap))
+                .bind(i64::try_from(sql::keyed_walk(limit)).unwrap_or(i64::MAX))
+        };
+        let picked = match bound(&self.sql.pick).fetch_one(&mut *tx).await {
+            Ok(row) => row
+                .try_get::<&str, _>(0)
+                .ok()
+                .and_then(|json| serde_json::from_str::<Vec<Picked>>(json).ok()),
+            Err(e) => {
+                tracing::debug!(table = %self.parts.table, error = %e,
+                    "claim rows not readable as JSON; claiming with one statement");
+                None
+            }
+        };
+        let mut selected = Vec::new();
+        let rows = match picked {
+            Some(picked) => {
+                self.take(&mut tx, &picked, now, locked_until, cap, &mut selected)
+                    .await?
+            }
+            // A value JSON cannot carry (text that is not UTF-8): claim the
+            // rows with one statement that reads each value as it is, so
+            // the rows below say what is wrong with them.
+            None => bound(&self.sql.claim)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db("claim_batch"))?,
+        };
         for row in &rows {
             if let Some(claimed) = claimed_row(row, cap) {
                 selected.push(claimed);
@@ -470,6 +498,76 @@ impl Core {
         }
         tx.commit().await.map_err(db("claim_batch"))?;
         Ok(batch)
+    }
+
+    /// Claim the rows `picked` in `tx`, pushing onto `selected` each one
+    /// claimed whose picked columns decode; returns the rest (out of
+    /// attempts and so dead-lettered, or with a column the delivery cannot
+    /// read) as stored after the claim, for the full decode to sort out.
+    async fn take(
+        &self,
+        tx: &mut SqliteConnection,
+        picked: &[Picked],
+        now: DateTime<Utc>,
+        locked_until: DateTime<Utc>,
+        cap: u32,
+        selected: &mut Vec<(i64, Selected)>,
+    ) -> Result<Vec<SqliteRow>> {
+        if picked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tokens: Vec<String> = picked.iter().map(|_| new_claim_token()).collect();
+        let rows = serde_json::to_string(
+            &picked
+                .iter()
+                .zip(&tokens)
+                .map(|(picked, token)| (picked.0, token))
+                .collect::<Vec<_>>(),
+        )
+        .expect("integers and strings serialize");
+        let done = sqlx::query(AssertSqlSafe(self.sql.take.clone()))
+            .bind(micros(now))
+            .bind(micros(locked_until))
+            .bind(rows)
+            .bind(i64::from(cap))
+            .execute(&mut *tx)
+            .await
+            .map_err(db("claim_batch"))?;
+        // The write lock has been held since the rows were picked, so
+        // nothing else can have changed them.
+        if usize::try_from(done.rows_affected()) != Ok(picked.len()) {
+            return Err(Error::store(
+                "claim_batch",
+                std::io::Error::other(format!(
+                    "{} rows picked, {} claimed",
+                    picked.len(),
+                    done.rows_affected()
+                )),
+            ));
+        }
+        // The times as stored, to the microsecond.
+        let claimed_at = DateTime::from_timestamp_micros(micros(now));
+        let until = DateTime::from_timestamp_micros(micros(locked_until));
+        let mut rest = Vec::new();
+        for (Picked(seq, columns), token) in picked.iter().zip(tokens) {
+            let claimed = columns.as_deref().zip(claimed_at.zip(until)).and_then(
+                |(columns, (claimed_at, until))| {
+                    picked_claim(columns, cap, token, claimed_at, until)
+                },
+            );
+            match claimed {
+                Some(message) => selected.push((*seq, Selected::Claimed(message))),
+                None => rest.push(*seq),
+            }
+        }
+        if rest.is_empty() {
+            return Ok(Vec::new());
+        }
+        sqlx::query(AssertSqlSafe(self.sql.by_seq.clone()))
+            .bind(serde_json::to_string(&rest).expect("integers serialize"))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db("claim_batch"))
     }
 
     /// Dead-letter a row a claim selected but cannot read, so it does not
@@ -733,6 +831,97 @@ fn claimed_row(row: &SqliteRow, cap: u32) -> Option<(i64, Selected)> {
         locked_until: optional_time(12)??,
     };
     Some((row.try_get(0).ok()?, Selected::Claimed(message)))
+}
+
+/// A row as [`Statements::pick`](statements::Statements) writes it out: its
+/// `seq` and its [`statements::PICKED`] columns, `None` when one held a
+/// blob.
+#[derive(serde::Deserialize)]
+struct Picked(i64, Option<Box<serde_json::value::RawValue>>);
+
+/// The [`statements::PICKED`] columns, in their order, as JSON carries
+/// them: a column of another type (an integer stored as text, say) fails
+/// to decode, as it would from the row.
+type PickedColumns = (
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// The message a delivery gets for a picked row that the claim took, with
+/// `cap` the claim's attempt cap and the claim's `token` and times. `None`
+/// when the row was out of attempts (the claim dead-lettered it), or has a
+/// column the full decode would refuse, as [`claimed_row`] decides.
+fn picked_claim(
+    columns: &serde_json::value::RawValue,
+    cap: u32,
+    token: String,
+    claimed_at: DateTime<Utc>,
+    locked_until: DateTime<Utc>,
+) -> Option<ClaimedMessage> {
+    let (
+        id,
+        kind,
+        name,
+        payload,
+        trace,
+        attempts,
+        max_attempts,
+        max_attempts_set,
+        available_at,
+        created_at,
+        ordering_key,
+        _last_error,
+        delivered_at,
+        skipped_at,
+    ): PickedColumns = serde_json::from_str(columns.get()).ok()?;
+    let max_attempts_set = max_attempts_set != 0;
+    // As the claim's own test, on the stored integers.
+    if attempts
+        >= (if max_attempts_set {
+            max_attempts
+        } else {
+            i64::from(cap)
+        })
+    {
+        return None;
+    }
+    let time = DateTime::from_timestamp_micros;
+    for micros in [delivered_at, skipped_at].into_iter().flatten() {
+        time(micros)?;
+    }
+    let trace = match trace {
+        Some(text) => Some(serde_json::from_str(&text).ok()?),
+        None => None,
+    };
+    let max_attempts = u32::try_from(max_attempts).ok()?;
+    Some(ClaimedMessage {
+        id,
+        kind: kind.parse().ok()?,
+        name,
+        payload: Payload::from_json(payload).ok()?,
+        trace,
+        attempts: u32::try_from(attempts.checked_add(1)?).ok()?,
+        max_attempts: if max_attempts_set { max_attempts } else { cap },
+        max_attempts_set,
+        available_at: time(available_at)?,
+        created_at: time(created_at)?,
+        ordering_key,
+        claim_token: token,
+        claimed_at,
+        locked_until,
+    })
 }
 
 /// `at` as the store binds it: µs since the epoch.

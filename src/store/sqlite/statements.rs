@@ -10,6 +10,27 @@ pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, a
     available_at, claim_token, claimed_at, locked_until, last_error, created_at, updated_at, \
     delivered_at, ordering_key, skipped_at, max_attempts_set";
 
+/// The columns [`Statements::pick`] writes out for each row, in this
+/// order: those a claim leaves as they are (`attempts` goes up by one),
+/// and the three the full decode checks though a delivery does not need
+/// them.
+pub(super) const PICKED: [&str; 14] = [
+    "id",
+    "kind",
+    "name",
+    "payload",
+    "trace",
+    "attempts",
+    "max_attempts",
+    "max_attempts_set",
+    "available_at",
+    "created_at",
+    "ordering_key",
+    "last_error",
+    "delivered_at",
+    "skipped_at",
+];
+
 /// The claim's limits, `?3` and `?6`, as expressions rather than bare
 /// parameters: SQLite plans a `LIMIT ?N` for the value bound, and so marks
 /// the statement to be compiled again whenever `?N` is bound again, which
@@ -20,10 +41,6 @@ pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, a
 const LIMIT: &str = "CAST(?3 AS INTEGER)";
 const WALK: &str = "CAST(?6 AS INTEGER)";
 
-/// The attempt cap of a row: its own when set at enqueue, else the claim's
-/// (`?5`).
-const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE ?5 END)";
-
 /// The rendered statements for one table.
 #[derive(Debug)]
 pub(super) struct Statements {
@@ -31,11 +48,32 @@ pub(super) struct Statements {
     /// nothing changes). Binds: `?1` id ... `?12` max attempts set (see
     /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)).
     pub(super) insert: Arc<str>,
-    /// Claim. Binds: `?1` now and `?2` lease end (µs since the epoch), `?3`
-    /// limit, `?4` 1 when a dead letter holds its ordering key, else 0, `?5`
-    /// the attempt cap of messages without their own, `?6` how many keyed
-    /// rows to walk ([`keyed_walk`](crate::store::sql::keyed_walk)).
+    /// Claim in one statement, returning every column of each row it
+    /// changed. Binds: `?1` now and `?2` lease end (µs since the epoch),
+    /// `?3` limit, `?4` 1 when a dead letter holds its ordering key, else 0,
+    /// `?5` the attempt cap of messages without their own, `?6` how many
+    /// keyed rows to walk ([`keyed_walk`](crate::store::sql::keyed_walk)).
+    /// The store claims with [`Statements::pick`] and
+    /// [`Statements::take`] instead, and with this only when the rows it
+    /// picked cannot be written out as JSON.
     pub(super) claim: Arc<str>,
+    /// The rows a claim takes, as [`Statements::claim`] would pick them
+    /// (the same binds), changing nothing: one JSON text, an array with a
+    /// `[seq, columns]` pair per row. `columns` is the array
+    /// [`PICKED`] lists, or `null` when a column holds a blob (which JSON
+    /// cannot hold).
+    ///
+    /// Why a claim is two statements: SQLite's worker thread hands each
+    /// row of a result over on its own, waking the caller per row, which
+    /// cost a claim more than its writes; this hands a whole claim over at
+    /// once.
+    pub(super) pick: Arc<str>,
+    /// Claim the rows picked, as [`Statements::claim`] changes them.
+    /// Binds: `?1` now and `?2` lease end, `?3` a JSON array of `[seq,
+    /// claim token]`, `?4` the attempt cap of messages without their own.
+    pub(super) take: Arc<str>,
+    /// Every column of the rows whose `seq` is in the JSON array `?1`.
+    pub(super) by_seq: Arc<str>,
     /// Record why a claimed row was dead-lettered. Binds: error, seq.
     pub(super) abandoned: Arc<str>,
     /// Dead-letter an unreadable row. Binds: error, now, seq.
@@ -52,6 +90,48 @@ impl Statements {
         let t = table.quoted();
         let head = head(&t, "?4");
         let keyed = keyed_heads(&t, &head, "?1", LIMIT, WALK, "seq");
+        // Keyless rows and expired claims are answered from their own
+        // partial indexes, in claim order, keyed heads by `keyed_heads`;
+        // the union is cut to the limit again. The head test reads the
+        // state before the claim, so a claim takes at most one message per
+        // ordering key.
+        let picked = format!(
+            "SELECT seq FROM ( \
+               SELECT * FROM ( \
+                 SELECT seq, available_at, created_at FROM {t} AS m \
+                 WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= ?1 \
+                 ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
+               UNION ALL \
+               SELECT * FROM ( \
+                 SELECT seq, available_at, created_at FROM {t} AS m \
+                 WHERE status = 'claimed' AND locked_until <= ?1 AND {head} \
+                 ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
+               UNION ALL \
+               SELECT seq, available_at, created_at FROM keyed) \
+             ORDER BY available_at, created_at, seq LIMIT {LIMIT}"
+        );
+        // What a claim sets, with `cap` the attempt cap of rows without
+        // their own and `token` the new claim token: a row out of attempts
+        // is dead-lettered instead.
+        let claim_set = |cap: &str, token: &str| {
+            let out = format!(
+                "attempts >= (CASE WHEN max_attempts_set THEN max_attempts ELSE {cap} END)"
+            );
+            format!(
+                "status = CASE WHEN {out} THEN 'dead_lettered' ELSE 'claimed' END, \
+                 attempts = CASE WHEN {out} THEN attempts ELSE attempts + 1 END, \
+                 claim_token = CASE WHEN {out} THEN NULL ELSE {token} END, \
+                 claimed_at = CASE WHEN {out} THEN NULL ELSE ?1 END, \
+                 locked_until = CASE WHEN {out} THEN NULL ELSE ?2 END, \
+                 updated_at = ?1"
+            )
+        };
+        let no_blob = PICKED
+            .iter()
+            .map(|c| format!("typeof({c})"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let picked_columns = PICKED.join(", ");
         let own = Statements {
             insert: format!(
                 "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
@@ -61,35 +141,29 @@ impl Statements {
                  ON CONFLICT DO NOTHING"
             )
             .into(),
-            // Keyless rows and expired claims are answered from their own
-            // partial indexes, in claim order, keyed heads by
-            // `keyed_heads`; the union is cut to the limit again. The head
-            // test reads the state before this statement, so a claim takes
-            // at most one message per ordering key.
             claim: format!(
                 "WITH RECURSIVE {keyed} \
-                 UPDATE {t} SET \
-                   status = CASE WHEN attempts >= {CAP} THEN 'dead_lettered' ELSE 'claimed' END, \
-                   attempts = CASE WHEN attempts >= {CAP} THEN attempts ELSE attempts + 1 END, \
-                   claim_token = CASE WHEN attempts >= {CAP} THEN NULL ELSE lower(hex(randomblob(16))) END, \
-                   claimed_at = CASE WHEN attempts >= {CAP} THEN NULL ELSE ?1 END, \
-                   locked_until = CASE WHEN attempts >= {CAP} THEN NULL ELSE ?2 END, \
-                   updated_at = ?1 \
-                 WHERE seq IN ( \
-                   SELECT seq FROM ( \
-                     SELECT * FROM ( \
-                       SELECT seq, available_at, created_at FROM {t} AS m \
-                       WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= ?1 \
-                       ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
-                     UNION ALL \
-                     SELECT * FROM ( \
-                       SELECT seq, available_at, created_at FROM {t} AS m \
-                       WHERE status = 'claimed' AND locked_until <= ?1 AND {head} \
-                       ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
-                     UNION ALL \
-                     SELECT seq, available_at, created_at FROM keyed) \
-                   ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
-                 RETURNING {COLUMNS}"
+                 UPDATE {t} SET {set} WHERE seq IN ({picked}) RETURNING {COLUMNS}",
+                set = claim_set("?5", "lower(hex(randomblob(16)))"),
+            )
+            .into(),
+            pick: format!(
+                "WITH RECURSIVE {keyed} \
+                 SELECT json_group_array(json_array(seq, \
+                   CASE WHEN 'blob' NOT IN ({no_blob}) THEN json_array({picked_columns}) END)) \
+                 FROM {t} WHERE seq IN ({picked})"
+            )
+            .into(),
+            // Each row found by its `seq`, the table's rowid.
+            take: format!(
+                "UPDATE {t} AS m SET {set} \
+                 FROM (SELECT value ->> 0 AS seq, value ->> 1 AS token FROM json_each(?3)) AS v \
+                 WHERE m.seq = v.seq",
+                set = claim_set("?4", "v.token"),
+            )
+            .into(),
+            by_seq: format!(
+                "SELECT {COLUMNS} FROM {t} WHERE seq IN (SELECT value FROM json_each(?1))"
             )
             .into(),
             abandoned: format!("UPDATE {t} SET last_error = ?1 WHERE seq = ?2").into(),
