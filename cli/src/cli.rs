@@ -175,7 +175,9 @@ Example:
   outbox relay --database sqlite://app.db --to nats://127.0.0.1:4222 \\
       --subject-prefix events. --stream EVENTS
 
-Runs until Ctrl-C or SIGTERM, then prints the totals; --once runs one pass.";
+Runs until Ctrl-C or SIGTERM, then prints the totals; --once runs one pass.
+Published messages stay in the outbox as delivered unless --delete-on-delivery
+or --retain-delivered says otherwise.";
 
 const MIGRATE_AFTER_HELP: &str = "\
 Prints which migrations it applied, or that the table was already up to date.
@@ -254,9 +256,15 @@ at that interval (and on PostgreSQL as soon as a message is committed) until
 Ctrl-C or SIGTERM, then stops claiming, lets deliveries finish within --grace, and
 gives the remaining claims back. Passes that find nothing are not reported.
 
+Settled messages are kept unless told otherwise: --delete-on-delivery deletes
+each delivered message as it settles; --retain-delivered and
+--retain-dead-lettered delete settled messages past that age while the command
+runs (every --retention-every).
+
 Examples:
   outbox drain --once --print
   outbox drain --every 1s --exec './deliver.sh'
+  outbox drain --every 1s --exec './deliver.sh' --retain-delivered 7d --retain-dead-lettered 30d
   outbox drain --every 5s --concurrency 8 --lease 1m \\
       --exec 'curl -sf -X POST -H content-type:application/json \\
               --data-binary @- \"https://hooks.example/$OUTBOX_NAME\"'";
@@ -478,6 +486,27 @@ pub(crate) struct RunArgs {
     /// claims are given back.
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) grace: Duration,
+
+    /// Delete each delivered message in the write that settles it, so no
+    /// delivered row is kept.
+    #[arg(long, conflicts_with = "retain_delivered")]
+    pub(crate) delete_on_delivery: bool,
+
+    /// While the command runs, delete delivered messages this long after
+    /// they were delivered (7d, 12h); without it they are kept until
+    /// `outbox purge`. With --once, use `outbox purge` instead.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "once")]
+    pub(crate) retain_delivered: Option<Duration>,
+
+    /// While the command runs, delete dead-lettered messages this long
+    /// after they were dead-lettered (30d).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "once")]
+    pub(crate) retain_dead_lettered: Option<Duration>,
+
+    /// Time between the deletions that --retain-delivered and
+    /// --retain-dead-lettered ask for.
+    #[arg(long, default_value = "1m", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) retention_every: Duration,
 }
 
 fn parse_status(value: &str) -> Result<MessageStatus, String> {

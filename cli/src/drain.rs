@@ -18,7 +18,7 @@ use futures_util::future::LocalBoxFuture;
 use outbox::{
     Armed, ConfigError, DeliveryContext, DeliveryResult, DrainConfig, EventBus, InProcessBus,
     InProcessJobs, JobDispatcher, MessageKind, OutboxStore, Payload, RawMessage, Registry,
-    RetryPolicy, SystemClock, TraceCarrier, Wakeups,
+    RetentionConfig, RetryPolicy, SystemClock, TraceCarrier, Wakeups,
 };
 use outbox_actors::{Drain, DrainCoordinator, DrainReport, GetStatus, Shutdown};
 use serde::Serialize;
@@ -129,6 +129,13 @@ fn config(args: &RunArgs, defaults: &Defaults) -> Result<DrainConfig, Failure> {
             .with_max_attempts(args.max_attempts),
         // The command line asks for each pass itself, to report each one.
         every: None,
+        retention: RetentionConfig {
+            delivered: args.retain_delivered,
+            dead_lettered: args.retain_dead_lettered,
+            delete_on_delivery: args.delete_on_delivery,
+            every: args.retention_every,
+            ..RetentionConfig::default()
+        },
         ..DrainConfig::default()
     };
     config.validate().map_err(invalid_settings)?;
@@ -151,6 +158,9 @@ fn flag(field: &str) -> String {
         "retry.initial_delay" => "--retry-delay".to_owned(),
         "retry.max_delay" => "--retry-max-delay".to_owned(),
         "retry.max_attempts" => "--max-attempts".to_owned(),
+        "retention.delivered" => "--retain-delivered".to_owned(),
+        "retention.dead_lettered" => "--retain-dead-lettered".to_owned(),
+        "retention.delete_on_delivery" => "--delete-on-delivery".to_owned(),
         field => format!("--{}", field.replace(['_', '.'], "-")),
     }
 }
@@ -678,6 +688,9 @@ mod tests {
         assert_eq!(flag("max_active"), "--max-active");
         assert_eq!(flag("retry.initial_delay"), "--retry-delay");
         assert_eq!(flag("settlement.attempts"), "--settlement-attempts");
+        assert_eq!(flag("retention.delivered"), "--retain-delivered");
+        assert_eq!(flag("retention.delete_on_delivery"), "--delete-on-delivery");
+        assert_eq!(flag("retention.every"), "--retention-every");
     }
 
     #[test]

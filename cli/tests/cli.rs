@@ -299,6 +299,7 @@ on_every_store!(
     drain_every_stops_on_a_signal_and_releases_claims,
     drain_once_counts_every_pass_and_exits_3_when_a_delivery_failed,
     skip_unblocks_an_ordering_key_that_status_lists,
+    drain_deletes_settled_messages_when_asked,
 );
 
 async fn skip_unblocks_an_ordering_key_that_status_lists<S: OutboxStore + OutboxAdmin>(
@@ -1058,6 +1059,106 @@ async fn drain_flags_are_validated_before_anything_runs<S: OutboxStore + OutboxA
     assert_eq!(
         (untouched.status, untouched.attempts),
         (MessageStatus::Pending, 0)
+    );
+}
+
+/// `--delete-on-delivery` keeps no delivered row; `--retain-delivered` and
+/// `--retain-dead-lettered` delete settled rows past their age while the
+/// command runs, and keep the younger ones.
+async fn drain_deletes_settled_messages_when_asked<S: OutboxStore + OutboxAdmin>(f: Fixture<S>) {
+    f.pending("p", serde_json::json!({})).await;
+    let run = f
+        .run(&["drain", "--once", "--print", "--delete-on-delivery"])
+        .ok();
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    assert!(
+        run.stderr.contains("pass: claimed 1, delivered 1"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(f.count(MessageStatus::Pending).await, 0);
+    assert_eq!(f.count(MessageStatus::Delivered).await, 0);
+
+    for (args, says) in [
+        (
+            &["drain", "--once", "--print", "--retain-delivered", "1d"][..],
+            "--once",
+        ),
+        (
+            &[
+                "drain",
+                "--every",
+                "1h",
+                "--print",
+                "--delete-on-delivery",
+                "--retain-delivered",
+                "1d",
+            ],
+            "--delete-on-delivery",
+        ),
+        (
+            &[
+                "drain",
+                "--every",
+                "1h",
+                "--print",
+                "--retain-dead-lettered",
+                "1d",
+                "--retention-every",
+                "0s",
+            ],
+            "`--retention-every` must be longer than zero",
+        ),
+    ] {
+        let refused = f.run(args).code(2);
+        assert!(
+            refused.stderr.contains(says),
+            "{args:?}: {}",
+            refused.stderr
+        );
+    }
+
+    let recent = f.delivered("recent", hours_ago(1)).await;
+    f.delivered("old", days_ago(2)).await;
+    f.dead_lettered("dead", days_ago(40), error("gone")).await;
+    let kept_dead = f.dead_lettered("dead", days_ago(2), error("kept")).await;
+    let child = f
+        .command(&[
+            "drain",
+            "--every",
+            "1h",
+            "--print",
+            "--retain-delivered",
+            "1d",
+            "--retain-dead-lettered",
+            "30d",
+            "--retention-every",
+            "100ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while (
+        f.count(MessageStatus::Delivered).await,
+        f.count(MessageStatus::DeadLettered).await,
+    ) != (1, 1)
+    {
+        if std::time::Instant::now() > deadline {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            panic!("the old settled messages were not deleted within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sent = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(sent.success(), "kill -INT");
+    wait(child, &pid).code(0);
+    assert_eq!(f.message(&recent).await.status, MessageStatus::Delivered);
+    assert_eq!(
+        f.message(&kept_dead).await.status,
+        MessageStatus::DeadLettered
     );
 }
 
