@@ -492,6 +492,9 @@ async fn drain_on_schedule(
 #[derive(Debug, Clone, Copy)]
 struct Side {
     elapsed: Duration,
+    /// CPU time of the whole process (every thread, the store's included)
+    /// while the side drained.
+    cpu: Option<Duration>,
     /// Committed transactions per message (PostgreSQL only).
     commits_per_message: Option<f64>,
     /// Peak RSS while this side filled and drained its store, in MiB.
@@ -499,13 +502,40 @@ struct Side {
 }
 
 impl Side {
-    fn timed(elapsed: Duration) -> Self {
+    fn timed((elapsed, cpu): (Duration, Option<Duration>)) -> Self {
         Side {
             elapsed,
+            cpu,
             commits_per_message: None,
             peak_rss_mib: None,
         }
     }
+}
+
+/// Runs a drain that times itself; returns its time and the CPU time the
+/// process spent while it ran.
+async fn with_cpu(drain: impl Future<Output = Duration>) -> (Duration, Option<Duration>) {
+    let before = process_cpu();
+    let elapsed = drain.await;
+    let cpu = process_cpu()
+        .zip(before)
+        .map(|(after, before)| after.saturating_sub(before));
+    (elapsed, cpu)
+}
+
+/// The time every live thread of this process has spent on a CPU
+/// (`/proc/self/task/*/schedstat`, Linux only), in nanoseconds' precision.
+/// A thread that exits takes its share along, so measure across spans in
+/// which the threads that work (the store's included) stay up.
+fn process_cpu() -> Option<Duration> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(stat) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
+            continue;
+        };
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(total))
 }
 
 /// The process's peak resident set size so far (`VmHWM`), in MiB; `None`
@@ -555,14 +585,14 @@ fn memory_sides(
         runtime.block_on(async {
             let store = MemoryOutbox::new();
             fill(&store, messages).await;
-            Side::timed(baseline(Arc::new(store), messages, concurrency).await)
+            Side::timed(with_cpu(baseline(Arc::new(store), messages, concurrency)).await)
         })
     });
     let runtime_side = measured_if(run_runtime, || {
         actix::System::new().block_on(async move {
             let store = MemoryOutbox::new();
             fill(&store, messages).await;
-            Side::timed(drain_with_runtime(store, settings).await)
+            Side::timed(with_cpu(drain_with_runtime(store, settings)).await)
         })
     });
     (baseline_side, runtime_side)
@@ -742,9 +772,9 @@ fn sqlite_sides(
         runtime.block_on(async {
             let database = sqlite::TempDatabase::new("baseline");
             let store = sqlite::filled(&database, messages).await;
-            let elapsed = sqlite::raw_sql(&store, messages).await;
+            let measured = with_cpu(sqlite::raw_sql(&store, messages)).await;
             store.pool().close().await;
-            Side::timed(elapsed)
+            Side::timed(measured)
         })
     });
     let runtime_side = measured_if(run_runtime, || {
@@ -752,9 +782,9 @@ fn sqlite_sides(
             let database = sqlite::TempDatabase::new("runtime");
             let store = sqlite::filled(&database, messages).await;
             let pool = store.pool().clone();
-            let elapsed = drain_with_runtime(store, settings).await;
+            let measured = with_cpu(drain_with_runtime(store, settings)).await;
             pool.close().await;
-            Side::timed(elapsed)
+            Side::timed(measured)
         })
     });
     (baseline_side, runtime_side)
@@ -1066,13 +1096,12 @@ fn postgres_sides(
             let mut commits = postgres::Commits::connect().await;
             let store = postgres::filled("baseline", messages, settings.pool).await;
             let before = commits.settled().await;
-            let elapsed = postgres::raw_sql(&store, messages).await;
+            let measured = with_cpu(postgres::raw_sql(&store, messages)).await;
             let commits = commits.per_message(store.pool(), before, messages).await;
             postgres::drop_table(&store).await;
             Side {
-                elapsed,
                 commits_per_message: Some(commits),
-                peak_rss_mib: None,
+                ..Side::timed(measured)
             }
         })
     });
@@ -1081,13 +1110,12 @@ fn postgres_sides(
             let mut commits = postgres::Commits::connect().await;
             let store = postgres::filled("runtime", messages, settings.pool).await;
             let before = commits.settled().await;
-            let elapsed = drain_with_runtime(store.clone(), settings).await;
+            let measured = with_cpu(drain_with_runtime(store.clone(), settings)).await;
             let commits = commits.per_message(store.pool(), before, messages).await;
             postgres::drop_table(&store).await;
             Side {
-                elapsed,
                 commits_per_message: Some(commits),
-                peak_rss_mib: None,
+                ..Side::timed(measured)
             }
         })
     });
@@ -1278,6 +1306,10 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         let scale = 10f64.powi(places);
         (x * scale).round() / scale
     };
+    let cpu_per_message = |side: Side| {
+        side.cpu
+            .map(|cpu| round(cpu.as_secs_f64() * 1e6 / messages as f64, 2))
+    };
     let summary = Summary {
         store: store_name.to_owned(),
         messages,
@@ -1291,6 +1323,8 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         runtime_per_sec: runtime_per_sec.round(),
         baseline_per_sec: baseline_per_sec.round(),
         ratio: round(runtime_per_sec / baseline_per_sec, 3),
+        runtime_cpu_us_per_message: cpu_per_message(runtime_side),
+        baseline_cpu_us_per_message: cpu_per_message(baseline_side),
         commits_per_message: runtime_side.commits_per_message.map(|c| round(c, 4)),
         baseline_commits_per_message: baseline_side.commits_per_message.map(|c| round(c, 4)),
         peak_rss_mib: peak_rss.map(|mib| round(mib, 1)),
@@ -1338,6 +1372,12 @@ struct Summary {
     baseline_per_sec: f64,
     /// `runtime_per_sec / baseline_per_sec`.
     ratio: f64,
+    /// CPU time of the process (every thread: the runtime, the store's
+    /// workers, the client) per message while the runtime drained, µs. On
+    /// PostgreSQL the server's work is not in it.
+    runtime_cpu_us_per_message: Option<f64>,
+    /// The same for the baseline.
+    baseline_cpu_us_per_message: Option<f64>,
     /// The runtime's committed transactions per message (PostgreSQL).
     commits_per_message: Option<f64>,
     /// The baseline's, for comparison (PostgreSQL).
