@@ -298,6 +298,32 @@ async fn claim_is_answered_from_the_partial_indexes() {
         !plan.iter().any(|l| l.starts_with(&format!("SCAN {table}"))),
         "the claim scans the table:\n{plan_text}"
     );
+    // The rows picked are claimed by rowid.
+    let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN QUERY PLAN {}",
+        outbox.claim_take_statement()
+    )))
+    .bind(0_i64)
+    .bind(0_i64)
+    .bind("[[1, \"t\"]]")
+    .bind(5_i64)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| row.get::<String, _>("detail"))
+    .collect();
+    let plan_text = plan.join("\n");
+    println!("{plan_text}");
+    assert!(
+        plan.iter()
+            .any(|l| l.starts_with("SEARCH m USING INTEGER PRIMARY KEY (rowid=?)")),
+        "the claim does not find its rows by rowid:\n{plan_text}"
+    );
+    assert!(
+        !plan.iter().any(|l| l.starts_with("SCAN m")),
+        "the claim scans the table:\n{plan_text}"
+    );
     // The fenced write looks each row up by id.
     let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
         "EXPLAIN QUERY PLAN {}",

@@ -280,12 +280,22 @@ impl SqliteOutbox {
         sql::migrator_for(&MIGRATOR, &self.inner.core.parts.table, Dialect::Sqlite)
     }
 
-    /// The claim statement. Binds: `?1` now and `?2` lease end (µs since
-    /// the epoch), `?3` limit.
+    /// The statement that picks a claim's rows, whose plan decides what a
+    /// claim costs. Binds: `?1` now and `?2` lease end (µs since the
+    /// epoch), `?3` limit.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
     pub fn claim_statement(&self) -> &str {
-        &self.inner.core.sql.claim
+        &self.inner.core.sql.pick
+    }
+
+    /// The statement that claims the rows picked, by rowid. Binds: `?1`
+    /// now and `?2` lease end, `?3` a JSON array of `[seq, token]`, `?4`
+    /// the attempt cap.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn claim_take_statement(&self) -> &str {
+        &self.inner.core.sql.take
     }
 
     /// The fenced write that marks a batch delivered. Binds: `?1` a JSON
