@@ -43,6 +43,13 @@
 //! `/proc/self/clear_refs`), so a side's figure covers its fill and its
 //! drain. Where the peak cannot be reset, only the process's peak is given.
 //!
+//! CPU is measured as the time every thread of the process spent on a CPU
+//! while a side drained (`/proc/self/task/*/schedstat`, Linux only), per
+//! message: `runtime_cpu_us_per_message`, `baseline_cpu_us_per_message`.
+//! It takes in the store's own threads (SQLite's worker) but not a database
+//! server's, and on a shared machine it moves less from run to run than
+//! the rate does.
+//!
 //! With `--sweep 1,4,16,64,256` the bench measures every (store,
 //! concurrency) pair in turn, runtime and baseline each, for each store of
 //! `--store` (a comma-separated list there: `memory,sqlite,postgres`). It
