@@ -223,13 +223,38 @@ async fn custom_tables_coexist_and_each_is_set_up_once() {
     }
 }
 
+/// `EXPLAIN QUERY PLAN` of `statement`, to bind its arguments to.
+#[cfg(feature = "inspect-statements")]
+fn explain(
+    statement: &str,
+) -> sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN QUERY PLAN {statement}"
+    )))
+}
+
+/// The lines of the plan `explain` asks for, as SQLite words them.
+#[cfg(feature = "inspect-statements")]
+async fn query_plan(
+    conn: &mut sqlx::SqliteConnection,
+    explain: sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+) -> Vec<String> {
+    use sqlx::Row;
+
+    explain
+        .fetch_all(conn)
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get::<String, _>("detail"))
+        .collect()
+}
+
 /// The claim must read both arms of eligibility from their partial indexes,
 /// never scanning the table, so settled rows behind it cost nothing.
 #[cfg(feature = "inspect-statements")]
 #[tokio::test]
 async fn claim_is_answered_from_the_partial_indexes() {
-    use sqlx::Row;
-
     let dir = TempDir::new();
     let pool = pool(&dir).await;
     let table = unique("plan");
@@ -262,19 +287,14 @@ async fn claim_is_answered_from_the_partial_indexes() {
     let mut conn = pool.acquire().await.unwrap();
     sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
 
-    let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN QUERY PLAN {}",
-        outbox.claim_statement()
-    )))
-    .bind(0_i64)
-    .bind(0_i64)
-    .bind(10_i64)
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|row| row.get::<String, _>("detail"))
-    .collect();
+    let plan = query_plan(
+        &mut conn,
+        explain(outbox.claim_statement())
+            .bind(0_i64)
+            .bind(0_i64)
+            .bind(10_i64),
+    )
+    .await;
     let plan_text = plan.join("\n");
     println!("{plan_text}");
     // Both pending arms, keyless and keyed, are read in claim order: no
@@ -299,20 +319,15 @@ async fn claim_is_answered_from_the_partial_indexes() {
         "the claim scans the table:\n{plan_text}"
     );
     // The rows picked are claimed by rowid.
-    let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN QUERY PLAN {}",
-        outbox.claim_take_statement()
-    )))
-    .bind(0_i64)
-    .bind(0_i64)
-    .bind("[[1, \"t\"]]")
-    .bind(5_i64)
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|row| row.get::<String, _>("detail"))
-    .collect();
+    let plan = query_plan(
+        &mut conn,
+        explain(outbox.claim_take_statement())
+            .bind(0_i64)
+            .bind(0_i64)
+            .bind("[[1, \"t\"]]")
+            .bind(5_i64),
+    )
+    .await;
     let plan_text = plan.join("\n");
     println!("{plan_text}");
     assert!(
@@ -325,17 +340,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
         "the claim scans the table:\n{plan_text}"
     );
     // The fenced write looks each row up by id.
-    let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN QUERY PLAN {}",
-        outbox.fenced_statement()
-    )))
-    .bind("[]")
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|row| row.get::<String, _>("detail"))
-    .collect();
+    let plan = query_plan(&mut conn, explain(outbox.fenced_statement()).bind("[]")).await;
     let plan_text = plan.join("\n");
     println!("{plan_text}");
     assert!(
