@@ -353,8 +353,15 @@ fn a_nack_is_retried_and_the_message_goes_out_once_a_queue_takes_it() {
         let message = settled(&store, &ids[0], Duration::from_secs(30)).await;
         shutdown(coordinator).await;
         assert_eq!(message.status, MessageStatus::Delivered);
+        // A retry published while both queues were bound reached the
+        // taking queue and was still nacked by the refusing one, so it went
+        // out again: the taking queue may hold copies, all with the id a
+        // consumer deduplicates on.
         let received = consume(&name).await;
-        assert_eq!(received.len(), 1);
-        assert_eq!(received[0].message_id, ids[0]);
+        assert!(!received.is_empty(), "the message went out");
+        assert!(
+            received.iter().all(|copy| copy.message_id == ids[0]),
+            "{received:?}"
+        );
     });
 }
