@@ -25,7 +25,10 @@
 //! the same settings. On PostgreSQL the run also counts transactions: the
 //! growth of `pg_stat_database.xact_commit` over each timed drain, divided
 //! by the messages (the connections are closed before the count is read,
-//! since a backend publishes its counts when it goes idle or exits).
+//! since a backend publishes its counts when it goes idle or exits), and the
+//! write-ahead log written over the same span, per message
+//! (`wal_bytes_per_message`): what a change to the store's rows or indexes
+//! moves, steadier than the rate.
 //!
 //! By default the runtime side sends `Drain` in a loop, one pass answering
 //! each (`--batch` messages a pass, all of them unless given). With
@@ -48,7 +51,11 @@
 //! message: `runtime_cpu_us_per_message`, `baseline_cpu_us_per_message`.
 //! It takes in the store's own threads (SQLite's worker) but not a database
 //! server's, and on a shared machine it moves less from run to run than
-//! the rate does.
+//! the rate does. The machine's CPU time over the same span (`/proc/stat`,
+//! every CPU) is beside it, per message: `runtime_machine_cpu_us_per_message`,
+//! `baseline_machine_cpu_us_per_message`. With PostgreSQL on the same
+//! machine that includes the server's work, which is what a change to the
+//! store's SQL moves; it also counts whatever else runs meanwhile.
 //!
 //! With `--sweep 1,4,16,64,256` the bench measures every (store,
 //! concurrency) pair in turn, runtime and baseline each, for each store of
@@ -502,32 +509,57 @@ struct Side {
     /// CPU time of the whole process (every thread, the store's included)
     /// while the side drained.
     cpu: Option<Duration>,
+    /// CPU time of the whole machine while the side drained: the process,
+    /// a database server on the same machine, and anything else running.
+    machine_cpu: Option<Duration>,
     /// Committed transactions per message (PostgreSQL only).
     commits_per_message: Option<f64>,
+    /// Write-ahead log written per message, bytes (PostgreSQL only).
+    wal_bytes_per_message: Option<f64>,
     /// Peak RSS while this side filled and drained its store, in MiB.
     peak_rss_mib: Option<f64>,
 }
 
 impl Side {
-    fn timed((elapsed, cpu): (Duration, Option<Duration>)) -> Self {
+    fn timed(timed: Timed) -> Self {
         Side {
-            elapsed,
-            cpu,
+            elapsed: timed.elapsed,
+            cpu: timed.cpu,
+            machine_cpu: timed.machine_cpu,
             commits_per_message: None,
+            wal_bytes_per_message: None,
             peak_rss_mib: None,
         }
     }
 }
 
+/// A drain's time and the CPU time spent while it ran.
+struct Timed {
+    elapsed: Duration,
+    cpu: Option<Duration>,
+    machine_cpu: Option<Duration>,
+}
+
 /// Runs a drain that times itself; returns its time and the CPU time the
-/// process spent while it ran.
-async fn with_cpu(drain: impl Future<Output = Duration>) -> (Duration, Option<Duration>) {
-    let before = process_cpu();
+/// process and the machine spent while it ran.
+async fn with_cpu(drain: impl Future<Output = Duration>) -> Timed {
+    let before = (process_cpu(), machine_cpu());
     let elapsed = drain.await;
     let cpu = process_cpu()
-        .zip(before)
+        .zip(before.0)
         .map(|(after, before)| after.saturating_sub(before));
-    (elapsed, cpu)
+    let machine_cpu = machine_cpu().zip(before.1).and_then(|(after, before)| {
+        let total = after.total.checked_sub(before.total).filter(|&t| t > 0)?;
+        let busy = after.busy.saturating_sub(before.busy);
+        // The counters tick in units of the kernel's clock; their share of
+        // the whole, times the time every CPU had, is the busy time.
+        Some(elapsed.mul_f64(busy as f64 / total as f64 * after.cpus as f64))
+    });
+    Timed {
+        elapsed,
+        cpu,
+        machine_cpu,
+    }
 }
 
 /// The time every live thread of this process has spent on a CPU
@@ -543,6 +575,38 @@ fn process_cpu() -> Option<Duration> {
         total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
     }
     Some(Duration::from_nanos(total))
+}
+
+/// The machine's CPU counters from `/proc/stat` (Linux only), summed over
+/// its CPUs.
+struct MachineCpu {
+    /// Time spent running anything: user, nice, system, irq and softirq.
+    busy: u64,
+    /// That, plus idle, I/O wait and time stolen by the hypervisor.
+    total: u64,
+    cpus: usize,
+}
+
+fn machine_cpu() -> Option<MachineCpu> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let mut lines = stat.lines();
+    let fields: Vec<u64> = lines
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .map(|field| field.parse().ok())
+        .collect::<Option<_>>()?;
+    let field = |i: usize| fields.get(i).copied().unwrap_or(0);
+    // user, nice, system, idle, iowait, irq, softirq, steal; guest time is
+    // already counted in user.
+    let busy = field(0) + field(1) + field(2) + field(5) + field(6);
+    let total = busy + field(3) + field(4) + field(7);
+    let cpus = lines
+        .filter(|line| {
+            line.starts_with("cpu") && line.as_bytes().get(3).is_some_and(u8::is_ascii_digit)
+        })
+        .count();
+    Some(MachineCpu { busy, total, cpus })
 }
 
 /// The process's peak resident set size so far (`VmHWM`), in MiB; `None`
@@ -899,8 +963,8 @@ mod postgres {
         conn.close().await.ok();
     }
 
-    /// Counts the transactions committed in the bench database, from a
-    /// connection of its own.
+    /// Counts the transactions committed in the bench database and the log
+    /// the server wrote, from a connection of its own.
     pub(super) struct Commits {
         conn: PgConnection,
     }
@@ -913,10 +977,11 @@ mod postgres {
         }
 
         /// Transactions committed so far by every other backend, once those
-        /// backends are gone. A backend publishes its counts when it goes
-        /// idle (at most once a second) or exits, so this waits until no
-        /// other client is connected: close the pools first.
-        pub(super) async fn settled(&mut self) -> i64 {
+        /// backends are gone, and the write-ahead log's position. A backend
+        /// publishes its counts when it goes idle (at most once a second) or
+        /// exits, so this waits until no other client is connected: close
+        /// the pools first.
+        pub(super) async fn settled(&mut self) -> Counts {
             loop {
                 let others: i64 = sqlx::query_scalar(
                     "SELECT count(*) FROM pg_stat_activity \
@@ -934,27 +999,41 @@ mod postgres {
             // A backend leaves pg_stat_activity in the same exit step that
             // publishes its counts; give that step time to finish.
             tokio::time::sleep(Duration::from_millis(100)).await;
-            sqlx::query_scalar(
-                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+            let (commits, wal) = sqlx::query_as(
+                "SELECT xact_commit, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint \
+                 FROM pg_stat_database WHERE datname = current_database()",
             )
             .fetch_one(&mut self.conn)
             .await
-            .expect("read pg_stat_database")
+            .expect("read pg_stat_database");
+            Counts { commits, wal }
         }
 
-        /// Close `pool` and count the commits made since `before`, per
-        /// message. The count includes this connection's own reads (one per
-        /// 50 ms while waiting), a rounding error at these message counts.
+        /// Close `pool` and count, per message, the commits made and the
+        /// log written since `before`. The commits include this
+        /// connection's own reads (one per 50 ms while waiting), a rounding
+        /// error at these message counts; the log is the whole server's,
+        /// autovacuum's included.
         pub(super) async fn per_message(
             &mut self,
             pool: &PgPool,
-            before: i64,
+            before: Counts,
             messages: u64,
-        ) -> f64 {
+        ) -> Counts<f64> {
             pool.close().await;
             let after = self.settled().await;
-            (after - before) as f64 / messages as f64
+            Counts {
+                commits: (after.commits - before.commits) as f64 / messages as f64,
+                wal: (after.wal - before.wal) as f64 / messages as f64,
+            }
         }
+    }
+
+    /// Committed transactions and write-ahead log bytes.
+    #[derive(Debug, Clone, Copy)]
+    pub(super) struct Counts<T = i64> {
+        pub(super) commits: T,
+        pub(super) wal: T,
     }
 
     /// The store's claim of up to `limit` messages, as it runs it. Binds:
@@ -1104,10 +1183,11 @@ fn postgres_sides(
             let store = postgres::filled("baseline", messages, settings.pool).await;
             let before = commits.settled().await;
             let measured = with_cpu(postgres::raw_sql(&store, messages)).await;
-            let commits = commits.per_message(store.pool(), before, messages).await;
+            let counts = commits.per_message(store.pool(), before, messages).await;
             postgres::drop_table(&store).await;
             Side {
-                commits_per_message: Some(commits),
+                commits_per_message: Some(counts.commits),
+                wal_bytes_per_message: Some(counts.wal),
                 ..Side::timed(measured)
             }
         })
@@ -1118,10 +1198,11 @@ fn postgres_sides(
             let store = postgres::filled("runtime", messages, settings.pool).await;
             let before = commits.settled().await;
             let measured = with_cpu(drain_with_runtime(store.clone(), settings)).await;
-            let commits = commits.per_message(store.pool(), before, messages).await;
+            let counts = commits.per_message(store.pool(), before, messages).await;
             postgres::drop_table(&store).await;
             Side {
-                commits_per_message: Some(commits),
+                commits_per_message: Some(counts.commits),
+                wal_bytes_per_message: Some(counts.wal),
                 ..Side::timed(measured)
             }
         })
@@ -1313,10 +1394,8 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         let scale = 10f64.powi(places);
         (x * scale).round() / scale
     };
-    let cpu_per_message = |side: Side| {
-        side.cpu
-            .map(|cpu| round(cpu.as_secs_f64() * 1e6 / messages as f64, 2))
-    };
+    let per_message =
+        |cpu: Option<Duration>| cpu.map(|cpu| round(cpu.as_secs_f64() * 1e6 / messages as f64, 2));
     let summary = Summary {
         store: store_name.to_owned(),
         messages,
@@ -1330,10 +1409,14 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         runtime_per_sec: runtime_per_sec.round(),
         baseline_per_sec: baseline_per_sec.round(),
         ratio: round(runtime_per_sec / baseline_per_sec, 3),
-        runtime_cpu_us_per_message: cpu_per_message(runtime_side),
-        baseline_cpu_us_per_message: cpu_per_message(baseline_side),
+        runtime_cpu_us_per_message: per_message(runtime_side.cpu),
+        baseline_cpu_us_per_message: per_message(baseline_side.cpu),
+        runtime_machine_cpu_us_per_message: per_message(runtime_side.machine_cpu),
+        baseline_machine_cpu_us_per_message: per_message(baseline_side.machine_cpu),
         commits_per_message: runtime_side.commits_per_message.map(|c| round(c, 4)),
         baseline_commits_per_message: baseline_side.commits_per_message.map(|c| round(c, 4)),
+        wal_bytes_per_message: runtime_side.wal_bytes_per_message.map(f64::round),
+        baseline_wal_bytes_per_message: baseline_side.wal_bytes_per_message.map(f64::round),
         peak_rss_mib: peak_rss.map(|mib| round(mib, 1)),
         runtime_peak_rss_mib: runtime_side.peak_rss_mib.map(|mib| round(mib, 1)),
         baseline_peak_rss_mib: baseline_side.peak_rss_mib.map(|mib| round(mib, 1)),
@@ -1385,10 +1468,20 @@ struct Summary {
     runtime_cpu_us_per_message: Option<f64>,
     /// The same for the baseline.
     baseline_cpu_us_per_message: Option<f64>,
+    /// CPU time of the whole machine per message while the runtime
+    /// drained, µs: with a PostgreSQL server on the same machine, its work
+    /// is in it. Anything else running then is too.
+    runtime_machine_cpu_us_per_message: Option<f64>,
+    /// The same for the baseline.
+    baseline_machine_cpu_us_per_message: Option<f64>,
     /// The runtime's committed transactions per message (PostgreSQL).
     commits_per_message: Option<f64>,
     /// The baseline's, for comparison (PostgreSQL).
     baseline_commits_per_message: Option<f64>,
+    /// The runtime's write-ahead log per message, bytes (PostgreSQL).
+    wal_bytes_per_message: Option<f64>,
+    /// The baseline's (PostgreSQL).
+    baseline_wal_bytes_per_message: Option<f64>,
     /// The process's peak RSS (`VmHWM`), MiB.
     peak_rss_mib: Option<f64>,
     /// The runtime side's peak RSS over its fill and drain, MiB.
