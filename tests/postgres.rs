@@ -15,8 +15,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use outbox::{
-    Armed, ClaimBatch, ClaimLoss, Enqueued, Error, MarkDelivered, MessageStatus, NewMessage,
-    OutboxAdmin, OutboxStore, PostgresOutbox, SettlementMode,
+    Armed, ClaimBatch, ClaimLoss, Enqueued, Error, ListCursor, ListMessages, MarkDelivered,
+    MessageStatus, NewMessage, OutboxAdmin, OutboxStore, PostgresOutbox, SettlementMode,
 };
 use sql_support::{LEASE, event, secs, t0, unique};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
@@ -187,6 +187,15 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
             && idempotency.ends_with("WHERE (idempotency_key IS NOT NULL)"),
         "{idempotency}"
     );
+    // Migration 0010: the listing index is keyed by the creation time alone.
+    let created: String = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = 'events_created'",
+    )
+    .bind(&schema)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(created.ends_with("(created_at)"), "{created}");
     // Concurrent setups of one new table serialize on sqlx's migration lock.
     let shared = unique("concurrent");
     let stores: Vec<_> = (0..3)
@@ -232,6 +241,76 @@ async fn a_custom_table_gets_its_vacuum_settings_and_vacuums() {
     outbox.enqueue(event("x", 1, t0())).await.unwrap();
     outbox.vacuum().await.unwrap();
     assert_eq!(outbox.get_message("x").await.unwrap().id, "x");
+}
+
+/// A listing page after a cursor is read from the creation index, not by
+/// scanning the table, with a hundred thousand rows and fresh statistics,
+/// and rows of one creation time still come in id order.
+#[tokio::test]
+async fn a_listing_page_is_read_from_the_creation_index() {
+    // One connection, so the statistics the listing leaves are the ones
+    // this connection flushes.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    let table = unique("listing");
+    let outbox = store(&pool, &table, SettlementMode::default()).await;
+    // Three rows a millisecond, ids counting down within each: the id
+    // order is not the insertion order.
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (id, kind, name, payload, status, max_attempts, available_at, \
+           created_at, updated_at, delivered_at) \
+         SELECT 'r' || lpad((i / 3)::text, 6, '0') || (2 - i % 3), 'event', 'settled', '{{}}', \
+           'delivered', 5, $1, $1 + (i / 3) * interval '1 millisecond', $1, $1 \
+         FROM generate_series(0, 99999) AS i"
+    )))
+    .bind(t0())
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(AssertSqlSafe(format!("ANALYZE {table}")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let scans = async || -> (i64, i64) {
+        // Flushes this backend's pending counts, the listing's included.
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query_as(
+            "SELECT t.seq_scan, i.idx_scan FROM pg_stat_user_tables t \
+             JOIN pg_stat_user_indexes i ON i.relid = t.relid \
+             WHERE t.relname = $1 AND i.indexrelname = $1 || '_created'",
+        )
+        .bind(&table)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let before = scans().await;
+    let page = outbox
+        .list_messages(ListMessages {
+            status: Some(MessageStatus::Delivered),
+            name: None,
+            limit: 4,
+            after: Some(ListCursor {
+                created_at: t0() + chrono::Duration::milliseconds(20_000),
+                id: "r0200001".to_owned(),
+            }),
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = page.messages.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["r0200002", "r0200010", "r0200011", "r0200012"]);
+    let after = scans().await;
+    assert_eq!(after.0, before.0, "the listing scanned the table");
+    assert!(
+        after.1 > before.1,
+        "the listing did not use the creation index"
+    );
 }
 
 /// Both arms of the claim are read from their partial indexes, with a
