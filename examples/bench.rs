@@ -965,13 +965,13 @@ mod postgres {
 
     /// Counts the transactions committed in the bench database and the log
     /// the server wrote, from a connection of its own.
-    pub(super) struct Commits {
+    pub(super) struct Counters {
         conn: PgConnection,
     }
 
-    impl Commits {
+    impl Counters {
         pub(super) async fn connect() -> Self {
-            Commits {
+            Counters {
                 conn: PgConnection::connect(&url()).await.expect("connect"),
             }
         }
@@ -1179,11 +1179,11 @@ fn postgres_sides(
             .build()
             .expect("a runtime");
         runtime.block_on(async {
-            let mut commits = postgres::Commits::connect().await;
+            let mut counters = postgres::Counters::connect().await;
             let store = postgres::filled("baseline", messages, settings.pool).await;
-            let before = commits.settled().await;
+            let before = counters.settled().await;
             let measured = with_cpu(postgres::raw_sql(&store, messages)).await;
-            let counts = commits.per_message(store.pool(), before, messages).await;
+            let counts = counters.per_message(store.pool(), before, messages).await;
             postgres::drop_table(&store).await;
             Side {
                 commits_per_message: Some(counts.commits),
@@ -1194,11 +1194,11 @@ fn postgres_sides(
     });
     let runtime_side = measured_if(run_runtime, || {
         actix::System::new().block_on(async move {
-            let mut commits = postgres::Commits::connect().await;
+            let mut counters = postgres::Counters::connect().await;
             let store = postgres::filled("runtime", messages, settings.pool).await;
-            let before = commits.settled().await;
+            let before = counters.settled().await;
             let measured = with_cpu(drain_with_runtime(store.clone(), settings)).await;
-            let counts = commits.per_message(store.pool(), before, messages).await;
+            let counts = counters.per_message(store.pool(), before, messages).await;
             postgres::drop_table(&store).await;
             Side {
                 commits_per_message: Some(counts.commits),
