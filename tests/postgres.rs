@@ -90,6 +90,20 @@ async fn backends(pool: &PgPool, application_name: &str, filter: &str) -> Vec<i3
     .unwrap()
 }
 
+/// Writes rows by hand with `insert` (its `$1` bound to `t0()`), then
+/// refreshes the table's statistics, so plans are made for those rows.
+async fn insert_and_analyze(pool: &PgPool, table: &str, insert: String) {
+    sqlx::query(AssertSqlSafe(insert))
+        .bind(t0())
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(AssertSqlSafe(format!("ANALYZE {table}")))
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 /// A fresh store for each conformance case: a table of its own.
 async fn setup() -> PostgresOutbox {
     store(&pool().await, &unique("case"), SettlementMode::default()).await
@@ -259,21 +273,18 @@ async fn a_listing_page_is_read_from_the_creation_index() {
     let outbox = store(&pool, &table, SettlementMode::default()).await;
     // Three rows a millisecond, ids counting down within each: the id
     // order is not the insertion order.
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {table} (id, kind, name, payload, status, max_attempts, available_at, \
-           created_at, updated_at, delivered_at) \
-         SELECT 'r' || lpad((i / 3)::text, 6, '0') || (2 - i % 3), 'event', 'settled', '{{}}', \
-           'delivered', 5, $1, $1 + (i / 3) * interval '1 millisecond', $1, $1 \
-         FROM generate_series(0, 99999) AS i"
-    )))
-    .bind(t0())
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(AssertSqlSafe(format!("ANALYZE {table}")))
-        .execute(&pool)
-        .await
-        .unwrap();
+    insert_and_analyze(
+        &pool,
+        &table,
+        format!(
+            "INSERT INTO {table} (id, kind, name, payload, status, max_attempts, available_at, \
+               created_at, updated_at, delivered_at) \
+             SELECT 'r' || lpad((i / 3)::text, 6, '0') || (2 - i % 3), 'event', 'settled', '{{}}', \
+               'delivered', 5, $1, $1 + (i / 3) * interval '1 millisecond', $1, $1 \
+             FROM generate_series(0, 99999) AS i"
+        ),
+    )
+    .await;
     let scans = async || -> (i64, i64) {
         // Flushes this backend's pending counts, the listing's included.
         sqlx::query("SELECT pg_stat_force_next_flush()")
@@ -449,21 +460,18 @@ async fn no_claim_statement_is_priced_for_jit_compilation() {
     let table = unique("jit");
     let outbox = store(&pool, &table, SettlementMode::default()).await;
     // Three keys with long queues, and keyless messages beside them.
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {table} (id, kind, name, payload, max_attempts, available_at, \
-           created_at, updated_at, ordering_key) \
-         SELECT 'm' || i, 'event', 'backlog', '{{}}', 5, $1, $1, $1, \
-           CASE WHEN i % 4 = 0 THEN NULL ELSE 'k' || (i % 4) END \
-         FROM generate_series(1, 40000) AS i"
-    )))
-    .bind(t0())
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(AssertSqlSafe(format!("ANALYZE {table}")))
-        .execute(&pool)
-        .await
-        .unwrap();
+    insert_and_analyze(
+        &pool,
+        &table,
+        format!(
+            "INSERT INTO {table} (id, kind, name, payload, max_attempts, available_at, \
+               created_at, updated_at, ordering_key) \
+             SELECT 'm' || i, 'event', 'backlog', '{{}}', 5, $1, $1, $1, \
+               CASE WHEN i % 4 = 0 THEN NULL ELSE 'k' || (i % 4) END \
+             FROM generate_series(1, 40000) AS i"
+        ),
+    )
+    .await;
     let mut conn = pool.acquire().await.unwrap();
     sqlx::raw_sql("RESET jit_above_cost")
         .execute(&mut *conn)
@@ -564,20 +572,17 @@ async fn a_claim_statement_reuses_its_plan() {
     let table = unique("reuse");
     let outbox = store(&pool, &table, SettlementMode::default()).await;
     // A backlog: what a plan that cannot see the limit is costed for.
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {table} (id, kind, name, payload, max_attempts, available_at, \
-           created_at, updated_at) \
-         SELECT 'm' || i, 'event', 'backlog', '{{}}', 5, $1, $1, $1 \
-         FROM generate_series(1, 50000) AS i"
-    )))
-    .bind(t0())
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(AssertSqlSafe(format!("ANALYZE {table}")))
-        .execute(&pool)
-        .await
-        .unwrap();
+    insert_and_analyze(
+        &pool,
+        &table,
+        format!(
+            "INSERT INTO {table} (id, kind, name, payload, max_attempts, available_at, \
+               created_at, updated_at) \
+             SELECT 'm' || i, 'event', 'backlog', '{{}}', 5, $1, $1, $1 \
+             FROM generate_series(1, 50000) AS i"
+        ),
+    )
+    .await;
     let mut tx = pool.begin().await.unwrap();
     sqlx::raw_sql(AssertSqlSafe(format!(
         "PREPARE reused (timestamptz, bigint, bigint) AS {}",
