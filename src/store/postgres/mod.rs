@@ -927,7 +927,7 @@ impl FencedBackend for Core {
         } else {
             &self.sql.fenced
         };
-        let changed: Vec<String> = sqlx::query_scalar(AssertSqlSafe(statement.clone()))
+        let lost: Vec<String> = sqlx::query_scalar(AssertSqlSafe(statement.clone()))
             .bind(ops)
             .bind(ids)
             .bind(tokens)
@@ -938,22 +938,16 @@ impl FencedBackend for Core {
             .fetch_all(&self.parts.pool)
             .await
             .map_err(db("settle"))?;
-        let changed: std::collections::HashSet<String> = changed.into_iter().collect();
-        let lost: Vec<String> = rows
-            .iter()
-            .filter(|row| !changed.contains(&row.id))
-            .map(|row| row.id.clone())
-            .collect();
-        let (fences, server_now) = if lost.is_empty() {
-            Default::default()
-        } else {
-            let fences = Shared::fences(&self.parts, &self.sql.fences, lost).await;
-            (fences, self.server_now().await)
-        };
+        if lost.is_empty() {
+            return Ok(rows.iter().map(|_| Ok(())).collect());
+        }
+        let lost_ids: std::collections::HashSet<String> = lost.iter().cloned().collect();
+        let fences = Shared::fences(&self.parts, &self.sql.fences, lost).await;
+        let server_now = self.server_now().await;
         Ok(rows
             .iter()
             .map(|row| {
-                if changed.contains(&row.id) {
+                if !lost_ids.contains(&row.id) {
                     return Ok(());
                 }
                 match server_now {
