@@ -30,6 +30,10 @@
 //!   over this (`relay_to_drain`) is what the transport costs; the drain
 //!   over the raw loop bounds the ratio any transport could reach.
 //!
+//! `--store memory` relays from the in-memory store: no SQL at all, so the
+//! relay there is what the runtime and the transport cost together, the
+//! most any store could reach on the same machine.
+//!
 //! The drains run as `outbox relay` does by default: `--batch 10000`,
 //! `--concurrency 256`, `--prefetch 256`, no `--arbiters` (the drain's
 //! `delivery_arbiters`).
@@ -43,8 +47,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use outbox::{
-    Clock, DrainConfig, EventBus, MessageKind, NewMessage, OutboxAdmin, OutboxStore, Payload,
-    Registry, SqliteOutbox, SystemClock,
+    Clock, DrainConfig, EventBus, MemoryOutbox, MessageKind, NewMessage, OutboxAdmin, OutboxStore,
+    Payload, Registry, SqliteOutbox, SystemClock,
 };
 use outbox_actors::{Drain, DrainCoordinator, GetStatus};
 
@@ -119,7 +123,7 @@ fn parse_args() -> Result<Args, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown flag {other}; use --broker nats,amqp,redis (or all), --store sqlite,postgres, \
+                    "unknown flag {other}; use --broker nats,amqp,redis (or all), --store memory,sqlite,postgres, \
                      --messages N, --concurrency N, --batch N, --prefetch N, --arbiters N, --window N"
                 ));
             }
@@ -133,10 +137,10 @@ fn parse_args() -> Result<Args, String> {
     }
     for store in &args.stores {
         match store.as_str() {
-            "sqlite" => {}
+            "memory" | "sqlite" => {}
             "postgres" if cfg!(feature = "postgres") => {}
             "postgres" => return Err("--store postgres needs --features postgres".to_owned()),
-            other => return Err(format!("--store {other}: use sqlite or postgres")),
+            other => return Err(format!("--store {other}: use memory, sqlite or postgres")),
         }
     }
     Ok(args)
@@ -682,6 +686,15 @@ mod redis_streams {
     }
 }
 
+async fn fill_memory(messages: u64) -> MemoryOutbox {
+    let store = MemoryOutbox::new();
+    let now = SystemClock.now();
+    for n in 0..messages {
+        store.enqueue(event(n).at(now)).await.expect("enqueue");
+    }
+    store
+}
+
 async fn fill_sqlite(path: &std::path::Path, messages: u64) -> SqliteOutbox {
     let store = SqliteOutbox::connect(&format!("sqlite://{}", path.display()))
         .await
@@ -880,6 +893,13 @@ async fn run(args: Args) {
 async fn each_store<B: Broker>(broker: &mut B, args: &Args) {
     for store in &args.stores {
         match store.as_str() {
+            "memory" => {
+                let stores = [
+                    fill_memory(args.messages).await,
+                    fill_memory(args.messages).await,
+                ];
+                measure(broker, "memory", stores, args).await;
+            }
             "sqlite" => {
                 let dir = std::env::temp_dir().join(format!("relay-bench-{}", std::process::id()));
                 std::fs::create_dir_all(&dir).expect("a temporary directory");
