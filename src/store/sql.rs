@@ -378,7 +378,7 @@ impl MessageRow {
     }
 
     /// Check the values and build the message.
-    pub(crate) fn into_message(self) -> Result<OutboxMessage> {
+    pub(crate) fn into_message(mut self) -> Result<OutboxMessage> {
         let kind: MessageKind = self
             .kind
             .parse()
@@ -387,7 +387,8 @@ impl MessageRow {
             .status
             .parse()
             .map_err(|_| self.corrupt(format!("status is {:?}", self.status)))?;
-        let payload = Payload::from_json(self.payload.clone())
+        // Taken, not copied: an error names the row by its id alone.
+        let payload = Payload::from_json(std::mem::take(&mut self.payload))
             .map_err(|e| self.corrupt(format!("payload: {e}")))?;
         let trace = match &self.trace {
             Some(text) => Some(
