@@ -488,16 +488,54 @@ impl Actor for DeliveryActor {
         self.heartbeat_due = true;
         self.heartbeat_at = now + first_renewal;
         self.max_active_at = now + self.drain.config.max_active;
-        self.set_timer(ctx);
 
         self.started = self
             .span
             .in_scope(|| telemetry::delivery_started(&self.message));
         let run =
             deliver(&self.drain, self.message.clone(), &self.span).instrument(self.span.clone());
-        self.delivery = Some(ctx.spawn(run.into_actor(self).map(|result, act, ctx| {
+        let run = TimerAfterFirstPoll {
+            run: run.into_actor(self),
+            armed: false,
+        };
+        self.delivery = Some(ctx.spawn(run.map(|result, act, ctx| {
             act.delivered(result, ctx);
         })));
+    }
+}
+
+/// The handler's future, which sets the delivery's timer (heartbeat start,
+/// `max_active`) once its first poll leaves it running.
+///
+/// A handler that returns on its first poll needs neither deadline, and
+/// setting a timer is not free: registering one that is due before anything
+/// else the runtime waits for wakes the runtime's driver, a system call,
+/// and under a fast drain that was one per message. The deadlines are
+/// instants fixed when the delivery started, so setting the timer after
+/// that poll, within the same turn of the runtime, moves neither of them.
+struct TimerAfterFirstPoll<F> {
+    run: F,
+    armed: bool,
+}
+
+impl<F> ActorFuture<DeliveryActor> for TimerAfterFirstPoll<F>
+where
+    F: ActorFuture<DeliveryActor> + Unpin,
+{
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        act: &mut DeliveryActor,
+        ctx: &mut Context<DeliveryActor>,
+        task: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let polled = std::pin::Pin::new(&mut self.run).poll(act, ctx, task);
+        if polled.is_pending() && !self.armed {
+            self.armed = true;
+            act.set_timer(ctx);
+        }
+        polled
     }
 }
 
