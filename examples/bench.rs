@@ -1277,17 +1277,20 @@ fn main() {
     let mut points = Vec::new();
     for store in &stores {
         for &concurrency in &sweep {
-            points.extend(measure(store, settings(concurrency), sides));
+            points.push(measure(store, settings(concurrency), sides));
         }
     }
     if let Some(plot) = &plot {
+        // A sweep measures both sides (it refuses `--only`).
         let drawn: Vec<bench_plot::Point<'_>> = points
             .iter()
-            .map(|point| bench_plot::Point {
-                store: &point.store,
-                concurrency: point.concurrency,
-                runtime_per_sec: point.runtime_per_sec,
-                baseline_per_sec: point.baseline_per_sec,
+            .filter_map(|point| {
+                Some(bench_plot::Point {
+                    store: &point.store,
+                    concurrency: point.concurrency,
+                    runtime_per_sec: point.runtime_per_sec?,
+                    baseline_per_sec: point.baseline_per_sec?,
+                })
             })
             .collect();
         let driven_by = schedule.map_or_else(
@@ -1326,8 +1329,9 @@ fn main() {
 }
 
 /// Measures one store at one concurrency, prints its line and its JSON
-/// object, and returns the object (`None` when only one side ran).
-fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> Option<Summary> {
+/// object (a side `--only` left out has `null` figures), and returns the
+/// object.
+fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> Summary {
     let RuntimeSettings {
         messages,
         concurrency,
@@ -1354,41 +1358,39 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         .filter_map(|side| side.peak_rss_mib)
         .chain(peak_rss_mib())
         .reduce(f64::max);
-    let (Some(runtime_side), Some(baseline_side)) = (runtime_side, baseline_side) else {
-        println!(
-            "runtime {runtime_side:?}, baseline {baseline_side:?}, peak RSS {peak_rss:.1?} MiB"
-        );
-        return None;
-    };
-
-    let per_sec = |elapsed: Duration| messages as f64 / elapsed.as_secs_f64();
-    let runtime_per_sec = per_sec(runtime_side.elapsed);
-    let baseline_per_sec = per_sec(baseline_side.elapsed);
-    let commits = |side: Side| {
-        side.commits_per_message
+    let per_sec =
+        |side: Option<Side>| side.map(|side| messages as f64 / side.elapsed.as_secs_f64());
+    let runtime_per_sec = per_sec(runtime_side);
+    let baseline_per_sec = per_sec(baseline_side);
+    // One side's figures for the human line, or that it did not run
+    // (`--only`).
+    let described = |side: Option<Side>| {
+        let Some(side) = side else {
+            return "not run".to_owned();
+        };
+        let commits = side
+            .commits_per_message
             .map(|c| format!(", {c:.4} commits/message"))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let rss = side
+            .peak_rss_mib
+            .map(|mib| format!(", peak RSS {mib:.1} MiB"))
+            .unwrap_or_default();
+        format!(
+            "{:.0}/s ({:.2?}{commits}{rss})",
+            messages as f64 / side.elapsed.as_secs_f64(),
+            side.elapsed
+        )
     };
     let driven_by = schedule.map_or_else(
         || "a Drain loop".to_owned(),
         |every| format!("schedule {every:?}"),
     );
-    let rss = |side: Side| {
-        side.peak_rss_mib
-            .map(|mib| format!(", peak RSS {mib:.1} MiB"))
-            .unwrap_or_default()
-    };
     println!(
         "{store_name}: {messages} messages, concurrency {concurrency}, batch {batch_size}, \
-         prefetch {prefetch}, claims {claims}, {driven_by}: runtime {:.0}/s ({:.2?}{}{}), baseline {:.0}/s ({:.2?}{}{})",
-        runtime_per_sec,
-        runtime_side.elapsed,
-        commits(runtime_side),
-        rss(runtime_side),
-        baseline_per_sec,
-        baseline_side.elapsed,
-        commits(baseline_side),
-        rss(baseline_side),
+         prefetch {prefetch}, claims {claims}, {driven_by}: runtime {}, baseline {}",
+        described(runtime_side),
+        described(baseline_side),
     );
     let round = |x: f64, places: i32| {
         let scale = 10f64.powi(places);
@@ -1406,26 +1408,44 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
         schedule_ms: schedule.map(|every| every.as_millis() as u64),
         pool,
         delete_on_delivery,
-        runtime_per_sec: runtime_per_sec.round(),
-        baseline_per_sec: baseline_per_sec.round(),
-        ratio: round(runtime_per_sec / baseline_per_sec, 3),
-        runtime_cpu_us_per_message: per_message(runtime_side.cpu),
-        baseline_cpu_us_per_message: per_message(baseline_side.cpu),
-        runtime_machine_cpu_us_per_message: per_message(runtime_side.machine_cpu),
-        baseline_machine_cpu_us_per_message: per_message(baseline_side.machine_cpu),
-        commits_per_message: runtime_side.commits_per_message.map(|c| round(c, 4)),
-        baseline_commits_per_message: baseline_side.commits_per_message.map(|c| round(c, 4)),
-        wal_bytes_per_message: runtime_side.wal_bytes_per_message.map(f64::round),
-        baseline_wal_bytes_per_message: baseline_side.wal_bytes_per_message.map(f64::round),
+        runtime_per_sec: runtime_per_sec.map(f64::round),
+        baseline_per_sec: baseline_per_sec.map(f64::round),
+        ratio: runtime_per_sec
+            .zip(baseline_per_sec)
+            .map(|(runtime, baseline)| round(runtime / baseline, 3)),
+        runtime_cpu_us_per_message: per_message(runtime_side.and_then(|side| side.cpu)),
+        baseline_cpu_us_per_message: per_message(baseline_side.and_then(|side| side.cpu)),
+        runtime_machine_cpu_us_per_message: per_message(
+            runtime_side.and_then(|side| side.machine_cpu),
+        ),
+        baseline_machine_cpu_us_per_message: per_message(
+            baseline_side.and_then(|side| side.machine_cpu),
+        ),
+        commits_per_message: runtime_side
+            .and_then(|side| side.commits_per_message)
+            .map(|c| round(c, 4)),
+        baseline_commits_per_message: baseline_side
+            .and_then(|side| side.commits_per_message)
+            .map(|c| round(c, 4)),
+        wal_bytes_per_message: runtime_side
+            .and_then(|side| side.wal_bytes_per_message)
+            .map(f64::round),
+        baseline_wal_bytes_per_message: baseline_side
+            .and_then(|side| side.wal_bytes_per_message)
+            .map(f64::round),
         peak_rss_mib: peak_rss.map(|mib| round(mib, 1)),
-        runtime_peak_rss_mib: runtime_side.peak_rss_mib.map(|mib| round(mib, 1)),
-        baseline_peak_rss_mib: baseline_side.peak_rss_mib.map(|mib| round(mib, 1)),
+        runtime_peak_rss_mib: runtime_side
+            .and_then(|side| side.peak_rss_mib)
+            .map(|mib| round(mib, 1)),
+        baseline_peak_rss_mib: baseline_side
+            .and_then(|side| side.peak_rss_mib)
+            .map(|mib| round(mib, 1)),
     };
     println!(
         "{}",
         serde_json::to_string(&summary).expect("the summary serializes")
     );
-    Some(summary)
+    summary
 }
 
 /// The last line of a sweep: every point's object, in the order measured.
@@ -1458,10 +1478,12 @@ struct Summary {
     pool: Option<u32>,
     /// Whether the runtime deleted each message as it settled it.
     delete_on_delivery: bool,
-    runtime_per_sec: f64,
-    baseline_per_sec: f64,
-    /// `runtime_per_sec / baseline_per_sec`.
-    ratio: f64,
+    /// Messages per second of each side; `None` for a side `--only` left
+    /// out.
+    runtime_per_sec: Option<f64>,
+    baseline_per_sec: Option<f64>,
+    /// `runtime_per_sec / baseline_per_sec`, when both ran.
+    ratio: Option<f64>,
     /// CPU time of the process (every thread: the runtime, the store's
     /// workers, the client) per message while the runtime drained, µs. On
     /// PostgreSQL the server's work is not in it.
