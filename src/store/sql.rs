@@ -35,7 +35,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row};
+use sqlx::{
+    AssertSqlSafe, Column, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row,
+};
 
 use super::fenced::{FencedBackend, FencedWrite, FencedWriter};
 use super::kit::check;
@@ -1401,7 +1403,8 @@ where
 
     /// A stored row with its columns decoded, or why it cannot be.
     pub(crate) fn decode(row: &<B::Db as Database>::Row) -> Result<MessageRow> {
-        let id: String = row.try_get("id").map_err(|e| Error::CorruptRow {
+        let at = ColumnPositions::of(row);
+        let id: String = at.get(row, 1).map_err(|e| Error::CorruptRow {
             id: String::from("<unreadable>"),
             reason: e.to_string(),
         })?;
@@ -1409,42 +1412,105 @@ where
             id: id.clone(),
             reason: e.to_string(),
         };
-        let off_calendar = |column: &str, e: Error| Error::CorruptRow {
+        let off_calendar = |k: usize, e: Error| Error::CorruptRow {
             id: id.clone(),
-            reason: format!("{column}: {e}"),
+            reason: format!("{}: {e}", MESSAGE_COLUMNS[k]),
         };
-        let time = |column: &str| -> Result<DateTime<Utc>> {
-            let stored: B::Time = row.try_get(column).map_err(corrupt)?;
-            stored.load().map_err(|e| off_calendar(column, e))
+        let time = |k: usize| -> Result<DateTime<Utc>> {
+            let stored: B::Time = at.get(row, k).map_err(corrupt)?;
+            stored.load().map_err(|e| off_calendar(k, e))
         };
-        let optional_time = |column: &str| -> Result<Option<DateTime<Utc>>> {
-            let stored: Option<B::Time> = row.try_get(column).map_err(corrupt)?;
+        let optional_time = |k: usize| -> Result<Option<DateTime<Utc>>> {
+            let stored: Option<B::Time> = at.get(row, k).map_err(corrupt)?;
             stored
-                .map(|stored| stored.load().map_err(|e| off_calendar(column, e)))
+                .map(|stored| stored.load().map_err(|e| off_calendar(k, e)))
                 .transpose()
         };
         Ok(MessageRow {
-            seq: row.try_get("seq").map_err(corrupt)?,
-            kind: row.try_get("kind").map_err(corrupt)?,
-            name: row.try_get("name").map_err(corrupt)?,
-            payload: row.try_get("payload").map_err(corrupt)?,
-            trace: row.try_get("trace").map_err(corrupt)?,
-            status: row.try_get("status").map_err(corrupt)?,
-            attempts: row.try_get("attempts").map_err(corrupt)?,
-            max_attempts: row.try_get("max_attempts").map_err(corrupt)?,
-            max_attempts_set: row.try_get("max_attempts_set").map_err(corrupt)?,
-            available_at: time("available_at")?,
-            claim_token: row.try_get("claim_token").map_err(corrupt)?,
-            claimed_at: optional_time("claimed_at")?,
-            locked_until: optional_time("locked_until")?,
-            last_error: row.try_get("last_error").map_err(corrupt)?,
-            created_at: time("created_at")?,
-            updated_at: time("updated_at")?,
-            delivered_at: optional_time("delivered_at")?,
-            ordering_key: row.try_get("ordering_key").map_err(corrupt)?,
-            skipped_at: optional_time("skipped_at")?,
+            seq: at.get(row, 0).map_err(corrupt)?,
+            kind: at.get(row, 2).map_err(corrupt)?,
+            name: at.get(row, 3).map_err(corrupt)?,
+            payload: at.get(row, 4).map_err(corrupt)?,
+            trace: at.get(row, 5).map_err(corrupt)?,
+            status: at.get(row, 6).map_err(corrupt)?,
+            attempts: at.get(row, 7).map_err(corrupt)?,
+            max_attempts: at.get(row, 8).map_err(corrupt)?,
+            available_at: time(9)?,
+            claim_token: at.get(row, 10).map_err(corrupt)?,
+            claimed_at: optional_time(11)?,
+            locked_until: optional_time(12)?,
+            last_error: at.get(row, 13).map_err(corrupt)?,
+            created_at: time(14)?,
+            updated_at: time(15)?,
+            delivered_at: optional_time(16)?,
+            ordering_key: at.get(row, 17).map_err(corrupt)?,
+            skipped_at: optional_time(18)?,
+            max_attempts_set: at.get(row, 19).map_err(corrupt)?,
             id: id.clone(),
         })
+    }
+}
+
+/// The columns of a message row, in the order the stores' statements
+/// select them (after any columns of their own, such as a claim's outcome).
+pub(crate) const MESSAGE_COLUMNS: [&str; 20] = [
+    "seq",
+    "id",
+    "kind",
+    "name",
+    "payload",
+    "trace",
+    "status",
+    "attempts",
+    "max_attempts",
+    "available_at",
+    "claim_token",
+    "claimed_at",
+    "locked_until",
+    "last_error",
+    "created_at",
+    "updated_at",
+    "delivered_at",
+    "ordering_key",
+    "skipped_at",
+    "max_attempts_set",
+];
+
+/// Where a row holds the [`MESSAGE_COLUMNS`].
+///
+/// A column read by name is a hashed lookup in the row's column map; read
+/// by position it is not, and a claim reads twenty columns of every row it
+/// claims. Positions are taken from the column named `seq` and each one is
+/// checked against its name, so a statement that selects the columns in
+/// another order is still read right, by name.
+struct ColumnPositions {
+    /// The position of `seq`, when the row has it.
+    first: Option<usize>,
+}
+
+impl ColumnPositions {
+    fn of<R: Row>(row: &R) -> Self {
+        ColumnPositions {
+            first: row
+                .columns()
+                .iter()
+                .position(|c| c.name() == MESSAGE_COLUMNS[0]),
+        }
+    }
+
+    /// The value of the `k`th of [`MESSAGE_COLUMNS`].
+    fn get<'r, R, T>(&self, row: &'r R, k: usize) -> sqlx::Result<T>
+    where
+        R: Row,
+        T: Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        usize: ColumnIndex<R>,
+        for<'a> &'a str: ColumnIndex<R>,
+    {
+        let name = MESSAGE_COLUMNS[k];
+        match self.first.map(|first| first + k) {
+            Some(at) if row.columns().get(at).is_some_and(|c| c.name() == name) => row.try_get(at),
+            _ => row.try_get(name),
+        }
     }
 }
 

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use crate::store::sql::{
-    SharedStatements, TableName, head_test, key_fronts_cte, keyed_walk, keyed_walk_cte, oldest_due,
-    pending_count,
+    MESSAGE_COLUMNS, SharedStatements, TableName, head_test, key_fronts_cte, keyed_walk,
+    keyed_walk_cte, oldest_due, pending_count,
 };
 
 /// The time a statement judges leases by: the caller's (`$1`, bound when
@@ -26,32 +26,14 @@ const ROW_NOW: &str = "coalesce(v.now, statement_timestamp())";
 
 /// Every column, each after `prefix`, in the order rows are read.
 pub(super) fn columns(prefix: &str) -> String {
-    [
-        "seq",
-        "id",
-        "kind",
-        "name",
-        "payload::text AS payload",
-        "trace",
-        "status",
-        "attempts",
-        "max_attempts",
-        "available_at",
-        "claim_token",
-        "claimed_at",
-        "locked_until",
-        "last_error",
-        "created_at",
-        "updated_at",
-        "delivered_at",
-        "ordering_key",
-        "skipped_at",
-        "max_attempts_set",
-    ]
-    .iter()
-    .map(|c| format!("{prefix}{c}"))
-    .collect::<Vec<_>>()
-    .join(", ")
+    MESSAGE_COLUMNS
+        .iter()
+        .map(|c| match *c {
+            "payload" => format!("{prefix}payload::text AS payload"),
+            c => format!("{prefix}{c}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The rendered statements for one table.

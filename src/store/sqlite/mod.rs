@@ -950,6 +950,17 @@ mod tests {
     use crate::kind::MessageKind;
     use crate::store::{OutboxAdmin, OutboxStore};
 
+    /// The store's statements select the message columns in the order the
+    /// shared decode reads them by position (any other order is still read,
+    /// by name, at a cost per row).
+    #[test]
+    fn statements_select_the_columns_in_the_decoded_order() {
+        assert_eq!(
+            statements::COLUMNS.split(", ").collect::<Vec<_>>(),
+            crate::store::sql::MESSAGE_COLUMNS
+        );
+    }
+
     /// A database file of its own, removed on drop.
     struct TempFile(PathBuf);
 
