@@ -508,9 +508,10 @@ impl Actor for DeliveryActor {
 /// `max_active`) once its first poll leaves it running.
 ///
 /// A handler that returns on its first poll needs neither deadline, and
-/// setting a timer is not free: registering one that is due before anything
-/// else the runtime waits for wakes the runtime's driver, a system call,
-/// and under a fast drain that was one per message. The deadlines are
+/// setting a timer is not free: registering one due earlier than the
+/// runtime's driver last planned to wake (any timer, when it last waited
+/// with none) wakes the driver with a system call, and under a fast drain
+/// that was one per message. The deadlines are
 /// instants fixed when the delivery started, so setting the timer after
 /// that poll, within the same turn of the runtime, moves neither of them.
 struct TimerAfterFirstPoll<F> {
