@@ -511,9 +511,9 @@ impl Actor for DeliveryActor {
 /// setting a timer is not free: registering one due earlier than the
 /// runtime's driver last planned to wake (any timer, when it last waited
 /// with none) wakes the driver with a system call, and under a fast drain
-/// that was one per message. The deadlines are
-/// instants fixed when the delivery started, so setting the timer after
-/// that poll, within the same turn of the runtime, moves neither of them.
+/// that was one per message. The deadlines are instants fixed when the
+/// delivery started, so setting the timer after that poll, within the same
+/// turn of the runtime, moves neither of them.
 struct TimerAfterFirstPoll<F> {
     run: F,
     armed: bool,
