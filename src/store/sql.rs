@@ -1508,7 +1508,17 @@ impl ColumnPositions {
     {
         let name = MESSAGE_COLUMNS[k];
         match self.first.map(|first| first + k) {
-            Some(at) if row.columns().get(at).is_some_and(|c| c.name() == name) => row.try_get(at),
+            Some(at) if row.columns().get(at).is_some_and(|c| c.name() == name) => {
+                // Named as a read by name names it: an unreadable row's
+                // reason says which column to fix.
+                row.try_get(at).map_err(|e| match e {
+                    sqlx::Error::ColumnDecode { source, .. } => sqlx::Error::ColumnDecode {
+                        index: format!("{name:?}"),
+                        source,
+                    },
+                    other => other,
+                })
+            }
             _ => row.try_get(name),
         }
     }
