@@ -258,6 +258,78 @@ pub(crate) async fn list_pages_are_disjoint_and_complete<S: OutboxStore + Outbox
     );
 }
 
+pub(crate) async fn list_pages_interleave_claimed_and_unclaimed<
+    S: OutboxStore + OutboxAdmin + Clone,
+>(
+    store: S,
+) {
+    // Groups of three share a `created_at`; within each, one message is
+    // claimed, one delivered and one pending again after a retry, so a page
+    // boundary falls between claimed and unclaimed rows at every position.
+    let mut all = Vec::new();
+    for i in 0..18 {
+        all.push(put(&store, message(&format!("s{i:02}"), "e", (i / 3) as i64)).await);
+    }
+    let batch = claim(&store, 18, SECOND, MINUTE).await;
+    assert_eq!(batch.claimed.len(), 18);
+    for claimed in &batch.claimed {
+        let i: usize = claimed.id[1..].parse().unwrap();
+        match i % 3 {
+            0 => store
+                .mark_delivered(delivered(&claimed.id, &claimed.claim_token, SECOND))
+                .await
+                .unwrap(),
+            2 => store
+                .mark_failed(failed(
+                    &claimed.id,
+                    &claimed.claim_token,
+                    SECOND,
+                    false,
+                    Some(MINUTE),
+                ))
+                .await
+                .unwrap(),
+            _ => {}
+        }
+    }
+    for limit in [1, 2, 4, 5, 18] {
+        let pages = pages(&store, None, None, limit).await;
+        assert_eq!(
+            pages.concat(),
+            all,
+            "every message once, in listing order, at limit {limit}"
+        );
+    }
+    let claimed: Vec<String> = all.iter().skip(1).step_by(3).cloned().collect();
+    assert_eq!(
+        pages(&store, Some(MessageStatus::Claimed), None, 4)
+            .await
+            .concat(),
+        claimed
+    );
+    let unclaimed: Vec<String> = all
+        .iter()
+        .filter(|id| !claimed.contains(id))
+        .cloned()
+        .collect();
+    let (delivered_ids, pending_ids): (Vec<String>, Vec<String>) = unclaimed
+        .iter()
+        .cloned()
+        .partition(|id| id[1..].parse::<usize>().unwrap() % 3 == 0);
+    assert_eq!(
+        pages(&store, Some(MessageStatus::Delivered), None, 4)
+            .await
+            .concat(),
+        delivered_ids
+    );
+    assert_eq!(
+        pages(&store, Some(MessageStatus::Pending), None, 4)
+            .await
+            .concat(),
+        pending_ids
+    );
+}
+
 pub(crate) async fn list_is_stable_across_inserts<S: OutboxStore + OutboxAdmin + Clone>(store: S) {
     let mut original = Vec::new();
     for i in 0..9 {

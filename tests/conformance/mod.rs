@@ -113,6 +113,8 @@ macro_rules! conformance_suite {
             conformance_list_filters_by_status_and_name => admin::list_filters_by_status_and_name,
             conformance_list_pages_are_disjoint_and_complete
                 => admin::list_pages_are_disjoint_and_complete,
+            conformance_list_pages_interleave_claimed_and_unclaimed
+                => admin::list_pages_interleave_claimed_and_unclaimed,
             conformance_list_is_stable_across_inserts => admin::list_is_stable_across_inserts,
             conformance_list_refuses_invalid_limit => admin::list_refuses_invalid_limit,
             conformance_requeue_dead_letter_by_id => admin::requeue_dead_letter_by_id,

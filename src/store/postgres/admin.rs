@@ -9,35 +9,49 @@ use crate::error::Result;
 use crate::store::kit::check;
 use crate::store::sql::activity_rows;
 use crate::store::sql::db;
-use crate::store::{ListMessages, MessagePage, MinuteActivity};
+use crate::store::{ListMessages, MessagePage, MessageStatus, MinuteActivity};
 use chrono::{DateTime, Utc};
 
 impl Core {
     /// One page of messages. Only the filters that apply are bound,
     /// numbered in order.
+    ///
+    /// The listing index leaves claimed rows out (migration 0011), so a page
+    /// is read in up to two arms, each in listing order: unclaimed rows from
+    /// that index, claimed rows from theirs; the page is the first rows of
+    /// both.
     pub(super) async fn list(&self, params: ListMessages) -> Result<MessagePage> {
         check::list(&params)?;
-        let mut query = format!(
-            "SELECT {} FROM {} WHERE true",
-            columns(""),
-            self.parts.shared.table
-        );
+        let mut filters = String::new();
         let mut n = 0;
         let mut next_param = || {
             n += 1;
             n
         };
         if params.status.is_some() {
-            query.push_str(&format!(" AND status = ${}", next_param()));
+            filters.push_str(&format!(" AND status = ${}", next_param()));
         }
         if params.name.is_some() {
-            query.push_str(&format!(" AND name = ${}", next_param()));
+            filters.push_str(&format!(" AND name = ${}", next_param()));
         }
         if params.after.is_some() {
             let (a, b) = (next_param(), next_param());
-            query.push_str(&format!(" AND (created_at, id) > (${a}, ${b})"));
+            filters.push_str(&format!(" AND (created_at, id) > (${a}, ${b})"));
         }
-        query.push_str(&format!(" ORDER BY created_at, id LIMIT ${}", next_param()));
+        let order = format!("ORDER BY created_at, id LIMIT ${}", next_param());
+        let arm = |status: &str| {
+            format!(
+                "SELECT {} FROM {} WHERE {status}{filters} {order}",
+                columns(""),
+                self.parts.shared.table
+            )
+        };
+        let (unclaimed, claimed) = (arm("status <> 'claimed'"), arm("status = 'claimed'"));
+        let query = match params.status {
+            Some(MessageStatus::Claimed) => claimed,
+            Some(_) => unclaimed,
+            None => format!("SELECT * FROM (({unclaimed}) UNION ALL ({claimed})) AS page {order}"),
+        };
         let mut q = sqlx::query(AssertSqlSafe(query));
         if let Some(status) = params.status {
             q = q.bind(status.as_str());
