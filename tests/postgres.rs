@@ -326,6 +326,28 @@ async fn a_listing_page_is_read_from_the_creation_index() {
         after.1 > before.1,
         "the listing did not use the creation index"
     );
+    // Without a status, claimed rows are read from their own index beside
+    // it (migration 0011), and the table is still not scanned.
+    let page = outbox
+        .list_messages(ListMessages {
+            status: None,
+            name: None,
+            limit: 2,
+            after: Some(ListCursor {
+                created_at: t0() + chrono::Duration::milliseconds(20_000),
+                id: "r0200001".to_owned(),
+            }),
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = page.messages.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["r0200002", "r0200010"]);
+    let unfiltered = scans().await;
+    assert_eq!(unfiltered.0, after.0, "the listing scanned the table");
+    assert!(
+        unfiltered.1 > after.1,
+        "the listing did not use the creation index"
+    );
 }
 
 /// Both arms of the claim are read from their partial indexes, with a
