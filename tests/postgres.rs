@@ -305,21 +305,27 @@ async fn a_listing_page_is_read_from_the_creation_index() {
         .await
         .unwrap()
     };
+    // A page after the same cursor: its ids.
+    let page_after = async |status: Option<MessageStatus>, limit: usize| -> Vec<String> {
+        let page = outbox
+            .list_messages(ListMessages {
+                status,
+                name: None,
+                limit,
+                after: Some(ListCursor {
+                    created_at: t0() + chrono::Duration::milliseconds(20_000),
+                    id: "r0200001".to_owned(),
+                }),
+            })
+            .await
+            .unwrap();
+        page.messages.into_iter().map(|m| m.id).collect()
+    };
     let before = scans().await;
-    let page = outbox
-        .list_messages(ListMessages {
-            status: Some(MessageStatus::Delivered),
-            name: None,
-            limit: 4,
-            after: Some(ListCursor {
-                created_at: t0() + chrono::Duration::milliseconds(20_000),
-                id: "r0200001".to_owned(),
-            }),
-        })
-        .await
-        .unwrap();
-    let ids: Vec<_> = page.messages.iter().map(|m| m.id.as_str()).collect();
-    assert_eq!(ids, ["r0200002", "r0200010", "r0200011", "r0200012"]);
+    assert_eq!(
+        page_after(Some(MessageStatus::Delivered), 4).await,
+        ["r0200002", "r0200010", "r0200011", "r0200012"]
+    );
     let after = scans().await;
     assert_eq!(after.0, before.0, "the listing scanned the table");
     assert!(
@@ -328,20 +334,7 @@ async fn a_listing_page_is_read_from_the_creation_index() {
     );
     // Without a status, claimed rows are read from their own index beside
     // it (migration 0011), and the table is still not scanned.
-    let page = outbox
-        .list_messages(ListMessages {
-            status: None,
-            name: None,
-            limit: 2,
-            after: Some(ListCursor {
-                created_at: t0() + chrono::Duration::milliseconds(20_000),
-                id: "r0200001".to_owned(),
-            }),
-        })
-        .await
-        .unwrap();
-    let ids: Vec<_> = page.messages.iter().map(|m| m.id.as_str()).collect();
-    assert_eq!(ids, ["r0200002", "r0200010"]);
+    assert_eq!(page_after(None, 2).await, ["r0200002", "r0200010"]);
     let unfiltered = scans().await;
     assert_eq!(unfiltered.0, after.0, "the listing scanned the table");
     assert!(
