@@ -376,38 +376,40 @@ async fn claim_is_answered_from_the_partial_indexes() {
     // a cached statement ends up with.
     let mut conn = pool.acquire().await.unwrap();
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "PREPARE claim_plan (timestamptz, bigint, bigint) AS {}; \
+        "PREPARE claim_plan (timestamptz) AS {}; \
+         PREPARE server_claim_plan AS {}; \
          PREPARE settle_plan (text[], text[], text[], timestamptz[], bigint[], \
            timestamptz[], text[]) AS {}",
-        outbox.claim_statement(10),
+        outbox.claim_statement(10, 30_000_000, 25, true),
+        outbox.claim_statement(10, 30_000_000, 25, false),
         outbox.fenced_statement()
     )))
     .execute(&mut *conn)
     .await
     .unwrap();
-    // On the caller's clock, and on the server's (a NULL `now`).
+    // On the caller's clock, and on the server's (a NULL `now`; the claim
+    // binds nothing).
     let runs = [
         (
-            "'2030-01-01 12:00:00+00', 30000000, 25",
+            "claim_plan('2030-01-01 12:00:00+00')",
             "array['deliver', 'deliver'], array['p0', 'p1'], array['t', 't'], \
              array['2030-01-01 12:00:00+00', '2030-01-01 12:00:00+00']::timestamptz[], \
              array[NULL, NULL]::bigint[], array[NULL, NULL]::timestamptz[], \
              array[NULL, NULL]::text[]",
         ),
         (
-            "NULL, 30000000, 25",
+            "server_claim_plan",
             "array['deliver', 'deliver'], array['p0', 'p1'], array['t', 't'], \
              array[NULL, NULL]::timestamptz[], array[NULL, NULL]::bigint[], \
              array[NULL, NULL]::timestamptz[], array[NULL, NULL]::text[]",
         ),
     ];
-    for ((claim_args, settle_args), mode) in runs
+    for ((claim_run, settle_args), mode) in runs
         .iter()
         .flat_map(|args| ["force_custom_plan", "force_generic_plan"].map(|mode| (*args, mode)))
     {
-        let explain = |statement: &str, args: &str| {
-            format!("SET plan_cache_mode = {mode}; EXPLAIN EXECUTE {statement}({args})")
-        };
+        let explain =
+            |execute: &str| format!("SET plan_cache_mode = {mode}; EXPLAIN EXECUTE {execute}");
         let plan = |rows: Vec<sqlx::postgres::PgRow>| {
             rows.iter()
                 .map(|row| row.get::<String, _>(0))
@@ -415,7 +417,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
                 .join("\n")
         };
         let claim = plan(
-            sqlx::raw_sql(AssertSqlSafe(explain("claim_plan", claim_args)))
+            sqlx::raw_sql(AssertSqlSafe(explain(claim_run)))
                 .fetch_all(&mut *conn)
                 .await
                 .unwrap(),
@@ -434,10 +436,12 @@ async fn claim_is_answered_from_the_partial_indexes() {
         // The fenced write finds each row by primary key, so a batch costs
         // the same however many claims are out.
         let settle = plan(
-            sqlx::raw_sql(AssertSqlSafe(explain("settle_plan", settle_args)))
-                .fetch_all(&mut *conn)
-                .await
-                .unwrap(),
+            sqlx::raw_sql(AssertSqlSafe(explain(&format!(
+                "settle_plan({settle_args})"
+            ))))
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap(),
         );
         println!("settle, {mode}:\n{settle}");
         assert!(
@@ -515,9 +519,9 @@ async fn no_claim_statement_is_priced_for_jit_compilation() {
     for limit in [1, 100, 1000, 4160] {
         let statements = [
             (
-                "(timestamptz, bigint, bigint)",
-                outbox.claim_statement(limit),
-                "'2030-01-01 12:00:00+00', 30000000, 25",
+                "(timestamptz)",
+                outbox.claim_statement(limit, 30_000_000, 25, true),
+                "'2030-01-01 12:00:00+00'",
             ),
             (
                 "(text[], timestamptz, bigint, bigint, boolean)",
@@ -525,9 +529,9 @@ async fn no_claim_statement_is_priced_for_jit_compilation() {
                 "array['m1', 'm2', 'm3'], '2030-01-01 12:00:00+00', 30000000, 25, true",
             ),
             (
-                "(timestamptz, bigint, bigint, text[])",
-                outbox.locked_claim_statement(limit),
-                "'2030-01-01 12:00:00+00', 30000000, 25, array['k1', 'k2', 'k3']",
+                "(timestamptz, text[])",
+                outbox.locked_claim_statement(limit, 30_000_000, 25, true),
+                "'2030-01-01 12:00:00+00', array['k1', 'k2', 'k3']",
             ),
         ];
         for (i, (types, statement, args)) in statements.into_iter().enumerate() {
@@ -562,7 +566,7 @@ async fn no_claim_statement_is_priced_for_jit_compilation() {
     let plan: serde_json::Value = sqlx::query_scalar(AssertSqlSafe(format!(
         "EXPLAIN (FORMAT JSON) {}",
         outbox
-            .key_heads_statement(100)
+            .key_heads_statement(100, true)
             .replace("$1", "'2030-01-01 12:00:00+00'")
     )))
     .fetch_one(&mut *conn)
@@ -571,7 +575,7 @@ async fn no_claim_statement_is_priced_for_jit_compilation() {
     println!("key lookup: cost {}", cost(plan));
     let heads: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(
         outbox
-            .key_heads_statement(100)
+            .key_heads_statement(100, true)
             .replace("$1", "'2030-01-01 12:00:00+00'"),
     ))
     .fetch_all(&mut *conn)
@@ -581,9 +585,13 @@ async fn no_claim_statement_is_priced_for_jit_compilation() {
     assert_eq!(keys, ["k1", "k2", "k3"]);
 }
 
-/// A claim statement is planned once and its plan reused: with the limit
-/// bound as a parameter PostgreSQL re-planned every claim, since a plan for
-/// reuse could not see the limit and was costed for a tenth of the table.
+/// A claim statement is planned once per connection and its plan reused.
+/// With the limit bound as a parameter PostgreSQL re-planned every claim,
+/// since a plan for reuse could not see the limit and was costed for a
+/// tenth of the table; with any parameter it plans the first five runs
+/// afresh, which is most claims of a burst on a fresh pool. On the
+/// database's clock a claim binds nothing, so its first plan is the one
+/// reused; on the caller's clock, its one parameter is the time.
 #[cfg(feature = "inspect-statements")]
 #[tokio::test]
 async fn a_claim_statement_reuses_its_plan() {
@@ -602,35 +610,59 @@ async fn a_claim_statement_reuses_its_plan() {
         ),
     )
     .await;
+    async fn run(conn: &mut sqlx::PgConnection, sql: String) -> Vec<sqlx::postgres::PgRow> {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .fetch_all(conn)
+            .await
+            .unwrap()
+    }
     let mut tx = pool.begin().await.unwrap();
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "PREPARE reused (timestamptz, bigint, bigint) AS {}",
-        outbox.claim_statement(10)
-    )))
-    .execute(&mut *tx)
+    run(
+        &mut tx,
+        format!(
+            "PREPARE server_clock AS {}; PREPARE caller_clock (timestamptz) AS {}",
+            outbox.claim_statement(10, 30_000_000, 25, false),
+            outbox.claim_statement(10, 30_000_000, 25, true)
+        ),
+    )
+    .await;
+    // PostgreSQL plans the first five executions with parameters for their
+    // values, then settles on one plan if that costs no more.
+    for _ in 0..6 {
+        run(&mut tx, "EXECUTE server_clock".into()).await;
+        run(
+            &mut tx,
+            "EXECUTE caller_clock('2030-01-01 12:00:00+00')".into(),
+        )
+        .await;
+    }
+    let plans: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements \
+         WHERE name IN ('server_clock', 'caller_clock') ORDER BY name",
+    )
+    .fetch_all(&mut *tx)
     .await
     .unwrap();
-    // PostgreSQL plans the first five executions for their values, then
-    // settles on one plan if that costs no more.
-    let run = "EXECUTE reused('2030-01-01 12:00:00+00', 30000000, 25)";
-    for _ in 0..6 {
-        sqlx::raw_sql(AssertSqlSafe(run.to_owned()))
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-    }
-    let plan = sqlx::raw_sql(AssertSqlSafe(format!("EXPLAIN {run}")))
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get::<String, _>(0))
-        .collect::<Vec<_>>()
-        .join("\n");
+    assert_eq!(
+        plans,
+        [
+            ("caller_clock".to_owned(), 1, 5),
+            ("server_clock".to_owned(), 6, 0)
+        ]
+    );
+    let plan = run(
+        &mut tx,
+        "EXPLAIN EXECUTE caller_clock('2030-01-01 12:00:00+00')".into(),
+    )
+    .await
+    .iter()
+    .map(|row| row.get::<String, _>(0))
+    .collect::<Vec<_>>()
+    .join("\n");
     println!("{plan}");
     // A reused plan compares with the parameter, a fresh one with the value.
     assert!(
-        plan.contains("available_at <= COALESCE($1"),
+        plan.contains("available_at <= $1"),
         "planned afresh:\n{plan}"
     );
     tx.rollback().await.unwrap();
@@ -1534,4 +1566,44 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
         Err(Error::Claim(e)) => assert_eq!(e.reason, ClaimLoss::TokenMismatch),
         other => panic!("{other:?}"),
     }
+}
+
+/// On the server's clock a claim's statements bind no time, and the keys of
+/// the locked pass are its first parameter: a claim whose walk of keyed
+/// rows is cut short looks each key's head up, claims the heads with the
+/// keyless rows, and leaves every later row of a key alone.
+#[tokio::test]
+async fn on_the_servers_clock_a_short_claim_looks_up_the_heads_of_its_keys() {
+    let pool = pool().await;
+    let outbox = server_clock_store(&pool, &unique("server_heads")).await;
+    // Thirty rows of each of three keys, taking turns, then five keyless
+    // rows: a claim of ten walks 36 keyed rows, finds three heads and five
+    // keyless rows, and comes back short.
+    for n in 0..90 {
+        outbox
+            .enqueue(event(&format!("k{n:02}"), n, t0()).with_ordering_key(format!("key{}", n % 3)))
+            .await
+            .unwrap();
+    }
+    for n in 0..5 {
+        outbox
+            .enqueue(event(&format!("x{n}"), 90 + n, t0()))
+            .await
+            .unwrap();
+    }
+    let claim = || {
+        outbox.claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
+            limit: 10,
+            now: chrono::Utc::now(),
+            lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+        })
+    };
+    let batch = claim().await.unwrap();
+    let mut ids: Vec<_> = batch.claimed.iter().map(|m| m.id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["k00", "k01", "k02", "x0", "x1", "x2", "x3", "x4"]);
+    // The heads are claimed, so nothing of their keys is claimable.
+    assert!(claim().await.unwrap().claimed.is_empty());
 }

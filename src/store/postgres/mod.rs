@@ -69,7 +69,10 @@ use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::message::{Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
 use listener::ListenerShared;
-use statements::{ClaimPass, Statements, channel_of};
+use statements::{ClaimPass, ClaimValues, Statements, channel_of};
+
+/// A statement with its binds, as `sqlx::query` makes it.
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 mod admin;
 mod listener;
@@ -353,27 +356,65 @@ impl PostgresOutbox {
     }
 
     /// The statement that claims up to `limit` messages (its first pass,
-    /// keyless rows, under the `block` policy); see `Statements::claim`.
+    /// keyless rows, under the `block` policy) with a lease of
+    /// `lease_micros` and an attempt cap of `cap`; `$1` is now when
+    /// `caller_now`, and it binds nothing otherwise. See `Statements::claim`.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
-    pub fn claim_statement(&self, limit: usize) -> String {
-        self.inner.core.sql.claim(limit, true, ClaimPass::Keyless)
+    pub fn claim_statement(
+        &self,
+        limit: usize,
+        lease_micros: i64,
+        cap: u32,
+        caller_now: bool,
+    ) -> String {
+        self.claim_pass(ClaimPass::Keyless, limit, lease_micros, cap, caller_now)
     }
 
-    /// The claim after a short first pass; `$4` is the keys whose locks the
-    /// transaction holds.
+    /// The claim after a short first pass, as [`Self::claim_statement`];
+    /// the keys whose locks the transaction holds are its last parameter.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
-    pub fn locked_claim_statement(&self, limit: usize) -> String {
-        self.inner.core.sql.claim(limit, true, ClaimPass::Locked)
+    pub fn locked_claim_statement(
+        &self,
+        limit: usize,
+        lease_micros: i64,
+        cap: u32,
+        caller_now: bool,
+    ) -> String {
+        self.claim_pass(ClaimPass::Locked, limit, lease_micros, cap, caller_now)
     }
 
-    /// The lookup of up to `limit` keys' heads beyond a claim's walk; see
+    #[cfg(feature = "inspect-statements")]
+    fn claim_pass(
+        &self,
+        pass: ClaimPass,
+        limit: usize,
+        lease_micros: i64,
+        cap: u32,
+        caller_now: bool,
+    ) -> String {
+        let values = ClaimValues {
+            lease_micros,
+            cap,
+            caller_now,
+        };
+        self.inner.core.sql.claim(limit, true, pass, values)
+    }
+
+    /// The lookup of up to `limit` keys' heads beyond a claim's walk, on
+    /// the caller's clock (`$1`) or the database's; see
     /// `Statements::key_heads`.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
-    pub fn key_heads_statement(&self, limit: usize) -> String {
-        self.inner.core.sql.key_heads(limit, true)
+    pub fn key_heads_statement(&self, limit: usize, caller_now: bool) -> String {
+        // The lookup writes neither the lease nor the cap.
+        let values = ClaimValues {
+            lease_micros: 0,
+            cap: 0,
+            caller_now,
+        };
+        self.inner.core.sql.key_heads(limit, true, values)
     }
 
     /// The fenced write statement; see `Statements::fenced`.
@@ -515,6 +556,16 @@ impl Core {
         (!self.server_clock).then_some(now)
     }
 
+    /// `query` with the claim's `now` bound as `$1` when the store runs on
+    /// the caller's clock (see [`Statements::claim`]).
+    fn with_now<'q>(&self, query: PgQuery<'q>, now: DateTime<Utc>) -> PgQuery<'q> {
+        if self.server_clock {
+            query
+        } else {
+            query.bind(now)
+        }
+    }
+
     async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         check::claim_batch(&params)?;
         let ClaimBatch {
@@ -528,6 +579,11 @@ impl Core {
         let lease_micros = i64::try_from(lease.as_micros())
             .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
         let block = on_dead_letter == OnDeadLetter::Block;
+        let values = ClaimValues {
+            lease_micros,
+            cap,
+            caller_now: !self.server_clock,
+        };
         let mut claimed = Vec::with_capacity(limit);
         let mut abandoned = Vec::new();
         // After a short first pass, the next few claims go straight to the
@@ -539,17 +595,12 @@ impl Core {
             .is_ok();
         let mut short = lookup;
         if !lookup {
-            let rows = sqlx::query(AssertSqlSafe(self.sql.claim(
-                limit,
-                block,
-                ClaimPass::Keyless,
-            )))
-            .bind(self.bound_now(now))
-            .bind(lease_micros)
-            .bind(i64::from(cap))
-            .fetch_all(&self.parts.pool)
-            .await
-            .map_err(db("claim_batch"))?;
+            let claim = self.sql.claim(limit, block, ClaimPass::Keyless, values);
+            let rows = self
+                .with_now(sqlx::query(AssertSqlSafe(claim)), now)
+                .fetch_all(&self.parts.pool)
+                .await
+                .map_err(db("claim_batch"))?;
             // The heads the first pass left to the second, with the hashes
             // of their keys; and whether it claimed nothing for a head its
             // walk may have missed.
@@ -599,23 +650,24 @@ impl Core {
                 .begin_with("BEGIN; SET LOCAL jit = off")
                 .await
                 .map_err(db("claim_batch"))?;
-            let keys: Vec<(String, i64)> =
-                sqlx::query_as(AssertSqlSafe(self.sql.key_heads(limit, block)))
-                    .bind(self.bound_now(now))
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(db("claim_batch"))?;
+            let mut lookup =
+                sqlx::query_as(AssertSqlSafe(self.sql.key_heads(limit, block, values)));
+            if values.caller_now {
+                lookup = lookup.bind(now);
+            }
+            let keys: Vec<(String, i64)> = lookup
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db("claim_batch"))?;
             let (hashes, keys) = lock_order(keys.into_iter().map(|(key, hash)| (hash, key)));
             sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
                 .bind(&hashes)
                 .execute(&mut *tx)
                 .await
                 .map_err(db("claim_batch"))?;
-            let claim = self.sql.claim(limit, block, ClaimPass::Locked);
-            let rows = sqlx::query(AssertSqlSafe(claim))
-                .bind(self.bound_now(now))
-                .bind(lease_micros)
-                .bind(i64::from(cap))
+            let claim = self.sql.claim(limit, block, ClaimPass::Locked, values);
+            let rows = self
+                .with_now(sqlx::query(AssertSqlSafe(claim)), now)
                 .bind(&keys)
                 .fetch_all(&mut *tx)
                 .await

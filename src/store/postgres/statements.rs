@@ -17,9 +17,14 @@ use crate::store::sql::{
 /// its own, where the two agree.
 const NOW: &str = "coalesce($1::timestamptz, statement_timestamp())";
 
-/// The attempt cap of a claim's row: its own when set at enqueue, else the
-/// claim's (`$3`).
-const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE $3 END)";
+/// The attempt cap of a row a claim's statements test: its own when set at
+/// enqueue, else the claim's, written out per claim (see
+/// [`Statements::claim`]).
+const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE {cap} END)";
+
+/// [`NOW`] in the claim's statements, written out per claim: the caller's
+/// time bound as `$1`, or the database's (see [`Statements::claim`]).
+const CLAIM_NOW: &str = "{now}";
 
 /// [`NOW`] for the row `v` of a fenced write batch.
 const ROW_NOW: &str = "coalesce(v.now, statement_timestamp())";
@@ -113,7 +118,7 @@ impl Statements {
             .collect::<Vec<_>>()
             .join(", ");
         // `{block}` is written out per claim, like `{limit}`.
-        let head = head_test(&t, "{block}", NOW, true);
+        let head = head_test(&t, "{block}", CLAIM_NOW, true);
         // After the rows a pass picked: claim them, except those out of
         // attempts (returned untouched as `abandoned`) and the keyed rows
         // the first pass leaves to the second (returned untouched as
@@ -138,9 +143,9 @@ impl Statements {
                 "claimed AS ( \
                    UPDATE {t} AS m SET status = 'claimed', attempts = m.attempts + 1, \
                      claim_token = (SELECT gen_random_uuid()::text) || '.' || m.seq, \
-                     claimed_at = {NOW}, \
-                     locked_until = {NOW} + $2::bigint * interval '1 microsecond', \
-                     updated_at = {NOW} \
+                     claimed_at = {CLAIM_NOW}, \
+                     locked_until = {CLAIM_NOW} + {{lease}}::bigint * interval '1 microsecond', \
+                     updated_at = {CLAIM_NOW} \
                    WHERE m.ctid = ANY (ARRAY( \
                        SELECT tid FROM picked WHERE NOT abandoned AND NOT deferred)) \
                      AND {guard} \
@@ -165,15 +170,17 @@ impl Statements {
                SELECT id, available_at, created_at, seq, ordering_key, \
                  attempts >= {CAP} AS abandoned, ctid AS tid \
                FROM {t} AS m \
-               WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= {NOW} \
+               WHERE status = 'pending' AND ordering_key IS NULL \
+                 AND available_at <= {CLAIM_NOW} \
                ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
              expired AS ( \
                SELECT id, available_at, created_at, seq, ordering_key, \
                  attempts >= {CAP} AS abandoned, ctid AS tid \
-               FROM {t} AS m WHERE status = 'claimed' AND locked_until <= {NOW} AND {head} \
+               FROM {t} AS m \
+               WHERE status = 'claimed' AND locked_until <= {CLAIM_NOW} AND {head} \
                ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED)"
         );
-        // The heads of the keys `$4`, whose locks the transaction holds:
+        // The heads of the keys `{keys}`, whose locks the transaction holds:
         // each key's first pending or claimed row, looked up in the key's
         // index, no walk however long its queue. A lateral join rather than
         // a scalar subquery: PostgreSQL ran that subquery three times per
@@ -183,13 +190,13 @@ impl Statements {
                SELECT id, available_at, created_at, seq, ordering_key, \
                  attempts >= {CAP} AS abandoned, ctid AS tid \
                FROM {t} AS m \
-               WHERE m.id IN (SELECT f.id FROM unnest($4::text[]) AS k (k) \
+               WHERE m.id IN (SELECT f.id FROM unnest({{keys}}) AS k (k) \
                  CROSS JOIN LATERAL (SELECT e.id FROM {t} AS e \
                    WHERE e.ordering_key = k.k AND e.ordering_key IS NOT NULL \
                      AND e.status <> 'delivered' AND e.status IN ('pending', 'claimed') \
                    ORDER BY e.seq LIMIT 1) AS f) \
-               AND ((m.status = 'pending' AND m.available_at <= {NOW}) \
-                 OR (m.status = 'claimed' AND m.locked_until <= {NOW})) \
+               AND ((m.status = 'pending' AND m.available_at <= {CLAIM_NOW}) \
+                 OR (m.status = 'claimed' AND m.locked_until <= {CLAIM_NOW})) \
                AND {head} \
                FOR UPDATE SKIP LOCKED)"
         );
@@ -197,7 +204,7 @@ impl Statements {
         // in claim order, only until the claim is full (`OFFSET 0` keeps
         // its filter above the sort, so the filter runs row by row in claim
         // order and stops at the limit).
-        let walk = keyed_walk_cte(&t, None, NOW, "{walk}");
+        let walk = keyed_walk_cte(&t, None, CLAIM_NOW, "{walk}");
         let key_fronts = key_fronts_cte(&t, "id", "true");
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
@@ -342,14 +349,14 @@ impl Statements {
             )
             .into(),
             // After a `short` first pass: keyless rows, expired claims and
-            // the heads of the locked keys `$4`, in claim order, cut to the
+            // the heads of the locked keys `{keys}`, in claim order, cut to the
             // limit. Keyed rows of other keys (expired claims) are left
             // for a later claim, returned as `keyed`.
             claim_locked: format!(
                 "WITH {arms}, {fronts}, \
                  picked AS ( \
                    SELECT *, ordering_key IS NOT NULL \
-                       AND NOT ordering_key = ANY($4::text[]) AS deferred \
+                       AND NOT ordering_key = ANY({{keys}}) AS deferred \
                    FROM (SELECT * FROM keyless UNION ALL SELECT * FROM expired \
                      UNION ALL SELECT * FROM fronts) AS u \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
@@ -362,12 +369,12 @@ impl Statements {
             // Each key with unsettled rows, looked up in the key index; a
             // key whose first pending or claimed row is a due head is
             // returned with its hash, in its head's claim order. Locks
-            // nothing: the claim locks the keys and claims. Binds: `$1` now.
+            // nothing: the claim locks the keys and claims.
             key_heads: format!(
                 "WITH RECURSIVE {key_fronts} \
                  SELECT m.ordering_key, hashtextextended(m.ordering_key, 0) AS key_hash \
                  FROM key_fronts JOIN {t} AS m ON m.id = key_fronts.r \
-                 WHERE m.status = 'pending' AND m.available_at <= {NOW} AND {head} \
+                 WHERE m.status = 'pending' AND m.available_at <= {CLAIM_NOW} AND {head} \
                  ORDER BY m.available_at, m.created_at, m.seq LIMIT {{limit}}"
             )
             .into(),
@@ -482,47 +489,93 @@ impl Statements {
 
 impl Statements {
     /// The statement of one pass of a claim of up to `limit` messages, with
-    /// the dead-letter policy `block`. A number and two boolean literals are
-    /// all that is written into it.
+    /// the dead-letter policy `block`. Numbers, booleans and the name of a
+    /// function of the database's are all that is written into it.
     ///
     /// The limit is written into the statement rather than bound: PostgreSQL
     /// cannot see a bound `LIMIT` when it plans a statement for reuse and
     /// assumes a tenth of the table, so it planned every claim afresh. With
     /// the limit written out, each size of claim is a prepared statement of
-    /// its own whose plan is reused. Binds: `$1` now (NULL for the
-    /// database's), `$2` the lease in µs, `$3` the attempt cap of rows
-    /// without their own, and in the locked pass `$4` the keys whose locks
-    /// the transaction holds. Each row comes back with its `outcome`:
+    /// its own whose plan is reused.
+    ///
+    /// The lease and the attempt cap (`values`) are written out too, and so
+    /// is the time on the database's clock, so that a claim on that clock
+    /// binds nothing. PostgreSQL plans a statement with parameters afresh
+    /// for its first five runs on each connection, and a claim runs a few
+    /// times per connection in a burst, and at each new size: every claim
+    /// was planned, at about a tenth of its time on the server. A statement
+    /// without parameters is planned once per connection and the plan
+    /// reused from its first run. Binds: `$1` now when the store runs on the
+    /// caller's clock; then, in the locked pass, the keys whose locks the
+    /// transaction holds. Each row comes back with its `outcome`:
     /// `claimed`; `abandoned` (out of attempts, untouched); `keyed` (a head
     /// left for a pass holding its key's lock, untouched: every column NULL
     /// but its `id`, `ordering_key` and `key_hash`);
     /// or, alone and with every column NULL, `short` (the first pass's walk
     /// of keyed rows may have missed a head that belongs in the claim, so
     /// it claimed nothing: see `claim_keyless`).
-    pub(super) fn claim(&self, limit: usize, block: bool, pass: ClaimPass) -> String {
-        let block = if block { "true" } else { "false" };
-        match pass {
-            ClaimPass::Keyless => self
-                .claim_keyless
+    pub(super) fn claim(
+        &self,
+        limit: usize,
+        block: bool,
+        pass: ClaimPass,
+        values: ClaimValues,
+    ) -> String {
+        let template = match pass {
+            ClaimPass::Keyless => &self.claim_keyless,
+            ClaimPass::Locked => &self.claim_locked,
+        };
+        values.write(
+            &template
                 .replace("{limit}", &limit.to_string())
                 .replace("{walk}", &keyed_walk(limit).to_string())
-                .replace("{block}", block),
-            ClaimPass::Locked => self
-                .claim_locked
-                .replace("{limit}", &limit.to_string())
-                .replace("{block}", block),
-        }
+                .replace("{block}", if block { "true" } else { "false" }),
+        )
     }
 
     /// The statement that looks up the heads of up to `limit` keys, for a
     /// claim whose first pass came back `short`, with the dead-letter policy
     /// `block`. It costs a probe or two per key with unsettled rows, so it
     /// runs only after a `short` first pass; and with JIT compilation off
-    /// (see `claim_keyless`).
-    pub(super) fn key_heads(&self, limit: usize, block: bool) -> String {
-        self.key_heads
-            .replace("{limit}", &limit.to_string())
-            .replace("{block}", if block { "true" } else { "false" })
+    /// (see `claim_keyless`). Binds as [`Statements::claim`]: `$1` now on
+    /// the caller's clock, nothing on the database's.
+    pub(super) fn key_heads(&self, limit: usize, block: bool, values: ClaimValues) -> String {
+        values.write(
+            &self
+                .key_heads
+                .replace("{limit}", &limit.to_string())
+                .replace("{block}", if block { "true" } else { "false" }),
+        )
+    }
+}
+
+/// What a claim's statements take from the claim, written into their text
+/// (see [`Statements::claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ClaimValues {
+    /// The lease, in whole microseconds.
+    pub(super) lease_micros: i64,
+    /// The attempt cap of rows without their own.
+    pub(super) cap: u32,
+    /// Whether `now` is the caller's, bound as `$1`; else the database's.
+    pub(super) caller_now: bool,
+}
+
+impl ClaimValues {
+    /// `statement` with its `{now}`, `{lease}`, `{cap}` and `{keys}`
+    /// written out.
+    fn write(self, statement: &str) -> String {
+        // `statement_timestamp()` is what a NULL `now` meant (see `NOW`).
+        let (now, keys) = if self.caller_now {
+            ("$1::timestamptz", "$2::text[]")
+        } else {
+            ("statement_timestamp()", "$1::text[]")
+        };
+        statement
+            .replace("{now}", now)
+            .replace("{lease}", &self.lease_micros.to_string())
+            .replace("{cap}", &self.cap.to_string())
+            .replace("{keys}", keys)
     }
 }
 
