@@ -1403,7 +1403,15 @@ where
 
     /// A stored row with its columns decoded, or why it cannot be.
     pub(crate) fn decode(row: &<B::Db as Database>::Row) -> Result<MessageRow> {
-        let at = ColumnPositions::of(row);
+        Self::decode_at(row, &ColumnPositions::of(row))
+    }
+
+    /// [`SqlOutbox::decode`] with the columns where `at` found them in
+    /// another row of the same result (all its rows share one layout).
+    pub(crate) fn decode_at(
+        row: &<B::Db as Database>::Row,
+        at: &ColumnPositions,
+    ) -> Result<MessageRow> {
         let id: String = at.get(row, 1).map_err(|e| Error::CorruptRow {
             id: String::from("<unreadable>"),
             reason: e.to_string(),
@@ -1480,22 +1488,29 @@ pub(crate) const MESSAGE_COLUMNS: [&str; 20] = [
 ///
 /// A column read by name is a hashed lookup in the row's column map; read
 /// by position it is not, and a claim reads twenty columns of every row it
-/// claims. Positions are taken from the column named `seq` and each one is
-/// checked against its name, so a statement that selects the columns in
-/// another order is still read right, by name.
-struct ColumnPositions {
-    /// The position of `seq`, when the row has it.
+/// claims. Positions are taken from the column named `seq` when every one of
+/// the columns follows it in order, checked by name once per result; a
+/// statement that selects them in another order is still read right, by
+/// name.
+pub(crate) struct ColumnPositions {
+    /// The position of `seq`, when the columns follow it in order.
     first: Option<usize>,
 }
 
 impl ColumnPositions {
-    fn of<R: Row>(row: &R) -> Self {
-        ColumnPositions {
-            first: row
-                .columns()
-                .iter()
-                .position(|c| c.name() == MESSAGE_COLUMNS[0]),
-        }
+    /// Where `row`, and every row of the same result, holds the columns.
+    pub(crate) fn of<R: Row>(row: &R) -> Self {
+        let columns = row.columns();
+        let first = columns
+            .iter()
+            .position(|c| c.name() == MESSAGE_COLUMNS[0])
+            .filter(|&first| {
+                MESSAGE_COLUMNS
+                    .iter()
+                    .enumerate()
+                    .all(|(k, name)| columns.get(first + k).is_some_and(|c| c.name() == *name))
+            });
+        ColumnPositions { first }
     }
 
     /// The value of the `k`th of [`MESSAGE_COLUMNS`].
@@ -1507,19 +1522,17 @@ impl ColumnPositions {
         for<'a> &'a str: ColumnIndex<R>,
     {
         let name = MESSAGE_COLUMNS[k];
-        match self.first.map(|first| first + k) {
-            Some(at) if row.columns().get(at).is_some_and(|c| c.name() == name) => {
-                // Named as a read by name names it: an unreadable row's
-                // reason says which column to fix.
-                row.try_get(at).map_err(|e| match e {
-                    sqlx::Error::ColumnDecode { source, .. } => sqlx::Error::ColumnDecode {
-                        index: format!("{name:?}"),
-                        source,
-                    },
-                    other => other,
-                })
-            }
-            _ => row.try_get(name),
+        match self.first {
+            // Named as a read by name names it: an unreadable row's reason
+            // says which column to fix.
+            Some(first) => row.try_get(first + k).map_err(|e| match e {
+                sqlx::Error::ColumnDecode { source, .. } => sqlx::Error::ColumnDecode {
+                    index: format!("{name:?}"),
+                    source,
+                },
+                other => other,
+            }),
+            None => row.try_get(name),
         }
     }
 }

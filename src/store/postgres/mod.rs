@@ -58,18 +58,31 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Column, Row};
 
 use super::connect;
 use super::fenced::{FencedBackend, FencedOp, FencedWrite};
 use super::kit::{check, lease_end};
-use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
+use super::sql::{
+    self, ColumnPositions, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db,
+};
 use super::{Armed, ClaimBatch, ClaimedBatch};
 use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::message::{Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
 use listener::ListenerShared;
 use statements::{ClaimPass, ClaimValues, Statements, channel_of};
+
+/// What a claim did with `row` (see `Statements::claim`): read by position,
+/// since a claim's statements all select it first, and without a copy,
+/// since it is read for every row a claim returns.
+fn outcome(row: &PgRow) -> Result<&str> {
+    match row.columns().first() {
+        Some(column) if column.name() == "outcome" => row.try_get(0),
+        _ => row.try_get("outcome"),
+    }
+    .map_err(db("claim_batch"))
+}
 
 /// A statement with its binds, as `sqlx::query` makes it.
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
@@ -606,8 +619,7 @@ impl Core {
             // walk may have missed.
             let mut heads = Vec::new();
             for row in &rows {
-                let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
-                match outcome.as_str() {
+                match outcome(row)? {
                     "keyed" => {
                         let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
                         let id: String = row.try_get("id").map_err(db("claim_batch"))?;
@@ -698,12 +710,16 @@ impl Core {
         claimed: &mut Vec<(i64, crate::ClaimedMessage)>,
         abandoned: &mut Vec<(i64, OutboxMessage)>,
     ) -> Result<()> {
+        // Every row of a result has the same columns: found once.
+        let Some(at) = rows.first().map(ColumnPositions::of) else {
+            return Ok(());
+        };
         for row in rows {
-            let outcome: String = row.try_get("outcome").map_err(db("claim_batch"))?;
+            let outcome = outcome(row)?;
             if outcome == "keyed" || outcome == "short" {
                 continue;
             }
-            let decoded = Shared::decode(row).and_then(|r| Ok((r.seq, r.into_message()?)));
+            let decoded = Shared::decode_at(row, &at).and_then(|r| Ok((r.seq, r.into_message()?)));
             match decoded {
                 Ok((seq, message)) if outcome == "abandoned" => abandoned.push((seq, message)),
                 Ok((seq, message)) => {
