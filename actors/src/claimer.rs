@@ -56,7 +56,7 @@ use actix::prelude::*;
 use outbox::{Armed, ClaimBatch, ClaimedBatch, ReleaseClaim, WakeupArm};
 
 use crate::context::{DrainContext, until};
-use crate::delivery::{Abort, DeliveryActor, GiveBack, Reporter};
+use crate::delivery::{Abort, DeliveryActor, GiveBack, ReportTo, Reporter};
 use crate::error::Error;
 use crate::messages::{
     Abandoned, Arming, ClaimerDone, DeliveryEnded, DeliveryFinished, HandlerReturned,
@@ -161,6 +161,8 @@ pub(crate) struct Claimer {
     arm: Option<WakeupArm>,
     /// What arming found.
     arming: Arming,
+    /// Where this pass's deliveries report, once one has started.
+    report_to: Option<Arc<ReportTo>>,
     /// Arming has not answered yet: a claim before it could miss a commit
     /// that then wakes nobody.
     arming_in_flight: bool,
@@ -197,6 +199,7 @@ impl Claimer {
             arm,
             arming: Arming::NotAsked,
             arming_in_flight: false,
+            report_to: None,
         }
     }
 
@@ -444,14 +447,16 @@ impl Claimer {
         if message.ordering_key.is_some() {
             self.keyed.insert(slot);
         }
-        let reporter = Reporter::new(
-            self.pass,
-            slot,
-            self.coordinator.finished.clone(),
-            ctx.address().recipient(),
-            ctx.address().recipient(),
-            Arc::new(message),
-        );
+        let (pass, finished) = (self.pass, &self.coordinator.finished);
+        let to = self.report_to.get_or_insert_with(|| {
+            Arc::new(ReportTo {
+                pass,
+                coordinator: finished.clone(),
+                returned: ctx.address().recipient(),
+                ended: ctx.address().recipient(),
+            })
+        });
+        let reporter = Reporter::new(to.clone(), slot, Arc::new(message));
         let drain = self.drain.clone();
         let actor = move || match give_back {
             Some(why) => DeliveryActor::give_back(drain, reporter, why),

@@ -75,19 +75,27 @@ enum Phase {
     Done,
 }
 
+/// Where the deliveries of one pass report, shared by all of them: each
+/// recipient is an allocation and a count of senders to keep, and a
+/// delivery lives for one message.
+pub(crate) struct ReportTo {
+    /// The pass that claimed the messages; the coordinator counts by it.
+    pub(crate) pass: u64,
+    /// Where the outcome goes.
+    pub(crate) coordinator: Recipient<DeliveryFinished>,
+    /// Told when the handler returns, so the slot can take another message.
+    pub(crate) returned: Recipient<HandlerReturned>,
+    /// Told when the delivery ends, however it ends.
+    pub(crate) ended: Recipient<DeliveryEnded>,
+}
+
 /// Reports the one outcome of a delivery; if dropped before reporting (the
 /// actor died), reports the message lost so the slot is freed anyway.
 pub(crate) struct Reporter {
-    /// The pass that claimed the message; the coordinator counts by it.
-    pass: u64,
+    /// Where the reports go.
+    to: Arc<ReportTo>,
     /// The claimer's name for this delivery.
     slot: u64,
-    /// Where the outcome goes.
-    coordinator: Recipient<DeliveryFinished>,
-    /// Told when the handler returns, so the slot can take another message.
-    returned: Recipient<HandlerReturned>,
-    /// Told when the delivery ends, however it ends.
-    ended: Recipient<DeliveryEnded>,
     /// The claimed message, for the loss a dying actor reports.
     message: Arc<ClaimedMessage>,
     /// The delivery's heartbeat while it runs: reporting stops it.
@@ -100,21 +108,11 @@ pub(crate) struct Reporter {
 }
 
 impl Reporter {
-    pub(crate) fn new(
-        pass: u64,
-        slot: u64,
-        coordinator: Recipient<DeliveryFinished>,
-        returned: Recipient<HandlerReturned>,
-        ended: Recipient<DeliveryEnded>,
-        message: Arc<ClaimedMessage>,
-    ) -> Self {
+    pub(crate) fn new(to: Arc<ReportTo>, slot: u64, message: Arc<ClaimedMessage>) -> Self {
         telemetry::delivery_claimed(&message);
         Reporter {
-            pass,
+            to,
             slot,
-            coordinator,
-            returned,
-            ended,
             message,
             heartbeat: None,
             handler: HandlerResult::Unfinished,
@@ -138,13 +136,13 @@ impl Reporter {
         if let Some(heartbeat) = self.heartbeat.take() {
             heartbeat.do_send(StopHeartbeat);
         }
-        self.coordinator.do_send(DeliveryFinished {
-            pass: self.pass,
+        self.to.coordinator.do_send(DeliveryFinished {
+            pass: self.to.pass,
             outcome,
             notices,
             retry_at,
         });
-        self.ended.do_send(DeliveryEnded {
+        self.to.ended.do_send(DeliveryEnded {
             slot: self.slot,
             store_faulted,
         });
@@ -338,7 +336,7 @@ impl DeliveryActor {
         self.result = Some(result);
         // The handler's slot is free; the settlement writes still to come
         // do not need it.
-        self.reporter.returned.do_send(HandlerReturned {
+        self.reporter.to.returned.do_send(HandlerReturned {
             slot: self.reporter.slot,
         });
         match (&self.reporter.heartbeat, heartbeat_due) {
