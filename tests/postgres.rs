@@ -379,10 +379,12 @@ async fn claim_is_answered_from_the_partial_indexes() {
         "PREPARE claim_plan (timestamptz) AS {}; \
          PREPARE server_claim_plan AS {}; \
          PREPARE settle_plan (text[], text[], text[], timestamptz[], bigint[], \
-           timestamptz[], text[]) AS {}",
+           timestamptz[], text[]) AS {}; \
+         PREPARE delete_plan (text[], text[], timestamptz[]) AS {}",
         outbox.claim_statement(10, 30_000_000, 25, true),
         outbox.claim_statement(10, 30_000_000, 25, false),
-        outbox.fenced_statement()
+        outbox.fenced_statement(),
+        outbox.fenced_delete_statement()
     )))
     .execute(&mut *conn)
     .await
@@ -434,26 +436,28 @@ async fn claim_is_answered_from_the_partial_indexes() {
         assert!(!claim.contains(&format!("Seq Scan on {table}")), "{claim}");
 
         // The fenced write finds each row by primary key, so a batch costs
-        // the same however many claims are out.
-        let settle = plan(
-            sqlx::raw_sql(AssertSqlSafe(explain(&format!(
-                "settle_plan({settle_args})"
-            ))))
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap(),
-        );
-        println!("settle, {mode}:\n{settle}");
-        assert!(
-            settle.contains(&format!("Index Scan using {table}_pkey")),
-            "{settle}"
-        );
-        assert!(settle.contains("Index Cond: (id = "), "{settle}");
-        assert!(!settle.contains(&format!("{table}_claimed")), "{settle}");
-        assert!(
-            !settle.contains(&format!("Seq Scan on {table}")),
-            "{settle}"
-        );
+        // the same however many claims are out; so does the batch of
+        // deletions only.
+        let delete_args = "array['p0', 'p1'], array['t', 't'], array[NULL, NULL]::timestamptz[]";
+        for (name, args) in [("settle_plan", settle_args), ("delete_plan", delete_args)] {
+            let settle = plan(
+                sqlx::raw_sql(AssertSqlSafe(explain(&format!("{name}({args})"))))
+                    .fetch_all(&mut *conn)
+                    .await
+                    .unwrap(),
+            );
+            println!("{name}, {mode}:\n{settle}");
+            assert!(
+                settle.contains(&format!("Index Scan using {table}_pkey")),
+                "{settle}"
+            );
+            assert!(settle.contains("Index Cond: (id = "), "{settle}");
+            assert!(!settle.contains(&format!("{table}_claimed")), "{settle}");
+            assert!(
+                !settle.contains(&format!("Seq Scan on {table}")),
+                "{settle}"
+            );
+        }
     }
     drop(conn);
 

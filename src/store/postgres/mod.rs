@@ -430,6 +430,14 @@ impl PostgresOutbox {
         self.inner.core.sql.key_heads(limit, true, values)
     }
 
+    /// The fenced write of a batch of deletions only; see
+    /// `Statements::fenced_delete`.
+    #[cfg(feature = "inspect-statements")]
+    #[doc(hidden)]
+    pub fn fenced_delete_statement(&self) -> &str {
+        &self.inner.core.sql.fenced_delete
+    }
+
     /// The fenced write statement; see `Statements::fenced`.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
@@ -969,8 +977,10 @@ impl SqlBackend for Core {
     }
 }
 
-impl FencedBackend for Core {
-    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
+impl Core {
+    /// Apply a batch of fenced writes of any kinds; returns the ids it did
+    /// not change.
+    async fn apply_mixed(&self, rows: &[FencedWrite]) -> Result<Vec<String>> {
         let n = rows.len();
         let mut ops = Vec::with_capacity(n);
         let mut ids = Vec::with_capacity(n);
@@ -995,7 +1005,7 @@ impl FencedBackend for Core {
         } else {
             &self.sql.fenced
         };
-        let lost: Vec<String> = sqlx::query_scalar(AssertSqlSafe(statement.clone()))
+        sqlx::query_scalar(AssertSqlSafe(statement.clone()))
             .bind(ops)
             .bind(ids)
             .bind(tokens)
@@ -1005,7 +1015,26 @@ impl FencedBackend for Core {
             .bind(errors)
             .fetch_all(&self.parts.pool)
             .await
-            .map_err(db("settle"))?;
+            .map_err(db("settle"))
+    }
+}
+
+impl FencedBackend for Core {
+    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
+        let lost: Vec<String> = if rows.iter().all(|row| row.op == FencedOp::Delete) {
+            let ids: Vec<&str> = rows.iter().map(|row| row.id.as_str()).collect();
+            let tokens: Vec<&str> = rows.iter().map(|row| row.claim_token.as_str()).collect();
+            let nows: Vec<_> = rows.iter().map(|row| self.bound_now(row.now)).collect();
+            sqlx::query_scalar(AssertSqlSafe(self.sql.fenced_delete.clone()))
+                .bind(ids)
+                .bind(tokens)
+                .bind(nows)
+                .fetch_all(&self.parts.pool)
+                .await
+                .map_err(db("settle"))?
+        } else {
+            self.apply_mixed(rows).await?
+        };
         if lost.is_empty() {
             return Ok(rows.iter().map(|_| Ok(())).collect());
         }

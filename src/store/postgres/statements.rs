@@ -84,6 +84,9 @@ pub(super) struct Statements {
     /// [`Statements::fenced`] that also deletes the rows whose op is
     /// `delete`, under the same fence; for batches with such rows.
     pub(super) fenced_deleting: Arc<str>,
+    /// [`Statements::fenced_deleting`] for a batch of deletions only. Binds
+    /// three arrays: `$1` id, `$2` token, `$3` now.
+    pub(super) fenced_delete: Arc<str>,
     /// The fence columns of an array of ids.
     pub(super) fences: Arc<str>,
     /// Wake listeners. Binds: the channel.
@@ -407,6 +410,18 @@ impl Statements {
             ))
             .into(),
             fenced: unchanged(&format!("WITH changed AS ({fenced})")).into(),
+            // Where delivered messages are deleted, most batches are all
+            // deletions: the update beside them would be planned and started
+            // for every batch, and four arrays of NULLs sent, for nothing.
+            fenced_delete: format!(
+                "WITH changed AS ( \
+                   DELETE FROM {t} AS m \
+                   USING unnest($1::text[], $2::text[], $3::timestamptz[]) AS v(id, token, now) \
+                   WHERE {fence} RETURNING m.id) \
+                 SELECT s.id FROM unnest($1::text[]) AS s (id) \
+                 WHERE s.id NOT IN (SELECT id FROM changed)"
+            )
+            .into(),
             fences: format!(
                 "SELECT id, status, claim_token, locked_until FROM {t} WHERE id = ANY($1)"
             )
