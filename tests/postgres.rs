@@ -1611,3 +1611,89 @@ async fn on_the_servers_clock_a_short_claim_looks_up_the_heads_of_its_keys() {
     // The heads are claimed, so nothing of their keys is claimable.
     assert!(claim().await.unwrap().claimed.is_empty());
 }
+
+/// A connection keeps a claim's plan, and one made while the table was
+/// empty reads the table whole. Once the store has claimed its first
+/// thousand rows it sends its statements under a new text, which each
+/// connection plans again, for the table as it has become.
+#[tokio::test]
+async fn a_claim_planned_on_an_empty_table_is_planned_again_once_it_fills() {
+    // One connection, so every statement is prepared on the one inspected.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    let table = unique("replan");
+    let outbox = server_clock_store(&pool, &table).await;
+    let claim = |limit| {
+        outbox.claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
+            limit,
+            now: chrono::Utc::now(),
+            lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+        })
+    };
+    assert!(claim(10).await.unwrap().claimed.is_empty());
+    // Rows written behind the planner's back: no ANALYZE, so no plan of the
+    // connection is thrown away.
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (id, kind, name, payload, max_attempts, available_at, \
+           created_at, updated_at) \
+         SELECT 'm' || i, 'event', 'backlog', '{{}}', 5, now() - interval '1 hour', now(), now() \
+         FROM generate_series(1, 5000) AS i"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(claim(1100).await.unwrap().claimed.len(), 1100);
+    assert_eq!(claim(10).await.unwrap().claimed.len(), 10);
+
+    let mut conn = pool.acquire().await.unwrap();
+    let prepared: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, statement FROM pg_prepared_statements \
+         WHERE statement LIKE 'WITH keyless AS%LIMIT 10 %' ORDER BY prepare_time",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(prepared.len(), 2, "{prepared:?}");
+    let mut plans = Vec::new();
+    for (name, _) in &prepared {
+        let rows = sqlx::raw_sql(AssertSqlSafe(format!("EXPLAIN EXECUTE {name}")))
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+        let plan: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+        println!("{}\n", plan.join("\n"));
+        plans.push(plan.join("\n"));
+    }
+    assert!(!prepared[0].1.contains("-- plan"));
+    assert!(prepared[1].1.ends_with("-- plan 1"), "{}", prepared[1].1);
+    // The first plan, kept from the empty table, updates the rows it
+    // locked by scanning the table for their addresses; the new one goes
+    // to each address.
+    let update_scan = |plan: &str| {
+        let mut lines = plan.lines().skip_while(|line| !line.contains("Update on"));
+        lines.nth(1);
+        lines
+            .find(|line| line.contains(&format!("Scan on {table} ")))
+            .map(str::to_owned)
+    };
+    let (before, after) = (update_scan(&plans[0]), update_scan(&plans[1]));
+    assert!(
+        before
+            .as_deref()
+            .is_some_and(|scan| scan.contains("Seq Scan")),
+        "{}",
+        plans[0]
+    );
+    assert!(
+        after
+            .as_deref()
+            .is_some_and(|scan| scan.contains("Tid Scan")),
+        "{}",
+        plans[1]
+    );
+}

@@ -53,7 +53,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -489,6 +489,10 @@ sql::sql_store!(PostgresOutbox, PostgresOutboxBuilder, PgPool, PgConnection);
 /// that comes back short costs a commit for nothing.
 const FIRST_PASSES_SKIPPED: u32 = 15;
 
+/// Rows claimed before the first new [plan generation](Core::planned);
+/// each later one waits for sixteen times as many.
+const FIRST_REPLAN_AT: u64 = 1024;
+
 /// What the store and its settlement batch share.
 struct Core {
     parts: SqlParts<sqlx::Postgres>,
@@ -500,6 +504,8 @@ struct Core {
     /// Claims still to go straight to the key lookup; see
     /// [`FIRST_PASSES_SKIPPED`].
     skip_first_passes: AtomicU32,
+    /// Rows this store has claimed; see [`Core::planned`].
+    claimed_rows: AtomicU64,
 }
 
 impl Core {
@@ -511,6 +517,7 @@ impl Core {
             notify,
             server_clock,
             skip_first_passes: AtomicU32::new(0),
+            claimed_rows: AtomicU64::new(0),
             parts: SqlParts {
                 pool,
                 table,
@@ -572,6 +579,32 @@ impl Core {
             .ok()
     }
 
+    /// `statement` as sent on the hot path: marked with a plan generation
+    /// that steps when the rows this store has claimed reach
+    /// [`FIRST_REPLAN_AT`], and again at each sixteenfold of that.
+    ///
+    /// A connection keeps the plan of a prepared statement until the
+    /// table's statistics change, and a plan made while the table was
+    /// nearly empty reads the whole table (a scan is then cheaper than an
+    /// index). An outbox that fills faster than autovacuum analyzes it (it
+    /// looks once a minute) would scan a growing table on every claim and
+    /// every settlement: at 1 000 messages a second that took most of the
+    /// server's CPU within seconds. A new text is prepared, and planned for
+    /// the table as it is now, on each connection. Planning a claim costs
+    /// more than running a small one, so generations are few: five by a
+    /// billion rows. A plan made once the table holds a thousand rows or so
+    /// already reads it by index and address, and keeps doing so as it
+    /// grows.
+    fn planned(&self, mut statement: String) -> String {
+        let claimed = self.claimed_rows.load(Ordering::Relaxed);
+        let generation = (u64::BITS - (claimed / FIRST_REPLAN_AT).leading_zeros()).div_ceil(4);
+        if generation > 0 {
+            use std::fmt::Write;
+            let _ = write!(statement, " -- plan {generation}");
+        }
+        statement
+    }
+
     /// The `now` to bind: the caller's, or NULL for the database's.
     fn bound_now(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         (!self.server_clock).then_some(now)
@@ -616,7 +649,7 @@ impl Core {
             .is_ok();
         let mut short = lookup;
         if !lookup {
-            let claim = self.sql.claim(limit, block, ClaimPass::Keyless, values);
+            let claim = self.planned(self.sql.claim(limit, block, ClaimPass::Keyless, values));
             let rows = self
                 .with_now(sqlx::query(AssertSqlSafe(claim)), now)
                 .fetch_all(&self.parts.pool)
@@ -670,8 +703,8 @@ impl Core {
                 .begin_with("BEGIN; SET LOCAL jit = off")
                 .await
                 .map_err(db("claim_batch"))?;
-            let mut lookup =
-                sqlx::query_as(AssertSqlSafe(self.sql.key_heads(limit, block, values)));
+            let lookup_sql = self.planned(self.sql.key_heads(limit, block, values));
+            let mut lookup = sqlx::query_as(AssertSqlSafe(lookup_sql));
             if values.caller_now {
                 lookup = lookup.bind(now);
             }
@@ -685,7 +718,7 @@ impl Core {
                 .execute(&mut *tx)
                 .await
                 .map_err(db("claim_batch"))?;
-            let claim = self.sql.claim(limit, block, ClaimPass::Locked, values);
+            let claim = self.planned(self.sql.claim(limit, block, ClaimPass::Locked, values));
             let rows = self
                 .with_now(sqlx::query(AssertSqlSafe(claim)), now)
                 .bind(&keys)
@@ -697,6 +730,8 @@ impl Core {
                 .await?;
         }
         claimed.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
+        self.claimed_rows
+            .fetch_add(claimed.len() as u64, Ordering::Relaxed);
         let mut batch = ClaimedBatch {
             claimed: claimed.into_iter().map(|(_, m)| m).collect(),
             dead_lettered: Vec::new(),
@@ -1005,7 +1040,7 @@ impl Core {
         } else {
             &self.sql.fenced
         };
-        sqlx::query_scalar(AssertSqlSafe(statement.clone()))
+        sqlx::query_scalar(AssertSqlSafe(self.planned(statement.to_string())))
             .bind(ops)
             .bind(ids)
             .bind(tokens)
@@ -1025,13 +1060,15 @@ impl FencedBackend for Core {
             let ids: Vec<&str> = rows.iter().map(|row| row.id.as_str()).collect();
             let tokens: Vec<&str> = rows.iter().map(|row| row.claim_token.as_str()).collect();
             let nows: Vec<_> = rows.iter().map(|row| self.bound_now(row.now)).collect();
-            sqlx::query_scalar(AssertSqlSafe(self.sql.fenced_delete.clone()))
-                .bind(ids)
-                .bind(tokens)
-                .bind(nows)
-                .fetch_all(&self.parts.pool)
-                .await
-                .map_err(db("settle"))?
+            sqlx::query_scalar(AssertSqlSafe(
+                self.planned(self.sql.fenced_delete.to_string()),
+            ))
+            .bind(ids)
+            .bind(tokens)
+            .bind(nows)
+            .fetch_all(&self.parts.pool)
+            .await
+            .map_err(db("settle"))?
         } else {
             self.apply_mixed(rows).await?
         };
