@@ -160,10 +160,10 @@ async fn open_postgres() -> Result<Subject, String> {
     // A connection belongs to the runtime that opened it and fails once that
     // runtime shuts down, so the producer gets a pool of its own, opened on
     // its runtime; the coordinator hears its commits through NOTIFY.
-    let producer_table = table.clone();
+    let (producer_table, producer_url) = (table.clone(), url.clone());
     let producer: StoreFactory = Box::new(move || {
         let pool = sqlx::postgres::PgPoolOptions::new()
-            .connect_lazy(&url)
+            .connect_lazy(&producer_url)
             .expect("DATABASE_URL parsed once already");
         let store = outbox::PostgresOutbox::builder(pool)
             .table(&producer_table)
@@ -175,19 +175,26 @@ async fn open_postgres() -> Result<Subject, String> {
         store: Arc::new(store),
         producer,
         cleanup: Box::new(move || {
+            // The pool's connections belonged to the runtime that ended with
+            // the system, so the tables are dropped from a connection of
+            // their own.
             let drop_tables = async move {
-                for suffix in ["", "_migrations", "_drains"] {
-                    let sql = format!("DROP TABLE IF EXISTS \"{table}{suffix}\"");
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await;
-                }
-                let sql = format!("DROP FUNCTION IF EXISTS \"{table}_wake\"(text)");
-                let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await;
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect(&url).await?;
+                let sql = format!(
+                    "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
+                     DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\""
+                );
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await?;
+                conn.close().await
             };
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("a runtime");
-            runtime.block_on(drop_tables);
+            if let Err(e) = runtime.block_on(drop_tables) {
+                eprintln!("could not drop the latency tables: {e}");
+            }
         }),
     })
 }
