@@ -185,7 +185,9 @@ async fn open_postgres() -> Result<Subject, String> {
                     "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
                      DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\""
                 );
-                sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut conn)
+                    .await?;
                 conn.close().await
             };
             let runtime = tokio::runtime::Builder::new_current_thread()
