@@ -955,7 +955,7 @@ mod postgres {
         let mut conn = PgConnection::connect(&url()).await.expect("connect");
         sqlx::raw_sql(AssertSqlSafe(format!(
             "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
-             DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\""
+             DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \"{table}_settle\""
         )))
         .execute(&mut conn)
         .await

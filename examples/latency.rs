@@ -183,7 +183,7 @@ async fn open_postgres() -> Result<Subject, String> {
                 let mut conn = sqlx::PgConnection::connect(&url).await?;
                 let sql = format!(
                     "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
-                     DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\""
+                     DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \"{table}_settle\""
                 );
                 sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
                     .execute(&mut conn)

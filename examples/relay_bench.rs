@@ -768,7 +768,7 @@ mod pg {
     async fn drop_table(pool: &sqlx::PgPool, table: &str) {
         pool.execute(AssertSqlSafe(format!(
             "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
-             DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\""
+             DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \"{table}_settle\""
         )))
         .await
         .expect("drop the bench table");

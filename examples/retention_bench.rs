@@ -296,7 +296,7 @@ mod postgres {
         let table = store.table().to_string();
         let drop = format!(
             "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
-             DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\""
+             DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \"{table}_settle\""
         );
         sqlx::raw_sql(AssertSqlSafe(drop))
             .execute(store.pool())

@@ -363,7 +363,7 @@ async fn postgres_lists_and_shows_unreadable_rows_on_a_server() {
     }
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
-         DROP FUNCTION \"{table}_wake\"(text)"
+         DROP FUNCTION \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \"{table}_settle\""
     )))
     .execute(&pool)
     .await

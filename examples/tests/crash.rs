@@ -101,7 +101,8 @@ async fn postgres_survives_twenty_kills() {
     .await;
     sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
-             DROP FUNCTION IF EXISTS \"{table}_wake\"(text)"
+             DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \
+               \"{table}_settle\""
     )))
     .execute(&pool)
     .await

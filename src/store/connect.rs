@@ -97,14 +97,16 @@ pub(crate) fn connect_failed(url: &str, error: &sqlx::Error, backend: Backend) -
 
 /// Whether `error` says the table (or a column of it) does not exist:
 /// SQLite's "no such table"/"no such column", PostgreSQL's `42P01`
-/// (undefined table) and `42703` (undefined column).
+/// (undefined table), `42703` (undefined column) and `42883` (undefined
+/// function: the claim runs the table's own, which a table set up by an
+/// older version lacks until its migrations run).
 pub(crate) fn missing_table(error: &sqlx::Error) -> Option<String> {
     let database = error.as_database_error()?;
     let message = database.message();
     let code = database.code();
     let missing = message.starts_with("no such table")
         || message.starts_with("no such column")
-        || matches!(code.as_deref(), Some("42P01" | "42703"));
+        || matches!(code.as_deref(), Some("42P01" | "42703" | "42883"));
     missing.then(|| message.to_owned())
 }
 

@@ -71,9 +71,9 @@ use crate::error::ErrorRecord;
 use crate::error::{AbandonedClaimError, Backend, Error, Result};
 use crate::message::{Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
 use listener::ListenerShared;
-use statements::{ClaimPass, ClaimValues, Statements, channel_of};
+use statements::{ClaimValues, Statements, channel_of};
 
-/// What a claim did with `row` (see `Statements::claim`): read by position,
+/// What a claim did with `row` (see `Statements::claim_first`): read by position,
 /// since a claim's statements all select it first, and without a copy,
 /// since it is read for every row a claim returns.
 fn outcome(row: &PgRow) -> Result<&str> {
@@ -368,40 +368,15 @@ impl PostgresOutbox {
         &self.inner.core.channel
     }
 
-    /// The statement that claims up to `limit` messages (its first pass,
-    /// keyless rows, under the `block` policy) with a lease of
-    /// `lease_micros` and an attempt cap of `cap`; `$1` is now when
-    /// `caller_now`, and it binds nothing otherwise. See `Statements::claim`.
-    #[cfg(feature = "inspect-statements")]
-    #[doc(hidden)]
-    pub fn claim_statement(
-        &self,
-        limit: usize,
-        lease_micros: i64,
-        cap: u32,
-        caller_now: bool,
-    ) -> String {
-        self.claim_pass(ClaimPass::Keyless, limit, lease_micros, cap, caller_now)
-    }
-
-    /// The claim after a short first pass, as [`Self::claim_statement`];
-    /// the keys whose locks the transaction holds are its last parameter.
+    /// The claim after a short first pass, of up to `limit` messages under
+    /// the `block` policy, with a lease of `lease_micros` and an attempt cap
+    /// of `cap`; `$1` is now when `caller_now`, and the keys whose locks the
+    /// transaction holds are its last parameter. See
+    /// `Statements::claim_locked`.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
     pub fn locked_claim_statement(
         &self,
-        limit: usize,
-        lease_micros: i64,
-        cap: u32,
-        caller_now: bool,
-    ) -> String {
-        self.claim_pass(ClaimPass::Locked, limit, lease_micros, cap, caller_now)
-    }
-
-    #[cfg(feature = "inspect-statements")]
-    fn claim_pass(
-        &self,
-        pass: ClaimPass,
         limit: usize,
         lease_micros: i64,
         cap: u32,
@@ -412,7 +387,7 @@ impl PostgresOutbox {
             cap,
             caller_now,
         };
-        self.inner.core.sql.claim(limit, true, pass, values)
+        self.inner.core.sql.claim_locked(limit, true, values)
     }
 
     /// The lookup of up to `limit` keys' heads beyond a claim's walk, on
@@ -428,21 +403,6 @@ impl PostgresOutbox {
             caller_now,
         };
         self.inner.core.sql.key_heads(limit, true, values)
-    }
-
-    /// The fenced write of a batch of deletions only; see
-    /// `Statements::fenced_delete`.
-    #[cfg(feature = "inspect-statements")]
-    #[doc(hidden)]
-    pub fn fenced_delete_statement(&self) -> &str {
-        &self.inner.core.sql.fenced_delete
-    }
-
-    /// The fenced write statement; see `Statements::fenced`.
-    #[cfg(feature = "inspect-statements")]
-    #[doc(hidden)]
-    pub fn fenced_statement(&self) -> &str {
-        &self.inner.core.sql.fenced
     }
 
     /// Enqueue on the caller's connection, inside the caller's transaction
@@ -579,22 +539,24 @@ impl Core {
             .ok()
     }
 
-    /// `statement` as sent on the hot path: marked with a plan generation
-    /// that steps when the rows this store has claimed reach
-    /// [`FIRST_REPLAN_AT`], and again at each sixteenfold of that.
+    /// `statement`, a claim statement sent as text (after a short first
+    /// pass), marked with a plan generation that steps when the rows this
+    /// store has claimed reach [`FIRST_REPLAN_AT`], and again at each
+    /// sixteenfold of that.
     ///
     /// A connection keeps the plan of a prepared statement until the
     /// table's statistics change, and a plan made while the table was
     /// nearly empty reads the whole table (a scan is then cheaper than an
     /// index). An outbox that fills faster than autovacuum analyzes it (it
-    /// looks once a minute) would scan a growing table on every claim and
-    /// every settlement: at 1 000 messages a second from an empty table,
-    /// up to 3.6 million rows in five seconds. A new text is prepared, and
-    /// planned for the table as it is now, on each connection. Planning a
-    /// claim costs more than running a small one, so generations are few:
-    /// five by a billion rows. A plan made once the table holds a thousand
-    /// rows or so already reads it by index and address, and keeps doing so
-    /// as it grows.
+    /// looks once a minute) would scan a growing table on every such claim.
+    /// A new text is prepared, and planned for the table as it is now, on
+    /// each connection. Planning a claim costs more than running a small
+    /// one, so generations are few: five by a billion rows. A plan made once
+    /// the table holds a thousand rows or so already reads it by index and
+    /// address, and keeps doing so as it grows. (The first pass and the
+    /// fenced writes, which run far more often, are functions whose plans
+    /// price sequential scans out instead: see
+    /// `migrations/postgres/0012_claim_function.sql`.)
     fn planned(&self, mut statement: String) -> String {
         let claimed = self.claimed_rows.load(Ordering::Relaxed);
         let generation = (u64::BITS - (claimed / FIRST_REPLAN_AT).leading_zeros()).div_ceil(4);
@@ -611,7 +573,7 @@ impl Core {
     }
 
     /// `query` with the claim's `now` bound as `$1` when the store runs on
-    /// the caller's clock (see [`Statements::claim`]).
+    /// the caller's clock (see [`Statements::claim_locked`]).
     fn with_now<'q>(&self, query: PgQuery<'q>, now: DateTime<Utc>) -> PgQuery<'q> {
         if self.server_clock {
             query
@@ -649,9 +611,13 @@ impl Core {
             .is_ok();
         let mut short = lookup;
         if !lookup {
-            let claim = self.planned(self.sql.claim(limit, block, ClaimPass::Keyless, values));
-            let rows = self
-                .with_now(sqlx::query(AssertSqlSafe(claim)), now)
+            let rows = sqlx::query(AssertSqlSafe(self.sql.claim_first.clone()))
+                .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+                .bind(i32::try_from(sql::keyed_walk(limit)).unwrap_or(i32::MAX))
+                .bind(self.bound_now(now))
+                .bind(lease_micros)
+                .bind(i64::from(cap))
+                .bind(block)
                 .fetch_all(&self.parts.pool)
                 .await
                 .map_err(db("claim_batch"))?;
@@ -718,7 +684,7 @@ impl Core {
                 .execute(&mut *tx)
                 .await
                 .map_err(db("claim_batch"))?;
-            let claim = self.planned(self.sql.claim(limit, block, ClaimPass::Locked, values));
+            let claim = self.planned(self.sql.claim_locked(limit, block, values));
             let rows = self
                 .with_now(sqlx::query(AssertSqlSafe(claim)), now)
                 .bind(&keys)
@@ -1012,35 +978,40 @@ impl SqlBackend for Core {
     }
 }
 
-impl Core {
-    /// Apply a batch of fenced writes of any kinds; returns the ids it did
-    /// not change.
-    async fn apply_mixed(&self, rows: &[FencedWrite]) -> Result<Vec<String>> {
+impl FencedBackend for Core {
+    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
         let n = rows.len();
-        let mut ops = Vec::with_capacity(n);
         let mut ids = Vec::with_capacity(n);
         let mut tokens = Vec::with_capacity(n);
         let mut nows = Vec::with_capacity(n);
-        let mut leases = Vec::with_capacity(n);
-        let mut availables = Vec::with_capacity(n);
-        let mut errors = Vec::with_capacity(n);
         for row in rows {
-            ops.push(row.op.code());
             ids.push(row.id.as_str());
             tokens.push(row.claim_token.as_str());
             nows.push(self.bound_now(row.now));
-            leases.push(row.op.lease_micros());
-            availables.push(row.op.available_at());
-            errors.push(row.error.as_deref());
         }
-        // The plain update unless some row is to be deleted, so the common
-        // batch keeps its one-statement plan.
-        let statement = if ops.contains(&FencedOp::Delete.code()) {
-            &self.sql.fenced_deleting
-        } else {
-            &self.sql.fenced
-        };
-        sqlx::query_scalar(AssertSqlSafe(self.planned(statement.to_string())))
+        // A batch of deletions only (where delivered messages are deleted,
+        // most are) sends no ops and none of the columns they would write.
+        let deletions_only = rows.iter().all(|row| row.op == FencedOp::Delete);
+        let (mut ops, mut leases, mut availables, mut errors) = (None, None, None, None);
+        if !deletions_only {
+            ops = Some(rows.iter().map(|row| row.op.code()).collect::<Vec<_>>());
+            leases = Some(
+                rows.iter()
+                    .map(|row| row.op.lease_micros())
+                    .collect::<Vec<_>>(),
+            );
+            availables = Some(
+                rows.iter()
+                    .map(|row| row.op.available_at())
+                    .collect::<Vec<_>>(),
+            );
+            errors = Some(
+                rows.iter()
+                    .map(|row| row.error.as_deref())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let lost: Vec<String> = sqlx::query_scalar(AssertSqlSafe(self.sql.settle.clone()))
             .bind(ops)
             .bind(ids)
             .bind(tokens)
@@ -1050,28 +1021,7 @@ impl Core {
             .bind(errors)
             .fetch_all(&self.parts.pool)
             .await
-            .map_err(db("settle"))
-    }
-}
-
-impl FencedBackend for Core {
-    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
-        let lost: Vec<String> = if rows.iter().all(|row| row.op == FencedOp::Delete) {
-            let ids: Vec<&str> = rows.iter().map(|row| row.id.as_str()).collect();
-            let tokens: Vec<&str> = rows.iter().map(|row| row.claim_token.as_str()).collect();
-            let nows: Vec<_> = rows.iter().map(|row| self.bound_now(row.now)).collect();
-            sqlx::query_scalar(AssertSqlSafe(
-                self.planned(self.sql.fenced_delete.to_string()),
-            ))
-            .bind(ids)
-            .bind(tokens)
-            .bind(nows)
-            .fetch_all(&self.parts.pool)
-            .await
-            .map_err(db("settle"))?
-        } else {
-            self.apply_mixed(rows).await?
-        };
+            .map_err(db("settle"))?;
         if lost.is_empty() {
             return Ok(rows.iter().map(|_| Ok(())).collect());
         }

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use crate::store::sql::{
-    MESSAGE_COLUMNS, SharedStatements, TableName, head_test, key_fronts_cte, keyed_walk,
-    keyed_walk_cte, oldest_due, pending_count,
+    MESSAGE_COLUMNS, SharedStatements, TableName, head_test, key_fronts_cte, oldest_due,
+    pending_count,
 };
 
 /// The time a statement judges leases by: the caller's (`$1`, bound when
@@ -23,11 +23,8 @@ const NOW: &str = "coalesce($1::timestamptz, statement_timestamp())";
 const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE {cap} END)";
 
 /// [`NOW`] in the claim's statements, written out per claim: the caller's
-/// time bound as `$1`, or the database's (see [`Statements::claim`]).
+/// time bound as `$1`, or the database's (see [`Statements::claim_locked`]).
 const CLAIM_NOW: &str = "{now}";
-
-/// [`NOW`] for the row `v` of a fenced write batch.
-const ROW_NOW: &str = "coalesce(v.now, statement_timestamp())";
 
 /// Every column, each after `prefix`, in the order rows are read.
 pub(super) fn columns(prefix: &str) -> String {
@@ -52,14 +49,17 @@ pub(super) struct Statements {
     /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$13`
     /// the channel.
     pub(super) insert: Arc<str>,
-    /// The first pass of a claim, with `{limit}`, `{walk}` and `{block}` to
-    /// write out; see [`Statements::claim`].
-    claim_keyless: Arc<str>,
+    /// The first pass of a claim: a call of the table's `claim` function
+    /// (`migrations/postgres/0012_claim_function.sql`). Binds: `$1` the
+    /// limit, `$2` the most keyed rows to walk, `$3` now (NULL for the
+    /// database's), `$4` the lease in µs, `$5` the attempt cap of rows
+    /// without their own, `$6` whether a dead letter holds its key.
+    pub(super) claim_first: Arc<str>,
     /// The second pass of a claim that found keyed heads: a call of the
     /// table's `claim_heads` function.
     pub(super) claim_heads: Arc<str>,
     /// The claim after a short first pass, with `{limit}` and `{block}` to
-    /// write out; see [`Statements::claim`].
+    /// write out; see [`Statements::claim_locked`].
     claim_locked: Arc<str>,
     /// The heads of keys beyond a claim's walk, with `{limit}` and
     /// `{block}` to write out; see [`Statements::key_heads`].
@@ -75,18 +75,15 @@ pub(super) struct Statements {
     /// Dead-letter an unreadable row. Binds: error, now (NULL for the
     /// database's), seq, token.
     pub(super) quarantine: Arc<str>,
-    /// Every fenced write. Binds seven arrays of equal length: `$1` op
-    /// (`renew`, `deliver`, `retry`, `dead`, `release`), `$2` id, `$3`
-    /// token, `$4` now (NULL for the database's), `$5` lease in µs (renew),
-    /// `$6` new `available_at` (retry), `$7` `last_error` JSON; returns the
-    /// ids it did not change (the claims lost), usually none.
-    pub(super) fenced: Arc<str>,
-    /// [`Statements::fenced`] that also deletes the rows whose op is
-    /// `delete`, under the same fence; for batches with such rows.
-    pub(super) fenced_deleting: Arc<str>,
-    /// [`Statements::fenced_deleting`] for a batch of deletions only. Binds
-    /// three arrays: `$1` id, `$2` token, `$3` now.
-    pub(super) fenced_delete: Arc<str>,
+    /// Every fenced write: a call of the table's `settle` function
+    /// (`migrations/postgres/0013_settle_function.sql`). Binds seven arrays
+    /// of equal length: `$1` op (`renew`, `deliver`, `retry`, `dead`,
+    /// `release`, `delete`; NULL when every row is a deletion), `$2` id,
+    /// `$3` token, `$4` now (NULL for the database's), `$5` lease in µs
+    /// (renew), `$6` new `available_at` (retry), `$7` `last_error` JSON (the
+    /// last three may be NULL with `$1`); returns the ids it did not change
+    /// (the claims lost), usually none.
+    pub(super) settle: Arc<str>,
     /// The fence columns of an array of ids.
     pub(super) fences: Arc<str>,
     /// Wake listeners. Binds: the channel.
@@ -122,11 +119,10 @@ impl Statements {
             .join(", ");
         // `{block}` is written out per claim, like `{limit}`.
         let head = head_test(&t, "{block}", CLAIM_NOW, true);
-        // After the rows a pass picked: claim them, except those out of
-        // attempts (returned untouched as `abandoned`) and the keyed rows
-        // the first pass leaves to the second (returned untouched as
-        // `keyed`: their id, key and key hash only); and nothing unless `guard`
-        // (a condition) holds.
+        // After the rows the locked pass picked: claim them, except those
+        // out of attempts (returned untouched as `abandoned`) and keyed rows
+        // of keys it does not hold (returned untouched as `keyed`: their id,
+        // key and key hash only).
         //
         // The claim's tokens share one random part, drawn once per
         // statement, and differ by the row's `seq`: unique for each claim
@@ -141,9 +137,8 @@ impl Statements {
         // is a row released and pending again after the statement's
         // snapshot was taken: its lock is on a version the snapshot cannot
         // see, so it is left pending, unclaimed, for the next claim.
-        let settle_picked = |guard: &str| {
-            format!(
-                "claimed AS ( \
+        let settle_picked = format!(
+            "claimed AS ( \
                    UPDATE {t} AS m SET status = 'claimed', attempts = m.attempts + 1, \
                      claim_token = (SELECT gen_random_uuid()::text) || '.' || m.seq, \
                      claimed_at = {CLAIM_NOW}, \
@@ -151,19 +146,17 @@ impl Statements {
                      updated_at = {CLAIM_NOW} \
                    WHERE m.ctid = ANY (ARRAY( \
                        SELECT tid FROM picked WHERE NOT abandoned AND NOT deferred)) \
-                     AND {guard} \
                    RETURNING {m_all}) \
                  SELECT 'claimed' AS outcome, NULL::bigint AS key_hash, * FROM claimed \
                  UNION ALL \
                  SELECT 'abandoned', NULL::bigint, {m_all} \
                  FROM {t} AS m JOIN picked ON m.id = picked.id \
-                 WHERE picked.abandoned AND NOT picked.deferred AND {guard} \
+                 WHERE picked.abandoned AND NOT picked.deferred \
                  UNION ALL \
                  SELECT 'keyed', hashtextextended(picked.ordering_key, 0), {key_only} \
                  FROM picked LEFT JOIN {t} AS m ON false \
-                 WHERE picked.deferred AND {guard}"
-            )
-        };
+                 WHERE picked.deferred"
+        );
         // The arms every claim of keyless rows reads, each from its own
         // partial index in claim order, skipping rows another claimer
         // holds: pending keyless rows, and claimed rows with an expired
@@ -203,11 +196,6 @@ impl Statements {
                AND {head} \
                FOR UPDATE SKIP LOCKED)"
         );
-        // The keyed rows a first pass walks, untested: `picked` tests them
-        // in claim order, only until the claim is full (`OFFSET 0` keeps
-        // its filter above the sort, so the filter runs row by row in claim
-        // order and stops at the limit).
-        let walk = keyed_walk_cte(&t, None, CLAIM_NOW, "{walk}");
         let key_fronts = key_fronts_cte(&t, "id", "true");
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
@@ -218,49 +206,6 @@ impl Statements {
              ON CONFLICT DO NOTHING RETURNING 1"
         );
         let drains = table.derived("drains", true);
-        // Each row is looked up by primary key, so a batch costs the
-        // same however many claims are out. The status test is written
-        // so that the index of claimed rows does not match it: scanning
-        // all claims for every batch is what the planner picks otherwise.
-        let rows = "unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], \
-                      $5::bigint[], $6::timestamptz[], $7::text[]) \
-                    AS v(op, id, token, now, lease, available, error)";
-        let fence = format!(
-            "m.id = v.id AND coalesce(m.status, '') = 'claimed' \
-             AND m.claim_token = v.token AND m.locked_until > {ROW_NOW}"
-        );
-        // Rows to delete are left to the delete beside it (see
-        // `fenced_deleting`): one statement may not change a row twice.
-        let fenced = format!(
-            "UPDATE {t} AS m SET \
-               status = CASE v.op WHEN 'renew' THEN 'claimed' WHEN 'deliver' THEN 'delivered' \
-                 WHEN 'dead' THEN 'dead_lettered' ELSE 'pending' END, \
-               attempts = CASE v.op WHEN 'release' THEN greatest(m.attempts - 1, 0) \
-                 ELSE m.attempts END, \
-               available_at = CASE v.op WHEN 'retry' THEN v.available WHEN 'release' THEN {ROW_NOW} \
-                 ELSE m.available_at END, \
-               claim_token = CASE v.op WHEN 'renew' THEN m.claim_token END, \
-               claimed_at = CASE v.op WHEN 'renew' THEN m.claimed_at END, \
-               locked_until = CASE v.op WHEN 'renew' \
-                 THEN {ROW_NOW} + v.lease * interval '1 microsecond' END, \
-               last_error = CASE WHEN v.op IN ('retry', 'dead') THEN v.error \
-                 ELSE m.last_error END, \
-               delivered_at = CASE v.op WHEN 'deliver' THEN {ROW_NOW} ELSE m.delivered_at END, \
-               updated_at = {ROW_NOW} \
-             FROM {rows} \
-             WHERE v.op <> 'delete' AND {fence} \
-             RETURNING m.id"
-        );
-        // The ids a write did not change, rather than those it did: a
-        // batch almost always changes every row, and reading back one id
-        // per row was the largest single cost of a settlement on the
-        // client. An id sent twice counts as changed if either row was.
-        let unchanged = |changed: &str| {
-            format!(
-                "{changed} SELECT s.id FROM unnest($2::text[]) AS s (id) \
-                 WHERE s.id NOT IN (SELECT id FROM changed)"
-            )
-        };
         let own = Statements {
             // The wake-up in the inserting statement, so it costs no round
             // trip: a NOTIFY (when a drain waits for one) is delivered at
@@ -288,8 +233,9 @@ impl Statements {
                  ON CONFLICT (id) DO UPDATE SET idle = true RETURNING 1"
             )
             .into(),
-            // Keyless rows and expired claims from `arms`, keyed heads from
-            // a bounded walk of the keyed rows in claim order; the union is
+            // The first pass, in the table's `claim` function: keyless rows
+            // and expired claims, keyed heads from a bounded walk of the
+            // keyed rows in claim order; the union is
             // cut to the limit again, testing walked rows for heads in claim
             // order only until it is (where keys are many, most walked rows
             // are heads, and the claim is full long before the walk ends).
@@ -312,31 +258,9 @@ impl Statements {
             // of its own, run only then: its recursive scan makes
             // PostgreSQL price a statement above the default
             // `jit_above_cost`, and compiling it costs more than any claim.
-            claim_keyless: format!(
-                "WITH {arms}, {walk}, \
-                 picked AS ( \
-                   SELECT id, available_at, created_at, seq, ordering_key, abandoned, tid, \
-                     ordering_key IS NOT NULL AS deferred \
-                   FROM (SELECT * FROM (SELECT *, false AS walked FROM keyless \
-                       UNION ALL SELECT *, false FROM expired \
-                       UNION ALL SELECT *, false, NULL::tid, true FROM walk) AS u \
-                     ORDER BY available_at, created_at, seq OFFSET 0) AS m \
-                   WHERE NOT m.walked OR {head} \
-                   LIMIT {{limit}}), \
-                 cut AS ( \
-                   SELECT (SELECT count(*) FROM walk) >= {{walk}} AND ( \
-                     (SELECT count(*) FROM picked) < {{limit}} \
-                     OR (SELECT ROW(available_at, created_at, seq) FROM picked \
-                         ORDER BY available_at DESC, created_at DESC, seq DESC LIMIT 1) \
-                       > (SELECT ROW(available_at, created_at, seq) FROM walk \
-                         ORDER BY available_at DESC, created_at DESC, seq DESC LIMIT 1)) \
-                     AS short), \
-                 {settle} \
-                 UNION ALL \
-                 SELECT 'short', NULL::bigint, {m_all} \
-                 FROM (SELECT 1) AS one LEFT JOIN {t} AS m ON false \
-                 WHERE (SELECT short FROM cut)",
-                settle = settle_picked("NOT (SELECT short FROM cut)"),
+            claim_first: format!(
+                "SELECT * FROM {}($1, $2, $3, $4, $5, $6)",
+                table.derived("claim", true)
             )
             .into(),
             // The heads a first pass left, by id, claimed with their keys
@@ -363,8 +287,7 @@ impl Statements {
                    FROM (SELECT * FROM keyless UNION ALL SELECT * FROM expired \
                      UNION ALL SELECT * FROM fronts) AS u \
                    ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
-                 {settle}",
-                settle = settle_picked("true"),
+                 {settle_picked}"
             )
             .into(),
             lock_keys: "SELECT count(pg_advisory_xact_lock(h)) FROM unnest($1::bigint[]) AS h"
@@ -401,25 +324,9 @@ impl Statements {
                    AND claim_token IS NOT DISTINCT FROM $4"
             )
             .into(),
-            fenced_deleting: unchanged(&format!(
-                "WITH deleted AS ( \
-                   DELETE FROM {t} AS m USING {rows} \
-                   WHERE v.op = 'delete' AND {fence} RETURNING m.id), \
-                 updated AS ({fenced}), \
-                 changed AS (SELECT id FROM deleted UNION ALL SELECT id FROM updated)"
-            ))
-            .into(),
-            fenced: unchanged(&format!("WITH changed AS ({fenced})")).into(),
-            // Where delivered messages are deleted, most batches are all
-            // deletions: the update beside them would be planned and started
-            // for every batch, and four arrays of NULLs sent, for nothing.
-            fenced_delete: format!(
-                "WITH changed AS ( \
-                   DELETE FROM {t} AS m \
-                   USING unnest($1::text[], $2::text[], $3::timestamptz[]) AS v(id, token, now) \
-                   WHERE {fence} RETURNING m.id) \
-                 SELECT s.id FROM unnest($1::text[]) AS s (id) \
-                 WHERE s.id NOT IN (SELECT id FROM changed)"
+            settle: format!(
+                "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7)",
+                table.derived("settle", true)
             )
             .into(),
             fences: format!(
@@ -503,47 +410,32 @@ impl Statements {
 }
 
 impl Statements {
-    /// The statement of one pass of a claim of up to `limit` messages, with
-    /// the dead-letter policy `block`. Numbers, booleans and the name of a
-    /// function of the database's are all that is written into it.
+    /// The claim after a `short` first pass, of up to `limit` messages,
+    /// with the dead-letter policy `block`. Numbers, booleans and the name
+    /// of a function of the database's are all that is written into it.
     ///
     /// The limit is written into the statement rather than bound: PostgreSQL
     /// cannot see a bound `LIMIT` when it plans a statement for reuse and
     /// assumes a tenth of the table, so it planned every claim afresh. With
     /// the limit written out, each size of claim is a prepared statement of
-    /// its own whose plan is reused.
+    /// its own whose plan is reused. (The first pass, which runs far more
+    /// often, is a function with a plan forced generic instead: see
+    /// `migrations/postgres/0012_claim_function.sql`.)
     ///
     /// The lease and the attempt cap (`values`) are written out too, and so
     /// is the time on the database's clock, so that a claim on that clock
-    /// binds nothing. PostgreSQL plans a statement with parameters afresh
-    /// for its first five runs on each connection, and a claim runs a few
-    /// times per connection in a burst, and at each new size: every claim
-    /// was planned, at about a tenth of its time on the server. A statement
-    /// without parameters is planned once per connection and the plan
-    /// reused from its first run. Binds: `$1` now when the store runs on the
-    /// caller's clock; then, in the locked pass, the keys whose locks the
-    /// transaction holds. Each row comes back with its `outcome`:
-    /// `claimed`; `abandoned` (out of attempts, untouched); `keyed` (a head
-    /// left for a pass holding its key's lock, untouched: every column NULL
-    /// but its `id`, `ordering_key` and `key_hash`);
-    /// or, alone and with every column NULL, `short` (the first pass's walk
-    /// of keyed rows may have missed a head that belongs in the claim, so
-    /// it claimed nothing: see `claim_keyless`).
-    pub(super) fn claim(
-        &self,
-        limit: usize,
-        block: bool,
-        pass: ClaimPass,
-        values: ClaimValues,
-    ) -> String {
-        let template = match pass {
-            ClaimPass::Keyless => &self.claim_keyless,
-            ClaimPass::Locked => &self.claim_locked,
-        };
+    /// binds only the keys: PostgreSQL plans a statement with parameters
+    /// afresh for its first five runs on each connection. Binds: `$1` now
+    /// when the store runs on the caller's clock; then the keys whose locks
+    /// the transaction holds. Each row comes back with its `outcome`:
+    /// `claimed`; `abandoned` (out of attempts, untouched); or `keyed` (a
+    /// row of a key the transaction does not hold, untouched: every column
+    /// NULL but its `id`, `ordering_key` and `key_hash`).
+    pub(super) fn claim_locked(&self, limit: usize, block: bool, values: ClaimValues) -> String {
         values.write(
-            &template
+            &self
+                .claim_locked
                 .replace("{limit}", &limit.to_string())
-                .replace("{walk}", &keyed_walk(limit).to_string())
                 .replace("{block}", if block { "true" } else { "false" }),
         )
     }
@@ -552,7 +444,7 @@ impl Statements {
     /// claim whose first pass came back `short`, with the dead-letter policy
     /// `block`. It costs a probe or two per key with unsettled rows, so it
     /// runs only after a `short` first pass; and with JIT compilation off
-    /// (see `claim_keyless`). Binds as [`Statements::claim`]: `$1` now on
+    /// (see `claim_first`). Binds as [`Statements::claim_locked`]: `$1` now on
     /// the caller's clock, nothing on the database's.
     pub(super) fn key_heads(&self, limit: usize, block: bool, values: ClaimValues) -> String {
         values.write(
@@ -565,7 +457,7 @@ impl Statements {
 }
 
 /// What a claim's statements take from the claim, written into their text
-/// (see [`Statements::claim`]).
+/// (see [`Statements::claim_locked`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ClaimValues {
     /// The lease, in whole microseconds.
@@ -592,17 +484,6 @@ impl ClaimValues {
             .replace("{cap}", &self.cap.to_string())
             .replace("{keys}", keys)
     }
-}
-
-/// Which pass of a claim a statement is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ClaimPass {
-    /// Claims keyless rows; returns the keyed heads it saw as `keyed`.
-    Keyless,
-    /// After a first pass came back `short`: claims keyless rows and the
-    /// heads of the keys whose locks the transaction holds, together in
-    /// claim order.
-    Locked,
 }
 
 /// The channel of `table`: readable when it fits in an identifier.
