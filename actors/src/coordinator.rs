@@ -430,6 +430,16 @@ impl Actor for DrainCoordinator {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         telemetry::coordinator_started();
+        // A task of the runtime's rather than the actor's: a future the actor
+        // owns is dropped with it, which may be after the runtime is gone,
+        // and a pooled connection dropped there has nowhere to go back to.
+        let store = self.drain.store.clone();
+        let claims = self.drain.config.claims_in_flight.max(1);
+        tokio::spawn(async move {
+            if let Err(error) = store.warm_up(claims).await {
+                telemetry::warm_up_failed(&error);
+            }
+        });
         if let Some(every) = self.drain.config.every {
             // Messages may have waited while no worker ran: drain at once,
             // then on every tick that finds the coordinator idle.

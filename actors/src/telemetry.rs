@@ -238,6 +238,14 @@ pub(crate) fn claim_failed(error: &Error) {
     metrics::claim_failed();
 }
 
+/// Opening and preparing the store's connections at start failed; the
+/// drain opens them as it needs them, and a store that is down is reported
+/// by the first claim.
+pub(crate) fn warm_up_failed(error: &outbox::Error) {
+    tracing::debug!(target: "outbox", event = "outbox.warm_up_failed", %error,
+        "outbox could not prepare the store's connections ahead of the first claim");
+}
+
 /// Arming the store's wake-ups failed; the coordinator claims again after
 /// a heartbeat interval rather than wait for a wake-up that may not come.
 pub(crate) fn arming_failed(error: &Error) {

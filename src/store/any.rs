@@ -556,6 +556,10 @@ impl OutboxStore for AnyOutbox {
     async fn vacuum(&self) -> Result<()> {
         on_backend!(self, AnyOutbox, |store| store.vacuum().await)
     }
+
+    async fn warm_up(&self, claims: usize) -> Result<()> {
+        on_backend!(self, AnyOutbox, |store| store.warm_up(claims).await)
+    }
 }
 
 impl OutboxAdmin for AnyOutbox {

@@ -326,6 +326,19 @@ pub trait OutboxStore: Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
+    /// Open and prepare, before a drain's first messages, the connections
+    /// its `claims` claims in flight and its settlements will use. The
+    /// runtime calls it once when a coordinator starts, in the background,
+    /// and logs a failure without acting on it: the drain opens what it
+    /// needs as it goes. On PostgreSQL a connection's first claim and first
+    /// settlement compile the table's functions and plan their statements,
+    /// tens of milliseconds on a busy server, which the first messages
+    /// after a start would otherwise wait for. The default does nothing.
+    fn warm_up(&self, claims: usize) -> impl Future<Output = Result<()>> + Send {
+        let _ = claims;
+        std::future::ready(Ok(()))
+    }
+
     /// How many messages are `Pending` (due or not), when the store can
     /// count them cheaply; the runtime samples it after each drain pass for
     /// its pending-messages gauge. The default, `None`, leaves that gauge
@@ -676,6 +689,11 @@ pub trait DynOutboxStore: Send + Sync + 'static {
     fn vacuum(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(std::future::ready(Ok(())))
     }
+    /// See [`OutboxStore::warm_up`].
+    fn warm_up(&self, claims: usize) -> BoxFuture<'_, Result<()>> {
+        let _ = claims;
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 impl<S: OutboxStore> DynOutboxStore for S {
@@ -708,6 +726,9 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn vacuum(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(OutboxStore::vacuum(self))
+    }
+    fn warm_up(&self, claims: usize) -> BoxFuture<'_, Result<()>> {
+        Box::pin(OutboxStore::warm_up(self, claims))
     }
 }
 

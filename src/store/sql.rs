@@ -1664,6 +1664,10 @@ macro_rules! sql_store {
             async fn pending_count(&self) -> $crate::Result<Option<u64>> {
                 self.inner.pending_count().await
             }
+
+            async fn warm_up(&self, claims: usize) -> $crate::Result<()> {
+                self.inner.core.warm_up(claims).await
+            }
         }
 
         impl $crate::OutboxAdmin for $store {

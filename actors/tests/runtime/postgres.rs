@@ -156,6 +156,40 @@ async fn transactional_enqueue_through_the_runtime() {
     assert_eq!(message.payload.to_value()["order_id"], 2);
 }
 
+/// A starting coordinator opens the connections its claims and settlements
+/// will use and runs a claim and a settlement of nothing on each, so the
+/// first messages do not wait while each new connection compiles the
+/// table's functions and plans their statements.
+#[actix_rt::test]
+async fn a_starting_coordinator_prepares_the_connections_it_will_use() {
+    let name = unique("warm");
+    let pool = pool_named(&name, 10).await;
+    let outbox = PostgresOutbox::builder(pool.clone())
+        .table(&name)
+        .unwrap()
+        .settlement_statements(3)
+        .unwrap()
+        .build();
+    outbox.setup().await.unwrap();
+    let admin = pool_named("warm-admin", 1).await;
+    let (probe, _reports) = probe();
+    let config = DrainConfig {
+        claims_in_flight: 2,
+        ..DrainConfig::default()
+    };
+    let _coordinator = coordinator(outbox.clone(), &probe, config, false);
+    // Each warmed connection's last statement is the settlement of nothing.
+    let settled_nothing = format!("query LIKE 'SELECT * FROM \"{name}_settle\"(%'");
+    eventually(
+        "two claims' and three settlements' connections are prepared",
+        || {
+            let (admin, name, filter) = (admin.clone(), name.clone(), settled_nothing.clone());
+            async move { backends(&admin, &name, &filter).await.len() == 5 }
+        },
+    )
+    .await;
+}
+
 /// With no schedule and no `Drain`, a commit starts a pass; a rollback
 /// notifies nobody and starts none; a burst of commits during a pass
 /// becomes one follow-up pass.

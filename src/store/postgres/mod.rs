@@ -247,7 +247,13 @@ impl PostgresOutboxBuilder {
             .unwrap_or_else(|| (self.pool.options().get_max_connections() as usize / 2).max(1));
         PostgresOutbox {
             inner: SqlOutbox::new(
-                Core::new(self.pool, self.table, self.notify, !self.caller_clock),
+                Core::new(
+                    self.pool,
+                    self.table,
+                    self.notify,
+                    !self.caller_clock,
+                    statements,
+                ),
                 self.settlement,
                 statements,
             ),
@@ -466,10 +472,19 @@ struct Core {
     skip_first_passes: AtomicU32,
     /// Rows this store has claimed; see [`Core::planned`].
     claimed_rows: AtomicU64,
+    /// How many settlement statements may be in flight at once; see
+    /// [`Core::warm_up`].
+    settlement_statements: usize,
 }
 
 impl Core {
-    fn new(pool: PgPool, table: TableName, notify: bool, server_clock: bool) -> Self {
+    fn new(
+        pool: PgPool,
+        table: TableName,
+        notify: bool,
+        server_clock: bool,
+        settlement_statements: usize,
+    ) -> Self {
         let (sql, shared) = Statements::new(&table, notify);
         Core {
             sql,
@@ -478,6 +493,7 @@ impl Core {
             server_clock,
             skip_first_passes: AtomicU32::new(0),
             claimed_rows: AtomicU64::new(0),
+            settlement_statements,
             parts: SqlParts {
                 pool,
                 table,
@@ -567,6 +583,102 @@ impl Core {
         statement
     }
 
+    /// A claim's first pass: see `Statements::claim_first`.
+    fn claim_first(
+        &self,
+        limit: usize,
+        now: Option<DateTime<Utc>>,
+        lease_micros: i64,
+        cap: u32,
+        block: bool,
+    ) -> PgQuery<'static> {
+        sqlx::query(AssertSqlSafe(self.sql.claim_first.clone()))
+            .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+            .bind(i32::try_from(sql::keyed_walk(limit)).unwrap_or(i32::MAX))
+            .bind(now)
+            .bind(lease_micros)
+            .bind(i64::from(cap))
+            .bind(block)
+    }
+
+    /// Open up to `claims` connections plus one per settlement statement,
+    /// leaving one of the pool's for the first pass and the application,
+    /// and run on each a claim of nothing and a settlement of nothing of
+    /// both kinds: a connection compiles the table's functions and plans
+    /// their statements at its first call of each (see
+    /// [`OutboxStore::warm_up`](crate::OutboxStore::warm_up)). A pool that
+    /// has no connection to spare within a moment gets fewer warmed.
+    async fn warm_up(&self, claims: usize) -> Result<()> {
+        const SPARE_WAIT: Duration = Duration::from_millis(250);
+        let pool = &self.parts.pool;
+        let room = (pool.options().get_max_connections() as usize).saturating_sub(1);
+        let mut connections = Vec::new();
+        while connections.len() < (claims + self.settlement_statements).min(room) {
+            match tokio::time::timeout(SPARE_WAIT, pool.acquire()).await {
+                Ok(connection) => connections.push(connection.map_err(db("warm_up"))?),
+                Err(_) => break,
+            }
+        }
+        for connection in &mut connections {
+            self.claim_first(0, None, 1, 1, false)
+                .execute(&mut **connection)
+                .await
+                .map_err(db("warm_up"))?;
+            for deletions_only in [true, false] {
+                self.settle(&[], deletions_only)
+                    .fetch_all(&mut **connection)
+                    .await
+                    .map_err(db("warm_up"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A batch of fenced writes; `deletions_only` when every row is a
+    /// deletion, which then sends no ops and none of the columns they would
+    /// write (where delivered messages are deleted, most batches are).
+    fn settle<'q>(
+        &self,
+        rows: &'q [FencedWrite],
+        deletions_only: bool,
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, String, sqlx::postgres::PgArguments> {
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut tokens = Vec::with_capacity(rows.len());
+        let mut nows = Vec::with_capacity(rows.len());
+        for row in rows {
+            ids.push(row.id.as_str());
+            tokens.push(row.claim_token.as_str());
+            nows.push(self.bound_now(row.now));
+        }
+        let (mut ops, mut leases, mut availables, mut errors) = (None, None, None, None);
+        if !deletions_only {
+            ops = Some(rows.iter().map(|row| row.op.code()).collect::<Vec<_>>());
+            leases = Some(
+                rows.iter()
+                    .map(|row| row.op.lease_micros())
+                    .collect::<Vec<_>>(),
+            );
+            availables = Some(
+                rows.iter()
+                    .map(|row| row.op.available_at())
+                    .collect::<Vec<_>>(),
+            );
+            errors = Some(
+                rows.iter()
+                    .map(|row| row.error.as_deref())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        sqlx::query_scalar(AssertSqlSafe(self.sql.settle.clone()))
+            .bind(ops)
+            .bind(ids)
+            .bind(tokens)
+            .bind(nows)
+            .bind(leases)
+            .bind(availables)
+            .bind(errors)
+    }
+
     /// The `now` to bind: the caller's, or NULL for the database's.
     fn bound_now(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         (!self.server_clock).then_some(now)
@@ -611,13 +723,8 @@ impl Core {
             .is_ok();
         let mut short = lookup;
         if !lookup {
-            let rows = sqlx::query(AssertSqlSafe(self.sql.claim_first.clone()))
-                .bind(i32::try_from(limit).unwrap_or(i32::MAX))
-                .bind(i32::try_from(sql::keyed_walk(limit)).unwrap_or(i32::MAX))
-                .bind(self.bound_now(now))
-                .bind(lease_micros)
-                .bind(i64::from(cap))
-                .bind(block)
+            let rows = self
+                .claim_first(limit, self.bound_now(now), lease_micros, cap, block)
                 .fetch_all(&self.parts.pool)
                 .await
                 .map_err(db("claim_batch"))?;
@@ -980,45 +1087,9 @@ impl SqlBackend for Core {
 
 impl FencedBackend for Core {
     async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
-        let n = rows.len();
-        let mut ids = Vec::with_capacity(n);
-        let mut tokens = Vec::with_capacity(n);
-        let mut nows = Vec::with_capacity(n);
-        for row in rows {
-            ids.push(row.id.as_str());
-            tokens.push(row.claim_token.as_str());
-            nows.push(self.bound_now(row.now));
-        }
-        // A batch of deletions only (where delivered messages are deleted,
-        // most are) sends no ops and none of the columns they would write.
         let deletions_only = rows.iter().all(|row| row.op == FencedOp::Delete);
-        let (mut ops, mut leases, mut availables, mut errors) = (None, None, None, None);
-        if !deletions_only {
-            ops = Some(rows.iter().map(|row| row.op.code()).collect::<Vec<_>>());
-            leases = Some(
-                rows.iter()
-                    .map(|row| row.op.lease_micros())
-                    .collect::<Vec<_>>(),
-            );
-            availables = Some(
-                rows.iter()
-                    .map(|row| row.op.available_at())
-                    .collect::<Vec<_>>(),
-            );
-            errors = Some(
-                rows.iter()
-                    .map(|row| row.error.as_deref())
-                    .collect::<Vec<_>>(),
-            );
-        }
-        let lost: Vec<String> = sqlx::query_scalar(AssertSqlSafe(self.sql.settle.clone()))
-            .bind(ops)
-            .bind(ids)
-            .bind(tokens)
-            .bind(nows)
-            .bind(leases)
-            .bind(availables)
-            .bind(errors)
+        let lost = self
+            .settle(rows, deletions_only)
             .fetch_all(&self.parts.pool)
             .await
             .map_err(db("settle"))?;
