@@ -657,7 +657,7 @@ pub(crate) fn keyed_heads(
     walk: &str,
     row: &str,
 ) -> String {
-    let walked = keyed_walk_cte(t, Some(head), now, walk);
+    let walked = keyed_walk_cte(t, head, now, walk);
     let fronts = key_fronts_cte(
         t,
         row,
@@ -679,13 +679,12 @@ pub(crate) fn keyed_heads(
 }
 
 /// The common table expression `walk`: the first `walk` pending keyed rows
-/// due at `now`, in claim order, locking nothing; with a `head` test, each
-/// with whether it passes it (column `head`).
-pub(crate) fn keyed_walk_cte(t: &str, head: Option<&str>, now: &str, walk: &str) -> String {
-    let head = head.map_or(String::new(), |head| format!(", {head} AS head"));
+/// due at `now`, in claim order, locking nothing, each with whether it
+/// passes the `head` test (column `head`).
+fn keyed_walk_cte(t: &str, head: &str, now: &str, walk: &str) -> String {
     format!(
         "walk AS MATERIALIZED ( \
-           SELECT id, available_at, created_at, seq, ordering_key{head} \
+           SELECT id, available_at, created_at, seq, ordering_key, {head} AS head \
            FROM {t} AS m \
            WHERE status = 'pending' AND ordering_key IS NOT NULL AND available_at <= {now} \
            ORDER BY available_at, created_at, seq LIMIT {walk})"

@@ -235,10 +235,10 @@ impl Statements {
             .into(),
             // The first pass, in the table's `claim` function: keyless rows
             // and expired claims, keyed heads from a bounded walk of the
-            // keyed rows in claim order; the union is
-            // cut to the limit again, testing walked rows for heads in claim
-            // order only until it is (where keys are many, most walked rows
-            // are heads, and the claim is full long before the walk ends).
+            // keyed rows in claim order; the union is cut to the limit
+            // again, testing walked rows for heads in claim order only until
+            // it is (where keys are many, most walked rows are heads, and
+            // the claim is full long before the walk ends).
             //
             // Keyed rows need more than row locks: the head test reads the
             // statement's snapshot, which a concurrent claim of the same key
