@@ -143,6 +143,7 @@ fn claim_function_query(table: &str) -> String {
 /// deletions only (`$1` ids, `$2` tokens, `$3` nows) and the batch of any
 /// writes (`$1` ops, then ids, tokens, nows, leases, new due times and
 /// errors).
+#[cfg(feature = "inspect-statements")]
 fn settle_function_queries(table: &str) -> (String, String) {
     let migration = include_str!("../migrations/postgres/0013_settle_function.sql");
     let deletions = function_query(
