@@ -1690,29 +1690,41 @@ async fn on_the_servers_clock_a_short_claim_looks_up_the_heads_of_its_keys() {
     assert!(claim().await.unwrap().claimed.is_empty());
 }
 
-/// A connection keeps a statement's plan until the table's statistics
-/// change, and a plan made while the table was empty reads the table whole.
-/// Claims and settlements run functions whose plans price sequential scans
-/// out, so plans made on the empty table read the indexes as it fills.
-#[tokio::test]
-async fn a_plan_made_on_an_empty_table_does_not_scan_it_once_it_fills() {
-    // One connection, so every statement is planned on the one inspected.
+/// A store on the server's clock, on a table of its own, over a pool of one
+/// connection: every statement is prepared and planned on the one a test
+/// inspects.
+async fn one_connection_store(prefix: &str) -> (PgPool, String, PostgresOutbox) {
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .connect(&database_url())
         .await
         .unwrap();
-    let table = unique("replan");
+    let table = unique(prefix);
     let outbox = server_clock_store(&pool, &table).await;
-    let claim = |limit| {
-        outbox.claim_batch(ClaimBatch {
+    (pool, table, outbox)
+}
+
+/// Claim up to `limit` messages now.
+async fn claim_now(outbox: &PostgresOutbox, limit: usize) -> outbox::Result<outbox::ClaimedBatch> {
+    outbox
+        .claim_batch(ClaimBatch {
             on_dead_letter: Default::default(),
             limit,
             now: chrono::Utc::now(),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         })
-    };
+        .await
+}
+
+/// A connection keeps a statement's plan until the table's statistics
+/// change, and a plan made while the table was empty reads the table whole.
+/// Claims and settlements run functions whose plans price sequential scans
+/// out, so plans made on the empty table read the indexes as it fills.
+#[tokio::test]
+async fn a_plan_made_on_an_empty_table_does_not_scan_it_once_it_fills() {
+    let (pool, table, outbox) = one_connection_store("replan").await;
+    let claim = |limit| claim_now(&outbox, limit);
     let deliver = |id: &str, claim_token: &str, delete| {
         outbox.mark_delivered(MarkDelivered {
             delete,
@@ -1770,22 +1782,8 @@ async fn a_plan_made_on_an_empty_table_does_not_scan_it_once_it_fills() {
 /// table as it has become.
 #[tokio::test]
 async fn a_claim_sent_as_text_is_planned_again_once_the_table_fills() {
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&database_url())
-        .await
-        .unwrap();
-    let table = unique("regen");
-    let outbox = server_clock_store(&pool, &table).await;
-    let claim = |limit| {
-        outbox.claim_batch(ClaimBatch {
-            on_dead_letter: Default::default(),
-            limit,
-            now: chrono::Utc::now(),
-            lease: LEASE,
-            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
-        })
-    };
+    let (pool, table, outbox) = one_connection_store("regen").await;
+    let claim = |limit| claim_now(&outbox, limit);
     // One key's queue ahead of the keyless rows, longer than a claim of ten
     // walks: the first pass comes back short, and the claim takes its
     // locked pass.
