@@ -1812,3 +1812,113 @@ async fn a_claim_sent_as_text_is_planned_again_once_the_table_fills() {
     assert!(!prepared[0].contains("-- plan"));
     assert!(prepared[1].ends_with("-- plan 1"), "{}", prepared[1]);
 }
+
+/// A claim commits without waiting for its WAL to be flushed, whichever
+/// pass claims; enqueues and settlements still wait, and the setting never
+/// outlives the claim's transaction on its pooled connection.
+#[tokio::test]
+async fn only_claims_commit_without_waiting_for_the_disk() {
+    let (pool, table, outbox) = one_connection_store("no_flush").await;
+    // The test cluster turns synchronous commits off for speed; its one
+    // connection turns them back on, as a production server has them.
+    sqlx::query("SET synchronous_commit = on")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // A deferred trigger runs at commit, under the setting that commit obeys.
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE TABLE {table}_commits (op text, status text, mode text); \
+         CREATE FUNCTION {table}_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN \
+             INSERT INTO {table}_commits VALUES (TG_OP, \
+                 CASE TG_OP WHEN 'DELETE' THEN OLD.status ELSE NEW.status END, \
+                 current_setting('synchronous_commit')); \
+             RETURN NULL; \
+         END $$; \
+         CREATE CONSTRAINT TRIGGER commit_mode AFTER INSERT OR UPDATE OR DELETE ON {table} \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {table}_commit_mode()"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let commits = async || -> Vec<(String, String, String)> {
+        let rows = sqlx::query_as(AssertSqlSafe(format!(
+            "DELETE FROM {table}_commits RETURNING op, status, mode"
+        )))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let mut rows: Vec<(String, String, String)> = rows;
+        rows.sort_unstable();
+        rows.dedup();
+        rows
+    };
+    let row = |op: &str, status: &str, mode: &str| (op.into(), status.into(), mode.into());
+    let settle = async |claimed: Vec<outbox::ClaimedMessage>| {
+        for (n, message) in claimed.into_iter().enumerate() {
+            outbox
+                .mark_delivered(MarkDelivered {
+                    delete: n % 2 == 1,
+                    id: message.id,
+                    claim_token: message.claim_token,
+                    now: chrono::Utc::now(),
+                })
+                .await
+                .unwrap();
+        }
+    };
+
+    // The first pass claims the keyless rows; the key's head goes to the
+    // second, `claim_heads`.
+    for n in 0..2 {
+        outbox
+            .enqueue(event(&format!("x{n}"), n, t0()))
+            .await
+            .unwrap();
+    }
+    outbox
+        .enqueue(event("k0", 2, t0()).with_ordering_key("key"))
+        .await
+        .unwrap();
+    assert_eq!(commits().await, [row("INSERT", "pending", "on")]);
+    let claimed = claim_now(&outbox, 10).await.unwrap().claimed;
+    assert_eq!(claimed.len(), 3);
+    assert_eq!(commits().await, [row("UPDATE", "claimed", "off")]);
+    settle(claimed).await;
+    assert_eq!(
+        commits().await,
+        [
+            row("DELETE", "claimed", "on"),
+            row("UPDATE", "delivered", "on")
+        ]
+    );
+
+    // Keyed rows beyond the first pass's walk: it comes back short, and the
+    // claim locks the keys and claims in a transaction of its own.
+    for n in 0..60 {
+        outbox
+            .enqueue(event(&format!("k{n:02}"), n, t0()).with_ordering_key(format!("key{}", n % 3)))
+            .await
+            .unwrap();
+    }
+    outbox.enqueue(event("x9", 60, t0())).await.unwrap();
+    commits().await;
+    let claimed = claim_now(&outbox, 10).await.unwrap().claimed;
+    let mut ids: Vec<_> = claimed.iter().map(|m| m.id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["k00", "k01", "k02", "x9"]);
+    assert_eq!(commits().await, [row("UPDATE", "claimed", "off")]);
+    settle(claimed).await;
+    assert_eq!(
+        commits().await,
+        [
+            row("DELETE", "claimed", "on"),
+            row("UPDATE", "delivered", "on")
+        ]
+    );
+    let session: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(session, "on");
+}

@@ -770,10 +770,12 @@ impl Core {
             // Claim with the heads of the keys looked up one by one, their
             // keys locked. JIT off for this transaction only: the lookup is
             // priced above `jit_above_cost` though it runs in milliseconds.
+            // Its commit does not wait for the disk, as every claim's
+            // (`statements::NO_FLUSH`).
             let mut tx = self
                 .parts
                 .pool
-                .begin_with("BEGIN; SET LOCAL jit = off")
+                .begin_with("BEGIN; SET LOCAL jit = off; SET LOCAL synchronous_commit = off")
                 .await
                 .map_err(db("claim_batch"))?;
             let lookup_sql = self.planned(self.sql.key_heads(limit, block, values));
