@@ -130,3 +130,67 @@ impl ResponseError for Refusal {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use actix_web::ResponseError;
+    use actix_web::http::StatusCode;
+    use actix_web::http::header;
+    use outbox::{AdminError, MessageStatus};
+
+    use super::Refusal;
+
+    #[test]
+    fn store_errors_answer_with_the_status_that_fits() {
+        let cases = [
+            (
+                outbox::Error::NotFound { id: "x".to_owned() },
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                AdminError::NotDeadLettered {
+                    id: "x".to_owned(),
+                    status: MessageStatus::Pending,
+                }
+                .into(),
+                StatusCode::CONFLICT,
+            ),
+            (
+                outbox::Error::InvalidInput {
+                    field: "limit",
+                    reason: "too big".to_owned(),
+                },
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                outbox::Error::CorruptRow {
+                    id: "x".to_owned(),
+                    reason: "no status".to_owned(),
+                },
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        ];
+        for (error, status) in cases {
+            let response = Refusal::from(error).error_response();
+            assert_eq!(response.status(), status);
+            assert_eq!(
+                response.headers().get(header::CONTENT_TYPE).unwrap(),
+                "text/html; charset=utf-8"
+            );
+            assert!(
+                response
+                    .headers()
+                    .contains_key(header::CONTENT_SECURITY_POLICY)
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_token_is_answered_with_a_challenge() {
+        let response = Refusal::Unauthorized.error_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            response.headers().get(header::WWW_AUTHENTICATE).unwrap(),
+            "Basic realm=\"outbox\", charset=\"UTF-8\""
+        );
+    }
+}
