@@ -45,20 +45,43 @@
 //!
 //! # Layout
 //!
-//! - `lib.rs` (this file): [`WebConfig`], [`scope`] and [`Dashboard`] (the
-//!   routes), access checks and the CSRF token;
-//! - `handlers.rs`: one function per page and per action;
-//! - `render.rs`: the layout, the activity chart and the formatting the
+//! One concept per file. Each module imports only modules listed before it
+//! (and the crate root's [`WebConfig`] and [`Dashboard`]), so the list reads
+//! from the leaves up to the pages.
+//!
+//! - `lib.rs` (this file): [`WebConfig`], [`scope`] and [`Dashboard`], which
+//!   holds the store and the configuration and maps each path to its page.
+//! - `secret`: random secrets (the CSRF token, script nonces) and comparing
+//!   secrets in constant time.
+//! - `input`: what the operator sends: a POSTed form's fields, blank values,
+//!   times.
+//! - `render`: the HTML layout, the activity chart and the formatting the
 //!   pages share.
+//! - `response`: a page as an HTTP response, with the security headers every
+//!   page carries.
+//! - `refusal`: `Refusal`, why a request is not served; it renders itself
+//!   (actix-web's `ResponseError`), so handlers refuse with `?`.
+//! - `guard`: the access token, read-only mode and the CSRF token, checked
+//!   before a handler reads anything else.
+//! - `pages`: one file per page, with its GET handler and its POST action:
+//!   `overview`, `messages` (a list), `message` (one), `purge`, `requeue`,
+//!   `retry` and `not_found`.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::{HttpRequest, HttpResponse, Scope, web};
+use actix_web::{HttpResponse, Scope, web};
 use outbox::OutboxAdmin;
 
-mod handlers;
+use pages::{message, messages, not_found, overview, purge, requeue, retry};
+
+mod guard;
+mod input;
+mod pages;
+mod refusal;
 mod render;
+mod response;
+mod secret;
 
 /// How the dashboard behaves.
 #[derive(Debug, Clone)]
@@ -124,8 +147,11 @@ impl WebConfig {
 }
 
 /// The dashboard over one store, ready to be mounted with [`Dashboard::at`].
+/// Once mounted, every handler is given it.
 pub struct Dashboard<S> {
+    /// The store every page reads and every action writes.
     store: Arc<S>,
+    /// How the pages look and what they allow.
     config: WebConfig,
 }
 
@@ -144,12 +170,8 @@ impl<S: OutboxAdmin> Dashboard<S> {
     /// the application's own middleware if it has any.
     pub fn at(self, path: &str) -> Scope {
         let path = path.trim_end_matches('/').to_owned();
-        let ctx = web::Data::new(Ctx {
-            store: self.store,
-            config: self.config,
-        });
         let home = format!("{path}/");
-        let mut scope = web::scope(&path).app_data(ctx);
+        let mut scope = web::scope(&path).app_data(web::Data::new(self));
         if !path.is_empty() {
             // Relative links resolve against the last `/`: the bare prefix
             // must become the directory before anything else is served.
@@ -166,71 +188,13 @@ impl<S: OutboxAdmin> Dashboard<S> {
             );
         }
         scope
-            .route("/", web::get().to(handlers::overview::<S>))
-            .route("/messages", web::get().to(handlers::list::<S>))
-            .route("/message", web::get().to(handlers::message::<S>))
-            .route("/purge", web::get().to(handlers::purge_page::<S>))
-            .route("/requeue", web::post().to(handlers::requeue::<S>))
-            .route("/retry", web::post().to(handlers::retry::<S>))
-            .route("/purge", web::post().to(handlers::purge::<S>))
-            .default_service(web::to(handlers::not_found::<S>))
+            .route("/", web::get().to(overview::page::<S>))
+            .route("/messages", web::get().to(messages::page::<S>))
+            .route("/message", web::get().to(message::page::<S>))
+            .route("/purge", web::get().to(purge::page::<S>))
+            .route("/requeue", web::post().to(requeue::action::<S>))
+            .route("/retry", web::post().to(retry::action::<S>))
+            .route("/purge", web::post().to(purge::action::<S>))
+            .default_service(web::to(not_found::page::<S>))
     }
-}
-
-/// What every handler sees.
-pub(crate) struct Ctx<S> {
-    pub(crate) store: Arc<S>,
-    pub(crate) config: WebConfig,
-}
-
-/// The process's CSRF token: random, made once, the same for every worker.
-pub(crate) fn csrf_token() -> &'static str {
-    static TOKEN: OnceLock<String> = OnceLock::new();
-    TOKEN.get_or_init(|| random_hex(32))
-}
-
-/// `bytes` random bytes from the operating system, in hex.
-pub(crate) fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf).expect("the operating system has no random source");
-    buf.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Equal without telling by its timing how much of a secret matched.
-pub(crate) fn same_secret(given: &[u8], expected: &[u8]) -> bool {
-    given.len() == expected.len()
-        && given
-            .iter()
-            .zip(expected)
-            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
-            == 0
-}
-
-/// Whether the request carries the configured token, if one is configured.
-pub(crate) fn authorized(req: &HttpRequest, config: &WebConfig) -> bool {
-    use base64::Engine;
-    let Some(token) = &config.auth_token else {
-        return true;
-    };
-    let Some(header) = req
-        .headers()
-        .get(actix_web::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    if let Some(bearer) = header.strip_prefix("Bearer ") {
-        return same_secret(bearer.trim().as_bytes(), token.as_bytes());
-    }
-    if let Some(basic) = header.strip_prefix("Basic ") {
-        let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(basic.trim()) else {
-            return false;
-        };
-        let password = match decoded.iter().position(|&b| b == b':') {
-            Some(colon) => &decoded[colon + 1..],
-            None => return false,
-        };
-        return same_secret(password, token.as_bytes());
-    }
-    false
 }

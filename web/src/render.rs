@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
-use outbox::{MinuteActivity, OutboxMessage};
+use outbox::{MessageStatus, MinuteActivity, OutboxMessage};
 
 const STYLE: &str = "
 body{font-family:system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
@@ -60,6 +60,16 @@ pub(crate) fn layout(title: &str, nonce: &str, refresh: Option<u64>, body: Marku
                 script nonce=(nonce) { (PreEscaped(SCRIPT)) }
             }
         }
+    }
+}
+
+/// A status as the pages name it in prose.
+pub(crate) fn status_label(status: MessageStatus) -> &'static str {
+    match status {
+        MessageStatus::Pending => "pending",
+        MessageStatus::Claimed => "claimed",
+        MessageStatus::Delivered => "delivered",
+        MessageStatus::DeadLettered => "dead-lettered",
     }
 }
 
