@@ -26,6 +26,7 @@ use crate::message::{Enqueued, NewMessage, OutboxMessage};
 use crate::payload::{Event, Job};
 #[cfg(feature = "postgres")]
 use crate::store::postgres::PostgresOutbox;
+use crate::store::sql::TableName;
 #[cfg(feature = "sqlite")]
 use crate::store::sqlite::SqliteOutbox;
 use crate::store::{
@@ -33,7 +34,6 @@ use crate::store::{
     MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeBatch, PurgeMessages, ReleaseClaim,
     RenewClaim, RequeueDeadLetters, RetryNow, SkipDeadLetter, Wakeups,
 };
-use crate::store::sql::TableName;
 
 /// A SQL outbox on SQLite or PostgreSQL, chosen by URL at start-up.
 ///

@@ -10,13 +10,13 @@ use sqlx::sqlite::SqlitePoolOptions;
 
 use super::{AnyOutbox, backend_for};
 use crate::error::{Backend, Result};
+#[cfg(feature = "sqlite")]
+use crate::store::connect::connect_failed;
 #[cfg(feature = "postgres")]
 use crate::store::postgres::PostgresOutbox;
 use crate::store::sql::TableName;
 #[cfg(feature = "sqlite")]
 use crate::store::sqlite::SqliteOutbox;
-#[cfg(feature = "sqlite")]
-use crate::store::connect::connect_failed;
 
 /// What opening may do to the database, for [`AnyOutboxOptions::mode`].
 ///
@@ -47,7 +47,7 @@ pub enum OpenMode {
 /// [`AnyOutbox::options`], finish with [`AnyOutboxOptions::open`].
 ///
 /// ```
-/// use outbox::{AnyOutbox, OpenMode, OutboxAdmin};
+/// use outbox::{AnyOutbox, Clock, OpenMode, OutboxAdmin};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> outbox::Result<()> {
