@@ -131,7 +131,7 @@ pub use retry::{RetryPolicy, ShouldRetry};
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use sqlx;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use store::any::{AnyColumn, AnyOutbox, AnyTransaction, SqlValue};
+pub use store::any::{AnyColumn, AnyOutbox, AnyOutboxOptions, AnyTransaction, OpenMode, SqlValue};
 pub use store::kit;
 pub use store::memory::MemoryOutbox;
 #[cfg(feature = "postgres")]

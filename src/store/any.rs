@@ -11,15 +11,22 @@
 //!
 //! The enum has one variant per enabled store feature, so a build with only
 //! `sqlite` carries no PostgreSQL code, and the reverse.
+//!
+//! Two child modules add what a tool that inspects an outbox needs, beside
+//! an application: `open` opens a given table without setting it up, and
+//! read-only on SQLite ([`AnyOutboxOptions`]); `schema` answers whether the
+//! table exists and which of its migrations ran.
 
 use chrono::{DateTime, Utc};
 
 use super::connect;
+use super::kit::redact_url;
 use crate::error::{Backend, Error, Result, UrlError};
 use crate::message::{Enqueued, NewMessage, OutboxMessage};
 use crate::payload::{Event, Job};
 #[cfg(feature = "postgres")]
 use crate::store::postgres::PostgresOutbox;
+use crate::store::sql::TableName;
 #[cfg(feature = "sqlite")]
 use crate::store::sqlite::SqliteOutbox;
 use crate::store::{
@@ -235,6 +242,26 @@ fn failed(operation: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
     }
 }
 
+/// The database `url` names by its scheme. A store whose feature is not
+/// enabled is still named: its URL then goes to the other store, whose
+/// check refuses it with the error that names the missing feature.
+fn backend_for(url: &str) -> Result<Backend> {
+    match connect::scheme(url).as_deref() {
+        Some("sqlite") => Ok(Backend::Sqlite),
+        Some("postgres" | "postgresql") => Ok(Backend::Postgres),
+        _ => Err(UrlError::UnsupportedScheme {
+            url: redact_url(url),
+        }
+        .into()),
+    }
+}
+
+// After the macros and helpers above, which they use.
+mod open;
+mod schema;
+
+pub use open::{AnyOutboxOptions, OpenMode};
+
 impl AnyOutbox {
     /// Connect to `url` and set up the default table: `sqlite:…` through
     /// [`SqliteOutbox::connect`](crate::SqliteOutbox::connect),
@@ -243,15 +270,38 @@ impl AnyOutbox {
     /// another database, or without a scheme, is refused with
     /// [`UrlError::UnsupportedScheme`]; one whose store feature is not
     /// enabled with the error that names the feature.
+    ///
+    /// To open another table, only read a SQLite file, or open without
+    /// setting anything up, use [`AnyOutbox::options`].
     pub async fn connect(url: &str) -> Result<Self> {
-        match connect::scheme(url).as_deref() {
-            Some("sqlite") => Self::sqlite(url).await,
-            Some("postgres" | "postgresql") => Self::postgres(url).await,
-            _ => Err(UrlError::UnsupportedScheme {
-                url: super::kit::redact_url(url),
-            }
-            .into()),
+        match backend_for(url)? {
+            Backend::Sqlite => Self::sqlite(url).await,
+            Backend::Postgres => Self::postgres(url).await,
         }
+    }
+
+    /// Settings to open an outbox by URL with: which table, whether a
+    /// SQLite file may be created or changed, the pools' settings. See
+    /// [`AnyOutboxOptions`].
+    pub fn options() -> AnyOutboxOptions {
+        AnyOutboxOptions::default()
+    }
+
+    /// The scheme of a database URL, lowercased, as [`AnyOutbox::connect`]
+    /// and [`AnyOutboxOptions::open`] read it to pick the database
+    /// (`sqlite`, `postgres`, `postgresql`, or another database's, which
+    /// they refuse); `None` when the URL has none, as a bare file path. For
+    /// a program that reports a URL it cannot use in its own words.
+    ///
+    /// ```
+    /// use outbox::AnyOutbox;
+    ///
+    /// assert_eq!(AnyOutbox::scheme("PostgreSQL://app@db/app").as_deref(), Some("postgresql"));
+    /// assert_eq!(AnyOutbox::scheme("mysql://app@db/app").as_deref(), Some("mysql"));
+    /// assert_eq!(AnyOutbox::scheme("app.db"), None);
+    /// ```
+    pub fn scheme(url: &str) -> Option<String> {
+        connect::scheme(url)
     }
 
     #[cfg(feature = "sqlite")]
@@ -283,6 +333,33 @@ impl AnyOutbox {
             AnyOutbox::Sqlite(_) => Backend::Sqlite,
             #[cfg(feature = "postgres")]
             AnyOutbox::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// The table the outbox uses.
+    pub fn table(&self) -> &TableName {
+        on_backend!(self, AnyOutbox, |store| store.table())
+    }
+
+    /// Close the pool: wait until every connection is back, then close
+    /// them all. Call it before the async runtime stops, when a task may
+    /// still hold a connection: one dropped after the runtime is gone
+    /// cannot be returned. Clones share the pool, so it closes theirs too.
+    pub async fn close(&self) {
+        on_backend!(self, AnyOutbox, |store| store.pool().close().await)
+    }
+
+    /// Wake-ups on inserts committed by any process, where the database
+    /// tells every connection about them: PostgreSQL (`LISTEN`/`NOTIFY`).
+    /// `None` on SQLite, whose wake-ups ([`OutboxStore::wakeups`]) come from
+    /// this process's own commits only, so a drain in a process that does
+    /// not enqueue must poll.
+    pub fn cross_process_wakeups(&self) -> Option<Wakeups> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            AnyOutbox::Sqlite(_) => None,
+            #[cfg(feature = "postgres")]
+            AnyOutbox::Postgres(store) => store.wakeups(),
         }
     }
 
