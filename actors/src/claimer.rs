@@ -56,10 +56,10 @@ use actix::prelude::*;
 use outbox::{Armed, ClaimBatch, ClaimedBatch, ReleaseClaim, WakeupArm};
 
 use crate::context::{DrainContext, until};
-use crate::delivery::{Abort, DeliveryActor, GiveBack, ReportTo, Reporter};
+use crate::delivery::{Abort, DeliveryActor, ReportTo, Reporter};
 use crate::error::Error;
 use crate::messages::{
-    Abandoned, Arming, ClaimerDone, DeliveryEnded, DeliveryFinished, HandlerReturned,
+    Abandoned, Arming, ClaimerDone, DeliveryEnded, DeliveryFinished, GiveBack, HandlerReturned,
 };
 use crate::notices::DeadLetter;
 use crate::telemetry;

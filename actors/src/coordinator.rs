@@ -48,8 +48,9 @@ use crate::claimer::{self, Claimer, Refill, WindDown};
 use crate::context::{DrainContext, DrainObserver, after, until};
 use crate::error::{Error, Result};
 use crate::messages::{Abandoned, Arming, ClaimerDone, DeliveryFinished};
-use crate::notices::{DrainReport, LeaseLost, Notice, Outcome, OutcomeNotice};
+use crate::notices::{LeaseLost, Notice, OutcomeNotice};
 use crate::registrations;
+use crate::report::{DrainReport, Outcome};
 use crate::retention;
 use crate::telemetry;
 

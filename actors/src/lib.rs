@@ -150,11 +150,13 @@ mod coordinator;
 mod delivery;
 mod error;
 mod heartbeat;
+mod lease;
 mod messages;
 pub mod metrics;
 mod notices;
 mod recipient;
 mod registrations;
+mod report;
 mod retention;
 mod settlement;
 mod telemetry;
@@ -168,10 +170,11 @@ pub use coordinator::{
 };
 pub use error::{Error, LeaseLostError, MaxActiveDurationError, Result};
 pub use notices::{
-    DeadLetter, DrainReport, HandlerResult, LeaseLost, LeaseOperation, LeaseState, Outcome,
-    OutcomeNotice, SettleOperation, SettlementFailed,
+    DeadLetter, HandlerResult, LeaseLost, LeaseOperation, LeaseState, OutcomeNotice,
+    SettleOperation, SettlementFailed,
 };
 pub use recipient::{DeliverEvent, DeliverJob, RecipientBus, RecipientJobs};
+pub use report::{DrainReport, Outcome};
 
 /// The names most drain programs need: `use outbox_actors::prelude::*;`.
 pub mod prelude {

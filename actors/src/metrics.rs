@@ -46,9 +46,8 @@ use metrics::{
 };
 use outbox::{ClaimedMessage, MessageKind};
 
-use crate::notices::{
-    DeadLetter, LeaseLost, LeaseOperation, LeaseState, Outcome, SettlementFailed,
-};
+use crate::notices::{DeadLetter, LeaseLost, LeaseOperation, LeaseState, SettlementFailed};
+use crate::report::Outcome;
 
 /// Counter: claims that started a delivery.
 pub const CLAIMED: &str = "outbox_claimed_total";

@@ -24,12 +24,14 @@ use outbox::{
 };
 
 use crate::context::{DrainContext, after, until};
-use crate::error::{Error, LeaseLostError, MaxActiveDurationError};
+use crate::error::{Error, LeaseLostError};
+use crate::lease::Deadline;
 use crate::messages::HandOver;
 use crate::notices::{
-    DeadLetter, HandlerResult, LeaseLost, LeaseOperation, LeaseState, Outcome, SettleOperation,
+    DeadLetter, HandlerResult, LeaseLost, LeaseOperation, LeaseState, SettleOperation,
     SettlementFailed,
 };
+use crate::report::Outcome;
 
 /// What a settlement did.
 #[derive(Debug)]
@@ -59,6 +61,11 @@ pub(crate) enum Settlement {
         /// The first write failed without being refused, or never answered:
         /// the store is failing, not the claim.
         store_faulted: bool,
+        /// The store's transient errors, by attempt number, once the first
+        /// write had failed and the rest ran under the last confirmed lease:
+        /// for the logs, so that a settlement that ends badly can be read
+        /// back.
+        failed_attempts: Vec<(u32, outbox::Error)>,
     },
 }
 
@@ -66,7 +73,11 @@ pub(crate) enum Settlement {
 #[derive(Debug)]
 pub(crate) enum End {
     /// Stored as delivered.
-    Delivered,
+    Delivered {
+        /// The store deleted the message as it settled it
+        /// (`delete_on_delivery`).
+        deleted: bool,
+    },
     /// Stored as failed, pending again at `retry_at`.
     Retried {
         /// The error stored with it.
@@ -100,7 +111,7 @@ impl Settlement {
         match self {
             Settlement::Lost(_) => Outcome::LeaseLost,
             Settlement::Written { end, .. } => match end {
-                End::Delivered => Outcome::Delivered,
+                End::Delivered { .. } => Outcome::Delivered,
                 End::Retried { .. } => Outcome::Retried,
                 End::DeadLettered(_) => Outcome::DeadLettered,
                 End::Unsettled(failure) => Outcome::SettlementFailed {
@@ -146,26 +157,6 @@ enum Unwritten {
     Failed(outbox::Error),
 }
 
-/// The failure for a deadline that passed: `max_active` when it ends first,
-/// else the lease.
-pub(crate) fn deadline_failure(
-    drain: &DrainContext,
-    message: &ClaimedMessage,
-    active_first: bool,
-    confirmed_lost: bool,
-    reason: &str,
-    cause: Option<Error>,
-) -> LeaseLost {
-    let (operation, confirmed_lost, error) = if active_first {
-        let error = MaxActiveDurationError::new(&message.id, drain.config.max_active);
-        (LeaseOperation::MaxActive, false, error.into())
-    } else {
-        let error = LeaseLostError::new(&message.id, reason, cause);
-        (LeaseOperation::Renew, confirmed_lost, error.into())
-    };
-    LeaseLost::new(message, operation, LeaseState::Lost, confirmed_lost, error)
-}
-
 /// One settlement write under the claim token, bounded by `deadline`.
 async fn write_once(
     drain: &DrainContext,
@@ -203,24 +194,21 @@ async fn write_once(
     match tokio::time::timeout(remaining, call).await {
         Err(_) => Err(Unwritten::Deadline),
         Ok(Err(error)) => Err(Unwritten::Failed(error)),
-        Ok(Ok(())) => {
-            if delete && matches!(write, Write::Delivered) {
-                crate::retention::deleted_at_delivery(drain);
-            }
-            Ok(())
-        }
+        Ok(Ok(())) => Ok(()),
     }
 }
 
 /// The settlement attempts after the first write failed with
 /// `first_error`: up to the configured attempts in all, with doubling
-/// delay, each bounded by `deadline`.
+/// delay, each bounded by `deadline`. The errors of the attempts that were
+/// followed by another go to `failed_attempts`.
 async fn retry_settlement(
     drain: &DrainContext,
     message: &ClaimedMessage,
     deadline: DateTime<Utc>,
     write: &Write,
     first_error: outbox::Error,
+    failed_attempts: &mut Vec<(u32, outbox::Error)>,
 ) -> Result<(), Unsettled> {
     let missed_deadline = || Unsettled {
         error: LeaseLostError::new(
@@ -237,10 +225,7 @@ async fn retry_settlement(
         .into(),
         claim_lost: true,
     };
-    // Attempt by attempt, so a settlement that ends badly can be read back;
-    // the outcome itself is reported by the delivery.
-    tracing::debug!(target: "outbox", id = %message.id, attempt = 1, error = %first_error,
-        "outbox settlement attempt failed");
+    failed_attempts.push((1, first_error.clone()));
     let mut last_error = first_error;
     for attempt in 2..=drain.config.settlement.attempts {
         let remaining = until(drain.now(), deadline);
@@ -263,8 +248,7 @@ async fn retry_settlement(
                 });
             }
             Err(Unwritten::Failed(error)) => {
-                tracing::debug!(target: "outbox", id = %message.id, attempt, %error,
-                    "outbox settlement attempt failed");
+                failed_attempts.push((attempt, error.clone()));
                 last_error = error;
             }
         }
@@ -332,8 +316,7 @@ pub(crate) async fn settle_delivery(
         } => (locked_until, renewal_error),
     };
     let (write, delivery_error) = write_for(drain, message, result);
-    let deadline = locked_until.min(active_until);
-    let active_first = active_until <= locked_until;
+    let deadline = Deadline::new(locked_until, active_until);
     let lease = |state, confirmed_lost, error: Error| {
         LeaseLost::new(message, LeaseOperation::Renew, state, confirmed_lost, error)
             .after(handler.clone())
@@ -348,7 +331,8 @@ pub(crate) async fn settle_delivery(
             }),
         )
     };
-    let first = write_once(drain, message, &write, deadline).await;
+    let mut failed_attempts = Vec::new();
+    let first = write_once(drain, message, &write, deadline.at).await;
     // A write that failed without being refused, or never answered: the
     // store is in trouble, and claiming more would only queue behind it.
     let store_faulted = match &first {
@@ -363,28 +347,29 @@ pub(crate) async fn settle_delivery(
         ),
         Err(Unwritten::Expired) => {
             // Nothing was written: as a final extension found too late.
+            let confirmed_lost = !deadline.max_active_first;
             return Settlement::Lost(
-                deadline_failure(
-                    drain,
-                    message,
-                    active_first,
-                    !active_first,
-                    "the lease ran out before the delivery's outcome could be written",
-                    None,
-                )
-                .after(handler),
+                deadline
+                    .passed(
+                        drain,
+                        message,
+                        confirmed_lost,
+                        "the lease ran out before the delivery's outcome could be written",
+                        None,
+                    )
+                    .after(handler),
             );
         }
         Err(Unwritten::Deadline) => {
-            let failure = deadline_failure(
-                drain,
-                message,
-                active_first,
-                false,
-                "the extension write did not complete before the lease deadline",
-                None,
-            )
-            .after(handler.clone());
+            let failure = deadline
+                .passed(
+                    drain,
+                    message,
+                    false,
+                    "the extension write did not complete before the lease deadline",
+                    None,
+                )
+                .after(handler.clone());
             let error = failure.error.clone();
             lost(failure, error)
         }
@@ -392,10 +377,18 @@ pub(crate) async fn settle_delivery(
             let error = Error::from(error);
             lost(lease(LeaseState::Lost, true, error.clone()), error)
         }
-        Err(Unwritten::Failed(error)) if drain.now() < deadline => {
+        Err(Unwritten::Failed(error)) if drain.now() < deadline.at => {
             // The last confirmed lease is still running: settle under it, the
             // failed write counting as the first attempt.
-            let settled = retry_settlement(drain, message, deadline, &write, error.clone()).await;
+            let settled = retry_settlement(
+                drain,
+                message,
+                deadline.at,
+                &write,
+                error.clone(),
+                &mut failed_attempts,
+            )
+            .await;
             (
                 Some(lease(LeaseState::Degraded, false, error.into())),
                 settled,
@@ -403,8 +396,11 @@ pub(crate) async fn settle_delivery(
         }
         Err(Unwritten::Failed(error)) => {
             let error = Error::from(error);
-            let failure = if active_first {
-                deadline_failure(drain, message, true, false, "", None).after(handler.clone())
+            let failure = if deadline.max_active_first {
+                // `max_active` names the failure; no lease reason is read.
+                deadline
+                    .passed(drain, message, false, "", None)
+                    .after(handler.clone())
             } else {
                 lease(LeaseState::Lost, false, error.clone())
             };
@@ -438,7 +434,9 @@ pub(crate) async fn settle_delivery(
             error: unsettled.error,
             claim_lost: unsettled.claim_lost,
         }),
-        (Ok(()), Write::Delivered) => End::Delivered,
+        (Ok(()), Write::Delivered) => End::Delivered {
+            deleted: drain.config.retention.delete_on_delivery,
+        },
         (
             Ok(()),
             Write::Failed {
@@ -467,6 +465,7 @@ pub(crate) async fn settle_delivery(
         delivery_error,
         end,
         store_faulted,
+        failed_attempts,
     }
 }
 

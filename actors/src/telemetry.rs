@@ -22,12 +22,11 @@ use tokio::time::Instant;
 use tracing::Span;
 
 use crate::context::{DrainContext, until};
-use crate::delivery::GiveBack;
 use crate::error::Error;
+use crate::messages::GiveBack;
 use crate::metrics;
-use crate::notices::{
-    DeadLetter, DrainReport, LeaseLost, LeaseOperation, LeaseState, Outcome, SettlementFailed,
-};
+use crate::notices::{DeadLetter, LeaseLost, LeaseOperation, LeaseState, SettlementFailed};
+use crate::report::{DrainReport, Outcome};
 
 /// The span a delivery runs in: `outbox deliver {name}`.
 ///
@@ -176,6 +175,18 @@ pub(crate) fn delivery_died(failure: &LeaseLost) {
         kind = failure.kind.as_str(), name = %failure.name, confirmed_lost = false,
         "outbox delivery actor died; its message is claimable again after its lease");
     metrics::lease(failure);
+}
+
+/// A settlement write failed transiently at `attempt`, with attempts left
+/// or not: logged attempt by attempt, so that a settlement that ends badly
+/// can be read back. Call inside the delivery's span.
+pub(crate) fn settlement_attempt_failed(
+    message: &ClaimedMessage,
+    attempt: u32,
+    error: &outbox::Error,
+) {
+    tracing::debug!(target: "outbox", id = %message.id, attempt, %error,
+        "outbox settlement attempt failed");
 }
 
 pub(crate) fn settlement_failed(failure: &SettlementFailed) {

@@ -163,14 +163,40 @@ async fn a_delivered_message_is_settled_in_one_write() {
                 renewal: None,
                 lost: None,
                 delivery_error: None,
-                end: End::Delivered,
+                end: End::Delivered { deleted: false },
                 store_faulted: false,
-            }
+                ref failed_attempts,
+            } if failed_attempts.is_empty()
         ),
         "{settlement:?}"
     );
     assert_eq!(store.writes(), [("mark_delivered", start)]);
     assert_eq!(store.status(&message.id).await, MessageStatus::Delivered);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_deleted_as_it_settles_says_so() {
+    let (mut drain, store, message) = claimed(3).await;
+    drain.config.retention.delete_on_delivery = true;
+    let settlement = settle_delivery(
+        &drain,
+        &message,
+        active_until(&drain),
+        held(&message),
+        Ok(()),
+    )
+    .await;
+    assert!(
+        matches!(
+            settlement,
+            Settlement::Written {
+                end: End::Delivered { deleted: true },
+                ..
+            }
+        ),
+        "{settlement:?}"
+    );
+    assert_eq!(store.writes().len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -198,6 +224,7 @@ async fn a_failed_delivery_with_attempts_left_is_retried() {
                 retry_at: Some(retry_at),
             },
         store_faulted: false,
+        failed_attempts,
     } = settlement
     else {
         panic!("{settlement:?}")
@@ -205,6 +232,7 @@ async fn a_failed_delivery_with_attempts_left_is_retried() {
     assert_eq!(error.to_string(), "downstream said no");
     assert_eq!(record.message, "downstream said no");
     assert_eq!(retry_at, after(start, delay));
+    assert!(failed_attempts.is_empty(), "{failed_attempts:?}");
     assert_eq!(store.writes(), [("mark_failed", start)]);
     assert_eq!(store.status(&message.id).await, MessageStatus::Pending);
 }
@@ -317,7 +345,8 @@ async fn a_transient_error_then_success_settles_under_the_last_lease() {
     .await;
     let Settlement::Written {
         renewal: Some(renewal),
-        end: End::Delivered,
+        end: End::Delivered { .. },
+        failed_attempts,
         ..
     } = settlement
     else {
@@ -325,6 +354,8 @@ async fn a_transient_error_then_success_settles_under_the_last_lease() {
     };
     assert_eq!(renewal.state, LeaseState::Degraded);
     assert!(!renewal.confirmed_lost);
+    let attempts: Vec<u32> = failed_attempts.iter().map(|(at, _)| *at).collect();
+    assert_eq!(attempts, [1], "the failed first write is logged");
     let second = after(start, drain.config.settlement.delay);
     assert_eq!(
         store.writes(),
@@ -384,11 +415,14 @@ async fn transient_errors_to_the_last_attempt_leave_the_outcome_unsettled() {
     );
     let Settlement::Written {
         end: End::Unsettled(failure),
+        failed_attempts,
         ..
     } = settlement
     else {
         panic!("{settlement:?}")
     };
+    let attempts: Vec<u32> = failed_attempts.iter().map(|(at, _)| *at).collect();
+    assert_eq!(attempts, [1, 2, 3], "every failed attempt is logged");
     assert!(failure.delivery_succeeded && !failure.claim_lost);
     assert_eq!(failure.operation, SettleOperation::MarkDelivered);
     assert_eq!(store.writes().len(), 3, "the configured attempts");
@@ -475,7 +509,7 @@ async fn renewal_errors_are_recovered_by_a_first_write_that_succeeds() {
         settle_delivery(&drain, &message, active_until(&drain), hand_over, Ok(())).await;
     let Settlement::Written {
         renewal: Some(renewal),
-        end: End::Delivered,
+        end: End::Delivered { .. },
         ..
     } = settlement
     else {
