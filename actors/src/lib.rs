@@ -65,29 +65,16 @@
 //! message (see [`outbox::TraceCarrier`]), and the handler's
 //! [`DeliveryContext::trace`](outbox::DeliveryContext::trace) is the delivery
 //! span's own context, to continue the trace downstream. A stored context
-//! that does not parse is logged at `debug` (`outbox.trace_invalid`) and the
+//! that does not parse is logged at `debug` ([`events::TRACE_INVALID`]) and the
 //! delivery starts a new trace; it never fails the delivery. Without the
 //! feature, handlers get the stored context unchanged.
 //!
-//! Every outcome is one event, with a stable `event` field to match on:
-//!
-//! | `event` | level | when |
-//! |---|---|---|
-//! | `outbox.delivered` | info | delivered and settled |
-//! | `outbox.retry_scheduled` | warn | failed; fields `retry_delay_ms`, `retry_at` |
-//! | `outbox.dead_lettered` | error | failed for good; field `abandoned` |
-//! | `outbox.lease_lost` | warn | claim lost, delivery aborted (error when its delivery actor died) |
-//! | `outbox.renewal_recovered` | info | renewals failed, then succeeded |
-//! | `outbox.renewal_degraded` | warn | the first settlement write failed; settled under the last confirmed lease |
-//! | `outbox.settlement_failed` | error | the outcome could not be stored |
-//! | `outbox.released` | info | claim given back at shutdown |
-//! | `outbox.release_failed` | warn | claim not given back at shutdown; claimable after its lease |
-//! | `outbox.claim_failed` | warn | a claim failed (error when the store broke its contract); the pass stops claiming |
-//! | `outbox.pass_finished` | debug | a pass ended, with its tally |
-//! | `outbox.delivery_started` | trace | a handler starts; the only event with the payload |
-//!
-//! Job messages also emit `job.completed`, `job.retry_scheduled` and
-//! `job.dead_lettered`. Payloads are never logged above `trace` level.
+//! Every outcome, and every other thing worth a log line (a failed claim,
+//! a retention run, a pass's tally), is one event with target `outbox` and
+//! a stable `event` field to match on. [`events`] names them all, with
+//! the level and fields of each; [`events::ALL`] is the same list as data.
+//! Job messages also emit a job-level record (`job.*`). Payloads are never
+//! logged above `trace` level.
 //!
 //! # Metrics
 //!
@@ -149,6 +136,7 @@ mod context;
 mod coordinator;
 mod delivery;
 mod error;
+pub mod events;
 mod heartbeat;
 mod lease;
 mod messages;
