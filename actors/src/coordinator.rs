@@ -267,7 +267,7 @@ impl DrainCoordinator {
         let id = self.next_pass;
         self.next_pass += 1;
         let address = ctx.address();
-        let coordinator = claimer::Coordinator {
+        let coordinator = claimer::CoordinatorRecipients {
             finished: address.clone().recipient(),
             abandoned: address.clone().recipient(),
             done: address.recipient(),
@@ -350,7 +350,7 @@ impl DrainCoordinator {
         self.revisit_timer = Some((first, handle));
     }
 
-    fn current(&mut self, pass: u64) -> Option<&mut Pass> {
+    fn current_pass(&mut self, pass: u64) -> Option<&mut Pass> {
         self.pass.as_mut().filter(|current| current.id == pass)
     }
 
@@ -611,7 +611,7 @@ impl Handler<DeliveryFinished> for DrainCoordinator {
     type Result = ();
 
     fn handle(&mut self, finished: DeliveryFinished, ctx: &mut Context<Self>) {
-        if let Some(pass) = self.current(finished.pass) {
+        if let Some(pass) = self.current_pass(finished.pass) {
             pass.report.add(finished.outcome);
             pass.finished += 1;
         }
@@ -639,7 +639,7 @@ impl Handler<Abandoned> for DrainCoordinator {
     type Result = ();
 
     fn handle(&mut self, abandoned: Abandoned, _: &mut Context<Self>) {
-        if let Some(pass) = self.current(abandoned.pass) {
+        if let Some(pass) = self.current_pass(abandoned.pass) {
             let count = abandoned.dead_letters.len() as u64;
             pass.report.dead_lettered += count;
             pass.report.abandoned_dead_lettered += count;
@@ -661,7 +661,7 @@ impl Handler<ClaimerDone> for DrainCoordinator {
             self.revisit(after(now, self.drain.heartbeat), ctx);
             self.revisit(after(now, self.drain.config.lease), ctx);
         }
-        if let Some(pass) = self.current(done.pass) {
+        if let Some(pass) = self.current_pass(done.pass) {
             pass.claimed = Some(done.claimed);
             pass.report.claimed = done.claimed;
             pass.error = done.error;

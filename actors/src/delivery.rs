@@ -675,7 +675,7 @@ fn report(
 }
 
 fn report_lease(drain: &DrainContext, failure: &LeaseLost) {
-    telemetry::lease(failure);
+    telemetry::lease_failure(failure);
     drain.observe("on_lease_error", |observer| {
         observer.on_lease_error(failure)
     });

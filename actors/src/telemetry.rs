@@ -137,7 +137,7 @@ pub(crate) fn dead_lettered(dead_letter: &DeadLetter) {
     metrics::dead_lettered(dead_letter);
 }
 
-pub(crate) fn lease(failure: &LeaseLost) {
+pub(crate) fn lease_failure(failure: &LeaseLost) {
     let operation = match failure.operation {
         LeaseOperation::Renew => "renew",
         LeaseOperation::MaxActive => "max_active",
@@ -161,7 +161,7 @@ pub(crate) fn lease(failure: &LeaseLost) {
             id = %failure.id, kind = failure.kind.as_str(), name = %failure.name, error = %failure.error,
             "outbox claim renewal failed; settling under the last confirmed lease"),
     }
-    metrics::lease(failure);
+    metrics::lease_failure(failure);
 }
 
 /// A delivery actor stopped before reporting: its claim is as good as lost.
@@ -170,7 +170,7 @@ pub(crate) fn delivery_died(failure: &LeaseLost) {
     tracing::error!(target: "outbox", event = events::LEASE_LOST, id = %failure.id,
         kind = failure.kind.as_str(), name = %failure.name, confirmed_lost = false,
         "outbox delivery actor died; its message is claimable again after its lease");
-    metrics::lease(failure);
+    metrics::lease_failure(failure);
 }
 
 /// A settlement write failed transiently at `attempt`, with attempts left
