@@ -144,18 +144,21 @@ fn active_until(drain: &DrainContext) -> DateTime<Utc> {
     after(drain.now(), drain.config.max_active)
 }
 
+/// Settle the handler's `result` under the lease as claimed, with
+/// `max_active` ending after it.
+async fn settle(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    result: DeliveryResult,
+) -> Settlement {
+    settle_delivery(drain, message, active_until(drain), held(message), result).await
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_delivered_message_is_settled_in_one_write() {
     let (drain, store, message) = claimed(3).await;
     let start = drain.now();
-    let settlement = settle_delivery(
-        &drain,
-        &message,
-        active_until(&drain),
-        held(&message),
-        Ok(()),
-    )
-    .await;
+    let settlement = settle(&drain, &message, Ok(())).await;
     assert!(
         matches!(
             settlement,
@@ -178,14 +181,7 @@ async fn a_delivered_message_is_settled_in_one_write() {
 async fn a_message_deleted_as_it_settles_says_so() {
     let (mut drain, store, message) = claimed(3).await;
     drain.config.retention.delete_on_delivery = true;
-    let settlement = settle_delivery(
-        &drain,
-        &message,
-        active_until(&drain),
-        held(&message),
-        Ok(()),
-    )
-    .await;
+    let settlement = settle(&drain, &message, Ok(())).await;
     assert!(
         matches!(
             settlement,
@@ -204,14 +200,7 @@ async fn a_failed_delivery_with_attempts_left_is_retried() {
     let (drain, store, message) = claimed(3).await;
     let start = drain.now();
     let result = Err(DeliveryError::msg("downstream said no"));
-    let settlement = settle_delivery(
-        &drain,
-        &message,
-        active_until(&drain),
-        held(&message),
-        result,
-    )
-    .await;
+    let settlement = settle(&drain, &message, result).await;
     assert_eq!(settlement.outcome(), Outcome::Retried);
     let Settlement::Written {
         renewal: None,
@@ -241,14 +230,7 @@ async fn a_failed_delivery_with_attempts_left_is_retried() {
 async fn a_failed_delivery_without_attempts_left_is_dead_lettered() {
     let (drain, store, message) = claimed(1).await;
     let result = Err(DeliveryError::msg("downstream said no"));
-    let settlement = settle_delivery(
-        &drain,
-        &message,
-        active_until(&drain),
-        held(&message),
-        result,
-    )
-    .await;
+    let settlement = settle(&drain, &message, result).await;
     let Settlement::Written {
         end: End::DeadLettered(dead_letter),
         delivery_error: Some(_),
@@ -266,14 +248,7 @@ async fn a_failed_delivery_without_attempts_left_is_dead_lettered() {
 async fn a_permanent_error_is_dead_lettered_with_attempts_left() {
     let (drain, store, message) = claimed(3).await;
     let result = Err(DeliveryError::msg("no such stream").permanent());
-    let settlement = settle_delivery(
-        &drain,
-        &message,
-        active_until(&drain),
-        held(&message),
-        result,
-    )
-    .await;
+    let settlement = settle(&drain, &message, result).await;
     let Settlement::Written {
         end: End::DeadLettered(dead_letter),
         delivery_error: Some(error),
@@ -311,14 +286,7 @@ fn unacknowledged(settlement: Settlement) -> (LeaseLost, SettlementFailed) {
 async fn a_claim_error_on_the_first_write_loses_the_lease_after_the_handler_finished() {
     let (drain, store, message) = claimed(3).await;
     store.fail_next(&[Fault::ClaimLost]);
-    let settlement = settle_delivery(
-        &drain,
-        &message,
-        active_until(&drain),
-        held(&message),
-        Ok(()),
-    )
-    .await;
+    let settlement = settle(&drain, &message, Ok(())).await;
     assert!(!settlement.store_faulted(), "refused, not failed");
     let (failure, settlement) = unacknowledged(settlement);
     assert_eq!(failure.operation, LeaseOperation::Renew);
@@ -335,14 +303,7 @@ async fn a_transient_error_then_success_settles_under_the_last_lease() {
     let (drain, store, message) = claimed(3).await;
     store.fail_next(&[Fault::Transient]);
     let start = drain.now();
-    let settlement = settle_delivery(
-        &drain,
-        &message,
-        active_until(&drain),
-        held(&message),
-        Ok(()),
-    )
-    .await;
+    let settlement = settle(&drain, &message, Ok(())).await;
     let Settlement::Written {
         renewal: Some(renewal),
         end: End::Delivered { .. },
@@ -368,14 +329,7 @@ async fn a_transient_error_then_success_settles_under_the_last_lease() {
 async fn a_claim_refused_after_a_transient_error_is_heard_as_lost_after_the_handler() {
     let (drain, store, message) = claimed(3).await;
     store.fail_next(&[Fault::Transient, Fault::ClaimLost]);
-    let settlement = settle_delivery(
-        &drain,
-        &message,
-        active_until(&drain),
-        held(&message),
-        Ok(()),
-    )
-    .await;
+    let settlement = settle(&drain, &message, Ok(())).await;
     assert_eq!(
         settlement.outcome(),
         Outcome::SettlementFailed { claim_lost: true }
@@ -401,14 +355,7 @@ async fn a_claim_refused_after_a_transient_error_is_heard_as_lost_after_the_hand
 async fn transient_errors_to_the_last_attempt_leave_the_outcome_unsettled() {
     let (drain, store, message) = claimed(3).await;
     store.fail_next(&[Fault::Transient; 3]);
-    let settlement = settle_delivery(
-        &drain,
-        &message,
-        active_until(&drain),
-        held(&message),
-        Ok(()),
-    )
-    .await;
+    let settlement = settle(&drain, &message, Ok(())).await;
     assert_eq!(
         settlement.outcome(),
         Outcome::SettlementFailed { claim_lost: false }
@@ -434,14 +381,7 @@ async fn a_first_write_past_the_lease_deadline_loses_the_lease() {
     let (drain, store, message) = claimed(3).await;
     store.fail_next(&[Fault::Hang]);
     let result = Err(DeliveryError::msg("downstream said no"));
-    let settlement = settle_delivery(
-        &drain,
-        &message,
-        active_until(&drain),
-        held(&message),
-        result,
-    )
-    .await;
+    let settlement = settle(&drain, &message, result).await;
     assert!(settlement.store_faulted(), "no answer is the store's fault");
     let (failure, settlement) = unacknowledged(settlement);
     assert_eq!(failure.operation, LeaseOperation::Renew);
