@@ -46,7 +46,7 @@ use metrics::{
 };
 use outbox::{ClaimedMessage, MessageKind};
 
-use crate::notices::{DeadLetter, LeaseLost, LeaseOperation, LeaseState, SettlementFailed};
+use crate::notices::{DeadLetter, LeaseLost, LeaseState, SettlementFailed};
 use crate::report::Outcome;
 
 /// Counter: claims that started a delivery.
@@ -193,11 +193,7 @@ pub(crate) fn lease_failure(failure: &LeaseLost) {
         LeaseState::Recovered => "recovered",
         LeaseState::Degraded => "degraded",
     };
-    let operation = match failure.operation {
-        LeaseOperation::Renew => "renew",
-        LeaseOperation::MaxActive => "max_active",
-        LeaseOperation::Release => "release",
-    };
+    let operation = failure.operation.as_str();
     counter!(LEASE_FAILURES, "kind" => failure.kind.as_str(), "name" => name(&failure.name),
         "state" => state, "operation" => operation)
     .increment(1);

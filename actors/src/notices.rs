@@ -28,6 +28,18 @@ pub enum LeaseOperation {
     Release,
 }
 
+impl LeaseOperation {
+    /// For logs and metrics: `renew`, `max_active` or `release`, as
+    /// serialized.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            LeaseOperation::Renew => "renew",
+            LeaseOperation::MaxActive => "max_active",
+            LeaseOperation::Release => "release",
+        }
+    }
+}
+
 /// How a lease failure ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::events;
 use crate::messages::GiveBack;
 use crate::metrics;
-use crate::notices::{DeadLetter, LeaseLost, LeaseOperation, LeaseState, SettlementFailed};
+use crate::notices::{DeadLetter, LeaseLost, LeaseState, SettlementFailed};
 use crate::report::{DrainReport, Outcome};
 
 /// The span a delivery runs in: `outbox deliver {name}`.
@@ -138,11 +138,7 @@ pub(crate) fn dead_lettered(dead_letter: &DeadLetter) {
 }
 
 pub(crate) fn lease_failure(failure: &LeaseLost) {
-    let operation = match failure.operation {
-        LeaseOperation::Renew => "renew",
-        LeaseOperation::MaxActive => "max_active",
-        LeaseOperation::Release => "release",
-    };
+    let operation = failure.operation.as_str();
     match failure.state {
         LeaseState::Lost if failure.handler.finished() => tracing::warn!(target: "outbox",
             event = events::LEASE_LOST, id = %failure.id, kind = failure.kind.as_str(),
