@@ -56,10 +56,10 @@ use actix::prelude::*;
 use outbox::{Armed, ClaimBatch, ClaimedBatch, ReleaseClaim, WakeupArm};
 
 use crate::context::{DrainContext, until};
-use crate::delivery::{Abort, DeliveryActor, GiveBack, ReportTo, Reporter};
+use crate::delivery::{Abort, DeliveryActor, ReportTo, Reporter};
 use crate::error::Error;
 use crate::messages::{
-    Abandoned, Arming, ClaimerDone, DeliveryEnded, DeliveryFinished, HandlerReturned,
+    Abandoned, Arming, ClaimerDone, DeliveryEnded, DeliveryFinished, GiveBack, HandlerReturned,
 };
 use crate::notices::DeadLetter;
 use crate::telemetry;
@@ -105,7 +105,7 @@ enum Phase {
 }
 
 /// Where a claimer's reports go: its coordinator.
-pub(crate) struct Coordinator {
+pub(crate) struct CoordinatorRecipients {
     /// Handed to each delivery, for its outcome.
     pub(crate) finished: Recipient<DeliveryFinished>,
     /// Messages a claim dead-lettered.
@@ -118,7 +118,7 @@ pub(crate) struct Claimer {
     /// The store, config and observers of the drain.
     drain: Arc<DrainContext>,
     /// Where reports go.
-    coordinator: Coordinator,
+    coordinator: CoordinatorRecipients,
     /// The pass this claimer serves; every report carries it.
     pass: u64,
     /// Where deliveries run: round-robin over these, or the current arbiter.
@@ -171,7 +171,7 @@ pub(crate) struct Claimer {
 impl Claimer {
     pub(crate) fn new(
         drain: Arc<DrainContext>,
-        coordinator: Coordinator,
+        coordinator: CoordinatorRecipients,
         pass: u64,
         arbiters: Arc<[ArbiterHandle]>,
         arm: Option<WakeupArm>,
@@ -385,7 +385,7 @@ impl Claimer {
                     // frees starts one of them), so a message starts now
                     // only when none waits.
                     if self.handling < self.drain.config.concurrency {
-                        let late = late(&message, took);
+                        let late = late_claim(&message, took);
                         self.start_delivery(message, late, ctx);
                     } else {
                         self.waiting.push_back(Waiting {
@@ -534,7 +534,7 @@ impl Waiting {
 /// worker. The lease is measured on the store's clock (it stamped both
 /// ends), the time taken on the runtime's, so a skewed clock between them
 /// cannot make every claim look late, or none.
-fn late(message: &outbox::ClaimedMessage, took: Duration) -> Option<GiveBack> {
+fn late_claim(message: &outbox::ClaimedMessage, took: Duration) -> Option<GiveBack> {
     let granted = until(message.claimed_at, message.locked_until);
     let left = granted.saturating_sub(took);
     (left < took || left.is_zero()).then_some(GiveBack::Late { took, left })

@@ -22,37 +22,49 @@
 //!
 //! Commands travel down the tree and sit at the top of the receiving
 //! actor's file; reports travel up as the types of `messages`, to
-//! `Recipient`s of the parent. So each actor file imports only the files
-//! below it, and the heartbeat reads on its own.
+//! `Recipient`s of the parent. The modules are listed from the top of the
+//! tree down, and each module imports only modules listed after it:
 //!
 //! - `coordinator`: [`DrainCoordinator`], long-lived, one per outbox. Runs
-//!   passes on [`Drain`], on its schedule and on store wake-ups (never two at
-//!   once, and back to back while claims come back full), tallies [`DrainReport`]s, fans out notifications to
-//!   [`Subscribe`]rs, and handles [`Shutdown`].
+//!   passes on [`Drain`], on its schedule and on store wake-ups (never two
+//!   at once, and back to back while claims come back full), tallies
+//!   [`DrainReport`]s, fans out notifications to [`Subscribe`]rs, and
+//!   handles [`Shutdown`]. Its [`DrainCoordinatorBuilder`] checks the
+//!   settings and registrations before it starts.
 //! - `claimer`: one per pass; claims only as many messages as there are free
 //!   delivery slots and refills a slot as soon as it frees.
 //! - `delivery`: one `DeliveryActor` per message; runs the handler (a panic
 //!   is a delivery failure), owns the `max_active` timer, has the
-//!   settlement written, and reports exactly one outcome, in one place
-//!   (through a drop guard if it dies).
+//!   settlement written, and reports how the delivery ended once, in one
+//!   place: telemetry, metrics, observers, then the outcome with its
+//!   notices (through a drop guard if it dies).
 //! - `heartbeat`: the delivery's child `HeartbeatActor`; renews the lease
 //!   and hands the last confirmed lease to the settlement.
 //! - `settlement`: the settlement protocol as plain async functions: the
 //!   fenced writes that end a delivery, returning what happened.
-//! - `messages`: the internal reports that travel up the tree.
-//! - `notices`: the public reports and notifications: [`DrainReport`],
-//!   [`Outcome`], [`LeaseLost`] with [`HandlerResult`], [`OutcomeNotice`],
-//!   [`SettlementFailed`], [`DeadLetter`].
-//! - `context`: what the actors of one coordinator share, and the
-//!   [`DrainObserver`] hooks.
-//! - `recipient`: [`RecipientBus`] and [`RecipientJobs`], delivery to actors.
+//! - `lease`: the deadline a delivery works to (the end of its last
+//!   confirmed lease or of `max_active`, whichever comes first), when to
+//!   renew before it, and the loss to report once it has passed.
+//! - `retention`: deleting settled messages past their horizon, in bounded
+//!   batches beside the passes.
 //! - `registrations`: the registry checked against the transports at start,
 //!   or derived from their typed handlers.
+//! - `recipient`: [`RecipientBus`] and [`RecipientJobs`], delivery to actors.
 //! - `telemetry`: the delivery span, and one hook per outcome that emits its
 //!   tracing event and records its metrics.
 //! - [`metrics`]: the metric names, with their labels and units.
+//! - [`events`]: the tracing event names, with the level and fields of each.
+//! - `messages`: the internal reports that travel up the tree, and the
+//!   claimer's reasons for giving a message back undelivered.
+//! - `context`: what the actors of one coordinator share, and the
+//!   [`DrainObserver`] hooks.
+//! - `notices`: the public notifications: [`LeaseLost`] with
+//!   [`HandlerResult`], [`OutcomeNotice`], [`SettlementFailed`],
+//!   [`DeadLetter`].
 //! - `error`: [`Error`], with the errors only a running drain meets
 //!   ([`LeaseLostError`], [`MaxActiveDurationError`]).
+//! - `report`: what a pass did, [`DrainReport`], and the one [`Outcome`] of
+//!   each message it claimed.
 //!
 //! # Tracing
 //!
@@ -65,29 +77,16 @@
 //! message (see [`outbox::TraceCarrier`]), and the handler's
 //! [`DeliveryContext::trace`](outbox::DeliveryContext::trace) is the delivery
 //! span's own context, to continue the trace downstream. A stored context
-//! that does not parse is logged at `debug` (`outbox.trace_invalid`) and the
+//! that does not parse is logged at `debug` ([`events::TRACE_INVALID`]) and the
 //! delivery starts a new trace; it never fails the delivery. Without the
 //! feature, handlers get the stored context unchanged.
 //!
-//! Every outcome is one event, with a stable `event` field to match on:
-//!
-//! | `event` | level | when |
-//! |---|---|---|
-//! | `outbox.delivered` | info | delivered and settled |
-//! | `outbox.retry_scheduled` | warn | failed; fields `retry_delay_ms`, `retry_at` |
-//! | `outbox.dead_lettered` | error | failed for good; field `abandoned` |
-//! | `outbox.lease_lost` | warn | claim lost, delivery aborted (error when its delivery actor died) |
-//! | `outbox.renewal_recovered` | info | renewals failed, then succeeded |
-//! | `outbox.renewal_degraded` | warn | the first settlement write failed; settled under the last confirmed lease |
-//! | `outbox.settlement_failed` | error | the outcome could not be stored |
-//! | `outbox.released` | info | claim given back at shutdown |
-//! | `outbox.release_failed` | warn | claim not given back at shutdown; claimable after its lease |
-//! | `outbox.claim_failed` | warn | a claim failed (error when the store broke its contract); the pass stops claiming |
-//! | `outbox.pass_finished` | debug | a pass ended, with its tally |
-//! | `outbox.delivery_started` | trace | a handler starts; the only event with the payload |
-//!
-//! Job messages also emit `job.completed`, `job.retry_scheduled` and
-//! `job.dead_lettered`. Payloads are never logged above `trace` level.
+//! Every outcome, and every other thing worth a log line (a failed claim,
+//! a retention run, a pass's tally), is one event with target `outbox` and
+//! a stable `event` field to match on. [`events`] names them all, with
+//! the level and fields of each; [`events::ALL`] is the same list as data.
+//! Job messages also emit a job-level record (`job.*`). Payloads are never
+//! logged above `trace` level.
 //!
 //! # Metrics
 //!
@@ -99,9 +98,9 @@
 //!
 //! # Features
 //!
-//! - `sqlite` (default), `postgres`: forwarded to [`outbox`].
-//! - `opentelemetry`: forwarded to `outbox/opentelemetry`; trace propagation
-//!   from enqueue to delivery, as above.
+//! - The stores, `sqlite` (default) and `postgres`: forwarded to [`outbox`].
+//! - Trace propagation from enqueue to delivery, `opentelemetry`: forwarded
+//!   to `outbox/opentelemetry`, as above.
 //!
 //! # Example
 //!
@@ -149,12 +148,15 @@ mod context;
 mod coordinator;
 mod delivery;
 mod error;
+pub mod events;
 mod heartbeat;
+mod lease;
 mod messages;
 pub mod metrics;
 mod notices;
 mod recipient;
 mod registrations;
+mod report;
 mod retention;
 mod settlement;
 mod telemetry;
@@ -168,10 +170,11 @@ pub use coordinator::{
 };
 pub use error::{Error, LeaseLostError, MaxActiveDurationError, Result};
 pub use notices::{
-    DeadLetter, DrainReport, HandlerResult, LeaseLost, LeaseOperation, LeaseState, Outcome,
-    OutcomeNotice, SettleOperation, SettlementFailed,
+    DeadLetter, HandlerResult, LeaseLost, LeaseOperation, LeaseState, OutcomeNotice,
+    SettleOperation, SettlementFailed,
 };
 pub use recipient::{DeliverEvent, DeliverJob, RecipientBus, RecipientJobs};
+pub use report::{DrainReport, Outcome};
 
 /// The names most drain programs need: `use outbox_actors::prelude::*;`.
 pub mod prelude {
