@@ -20,7 +20,8 @@
 //! every link to a file by its address in this repository, resolves (to a
 //! file of the checkout, and an `#anchor` to a heading of it), the guide's
 //! `SUMMARY.md` names every page, and the observability page lists exactly
-//! the tracing events and metrics the runtime's source emits.
+//! the tracing events and metrics the runtime's source emits, and the
+//! operating page every command and flag of the `outbox` command line.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -47,6 +48,12 @@ const GUIDE: &str = "docs/src";
 
 /// The guide's page that must list every tracing event and metric.
 const OBSERVABILITY: &str = "docs/src/observability.md";
+
+/// The guide's page that must describe every command and flag of `outbox`.
+const OPERATING: &str = "docs/src/operating.md";
+
+/// The `outbox` command's command line, as clap reads it.
+const CLI: &str = "cli/src/cli.rs";
 
 /// A document read for its snippets and links.
 struct Document {
@@ -756,6 +763,68 @@ fn the_observability_page_lists_every_event_and_metric_the_runtime_emits() {
         unlisted.is_empty() && stale.is_empty(),
         "{OBSERVABILITY}'s metrics table is out of date: recorded but not listed {unlisted:?}; \
          listed but not recorded {stale:?}"
+    );
+}
+
+/// The subcommands and the long flags `outbox` declares in [`CLI`]: each
+/// variant of `enum Command` lower-cased, and each field of its argument
+/// structs as `--field-name` (positional ids and flattened groups aside).
+fn cli_commands_and_flags(source: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut commands = BTreeSet::new();
+    let mut flags = BTreeSet::new();
+    let mut in_commands = false;
+    for line in source.lines() {
+        let line = line.trim();
+        if line.starts_with("pub(crate) enum Command") {
+            in_commands = true;
+            continue;
+        }
+        if in_commands {
+            if line == "}" {
+                in_commands = false;
+            } else if line.starts_with(|c: char| c.is_ascii_uppercase()) {
+                let name: String = line
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric())
+                    .collect();
+                commands.insert(name.to_ascii_lowercase());
+            }
+            continue;
+        }
+        if let Some(field) = line.strip_prefix("pub(crate) ")
+            && let Some((name, _)) = field.split_once(':')
+            && !name.contains(' ')
+            && !["command", "run", "id"].contains(&name)
+        {
+            flags.insert(format!("--{}", name.replace('_', "-")));
+        }
+    }
+    (commands, flags)
+}
+
+#[test]
+fn the_operating_page_describes_every_command_and_flag_of_the_cli() {
+    let root = root();
+    let page = read(&root, OPERATING).text;
+    let (commands, flags) = cli_commands_and_flags(&read(&root, CLI).text);
+    assert!(
+        commands.contains("drain") && flags.contains("--database") && flags.contains("--to"),
+        "the commands and flags of {CLI} were not found: {commands:?} {flags:?}"
+    );
+    let missing_commands: Vec<_> = commands
+        .iter()
+        .filter(|command| !page.contains(&format!("\n### {command}\n")))
+        .collect();
+    // A flag is described where it stands in backticks, alone or with its
+    // value: `--lease DURATION`, `--json`.
+    let missing_flags: Vec<_> = flags
+        .iter()
+        .filter(|flag| !page.contains(&format!("`{flag}`")) && !page.contains(&format!("`{flag} ")))
+        .collect();
+    assert!(
+        missing_commands.is_empty() && missing_flags.is_empty(),
+        "{OPERATING} does not describe every command and flag of {CLI}: commands without a \
+         `### name` section {missing_commands:?}, flags never shown {missing_flags:?}"
     );
 }
 
