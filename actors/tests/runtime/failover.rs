@@ -16,7 +16,7 @@
 //! --standby cargo test -p outbox-actors --features postgres --test runtime
 //! failover:: -- --nocapture`, which puts HAProxy in front of a primary and
 //! a synchronous standby and exports `WITH_POSTGRES_FAILOVER`; without it
-//! the test says so and passes. Real time; bounded to three minutes.
+//! the test says so and passes. Real time; bounded to five minutes.
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
@@ -41,8 +41,9 @@ const ENQUEUE_EVERY: Duration = Duration::from_millis(20);
 const CONCURRENCY: usize = 4;
 /// Fail over once this many messages were delivered.
 const FAIL_OVER_AFTER: usize = 5_000;
-/// The whole test, failover included.
-const WHOLE_RUN: Duration = Duration::from_secs(180);
+/// The whole test, failover included: a loaded two-core machine drains
+/// the lot in about a minute and a half.
+const WHOLE_RUN: Duration = Duration::from_secs(300);
 /// How soon after the new primary answers deliveries must start again.
 const RESUME_WITHIN: Duration = Duration::from_secs(5);
 
