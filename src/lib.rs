@@ -22,22 +22,25 @@
 //!
 //! - `kind`: [`MessageKind`] (event or job) and [`MessageStatus`], the two
 //!   enums every other module names.
-//! - `limits`: the duration bounds that configuration, retry policies and
-//!   stores all enforce ([`MAX_DURATION`], [`MIN_LEASE`]).
+//! - `limits`: the bounds and defaults that configuration, retry policies,
+//!   messages and stores all share ([`MAX_DURATION`], [`MIN_LEASE`],
+//!   [`DEFAULT_MAX_ATTEMPTS`]).
 //! - `clock`: [`Clock`], with [`SystemClock`] and the test clock [`TokioClock`].
 //! - `error`: [`Error`] and its parts; [`ClaimError`] is the one the
 //!   runtime treats as confirmed loss of a claim. Also what a delivery fails
 //!   with, [`DeliveryError`], and [`ErrorRecord`], its size-bounded form kept
 //!   in `last_error`.
 //! - `retry`: [`RetryPolicy`], exponential backoff with cap and seedable jitter.
-//! - `config`: [`DrainConfig`], validated, with humantime durations.
 //! - `payload`: what a message carries: the JSON [`Payload`], the
-//!   [`Event`] and [`Job`] traits payload types implement, and the
-//!   [`RawMessage`] a catch-all decodes into.
+//!   [`Event`] and [`Job`] traits payload types implement (a job names its
+//!   retry policy), and the [`RawMessage`] a catch-all decodes into.
 //! - `trace`: trace propagation, the [`TraceCarrier`] a message takes from
 //!   enqueue to delivery.
 //! - `message`: the stored [`OutboxMessage`], the [`ClaimedMessage`] a
-//!   delivery sees, and the [`NewMessage`] enqueue takes.
+//!   delivery sees, and the [`NewMessage`] enqueue takes; also
+//!   [`RetryPolicy::max_attempts_for`], the attempt cap of one claimed
+//!   message.
+//! - `config`: [`DrainConfig`], validated, with humantime durations.
 //! - `registry`: the [`Registry`] of payload types by name, which decodes
 //!   stored payloads at delivery.
 //! - `transport`: the [`EventBus`] and [`JobDispatcher`] traits, and the
@@ -117,10 +120,10 @@ pub use error::{
     UnreadableMessage, UrlError,
 };
 pub use kind::{MessageKind, MessageStatus};
-pub use limits::{MAX_DURATION, MIN_LEASE};
+pub use limits::{DEFAULT_MAX_ATTEMPTS, MAX_DURATION, MIN_LEASE};
 pub use message::{
-    ClaimedMessage, DEFAULT_MAX_ATTEMPTS, EnqueueOptions, Enqueued, Idempotency, MAX_KEY_LEN,
-    NewMessage, OnDeadLetter, OutboxMessage,
+    ClaimedMessage, EnqueueOptions, Enqueued, Idempotency, MAX_KEY_LEN, NewMessage, OnDeadLetter,
+    OutboxMessage,
 };
 pub use payload::{DecodedPayload, Event, Job, Payload, RawMessage};
 pub use registry::{Registry, RegistryBuilder};

@@ -1302,7 +1302,7 @@ where
             .bind(i64::from(
                 message
                     .max_attempts
-                    .unwrap_or(crate::message::DEFAULT_MAX_ATTEMPTS),
+                    .unwrap_or(crate::limits::DEFAULT_MAX_ATTEMPTS),
             ))
             .bind(available_at.map(B::Time::store))
             .bind(B::Time::store(now))
