@@ -1,12 +1,14 @@
 //! Wake-ups over `LISTEN`/`NOTIFY`: one listening connection per store
 //! (shared by its clones) while anyone subscribes.
+//!
+//! It knows the store only by the pool and channel it is given, so the
+//! store builds on it and not the other way round.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 
-use super::PostgresOutbox;
 use crate::store::kit::WakeupSender;
 use crate::store::{WakeupArm, Wakeups};
 
@@ -33,31 +35,26 @@ impl ListenerShared {
     fn lock(&self) -> std::sync::MutexGuard<'_, bool> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
 
-impl PostgresOutbox {
-    /// Listens on [`PostgresOutbox::channel`] while any receiver lives;
-    /// `None` outside a tokio runtime. Enqueues notify only drains that
-    /// armed (see [`Wakeups::arm`]).
-    pub(super) fn subscribe(&self) -> Option<Wakeups> {
+    /// A receiver of the wake-ups on `channel`, which a drain asks for
+    /// through `arm`; while any receiver lives, a task listens on a
+    /// connection made with `pool`'s options. `None` outside a tokio
+    /// runtime.
+    pub(super) fn subscribe(
+        self: &Arc<Self>,
+        arm: WakeupArm,
+        pool: &PgPool,
+        channel: &str,
+    ) -> Option<Wakeups> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let mut running = self.listener.lock();
-        let core = self.inner.core.clone();
-        let arm = WakeupArm::new(move || {
-            let core = core.clone();
-            async move { core.arm().await }
-        });
-        let wakeups = self.listener.wake.subscribe_armed(arm);
+        let mut running = self.lock();
+        let wakeups = self.wake.subscribe_armed(arm);
         if !*running {
             *running = true;
             // The listener gets a connection of its own, outside the store's
             // pool, so it never takes a connection from claims and settlements.
-            let options = (*self.inner.core.parts.pool.connect_options()).clone();
-            runtime.spawn(listen(
-                options,
-                self.inner.core.channel.clone(),
-                self.listener.clone(),
-            ));
+            let options = (*pool.connect_options()).clone();
+            runtime.spawn(listen(options, channel.to_owned(), self.clone()));
         }
         Some(wakeups)
     }
