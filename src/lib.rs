@@ -45,26 +45,37 @@
 //!   stored payloads at delivery.
 //! - `transport`: the [`EventBus`] and [`JobDispatcher`] traits, and the
 //!   in-process [`InProcessBus`] and [`InProcessJobs`].
-//! - `store`: the stores, one folder.
+//! - `store`: the stores, one folder, also listed leaves first (every file
+//!   in it builds on the port in `store/mod.rs`; see that module's notes).
 //!   - `store/mod.rs`: the port. [`OutboxStore`] is the drain path (enqueue,
 //!     claim, renew, settle, release), [`OutboxAdmin`] the operator path;
 //!     each operation takes a parameter struct with the caller's `now`.
-//!   - `store/memory.rs`: [`MemoryOutbox`], the full contract in process
-//!     memory, for tests, demos and benchmarks.
-//!   - `store/sql.rs`: what the two SQL stores share, written once: table
-//!     names, migrations rendered per table, and the operations whose Rust
-//!     is the same on both databases.
+//!   - `store/kit.rs`: [`kit`], the toolkit for implementing a store.
+//!   - `store/connect.rs`: database URLs checked, connection failures named.
+//!   - `store/memory/`: [`MemoryOutbox`], the full contract in process
+//!     memory, for tests, demos and benchmarks: `index.rs` its index engine,
+//!     `mod.rs` its operations.
 //!   - `store/fenced.rs`: fenced writes to claimed messages (renewals and
-//!     settlements), sent one by one or coalesced into one statement
-//!     (`SettlementMode`).
-//!   - `store/sqlite/`: `SqliteOutbox` (feature `sqlite`, the default), its
-//!     SQL statements apart from the Rust code, and its admin operations.
-//!   - `store/postgres/`: `PostgresOutbox` (feature `postgres`), its SQL
-//!     statements, its LISTEN/NOTIFY wake-up listener, and its admin
-//!     operations.
+//!     settlements), sent one by one or coalesced into one statement, as
+//!     `SettlementMode` says.
+//!   - `store/sql/`: what the two SQL stores share, written once, one file
+//!     per concern: `TableName` (`table.rs`), migrations rendered per
+//!     table (`migrate.rs`), shared SQL text (`statements.rs`), the backend
+//!     trait (`backend.rs`), rows (`row.rs`), errors and refusals
+//!     (`errors.rs`), the generic store (`store.rs`) and the macro that
+//!     writes each store's public impls (`facade.rs`).
+//!   - `store/sqlite/`: `SqliteOutbox` (feature `sqlite`, the default):
+//!     the store, its builder and core (`mod.rs`), SQL text
+//!     (`statements.rs`), enqueue, claim, fenced writes and listing (a file
+//!     each).
+//!   - `store/postgres/`: `PostgresOutbox` (feature `postgres`): the same
+//!     files, and its `LISTEN`/`NOTIFY` wake-up listener (`listener.rs`).
 //!   - `store/any.rs`: `AnyOutbox`, either SQL store chosen by URL at
 //!     start-up, with `AnyTransaction` to enqueue in a transaction of
 //!     either database.
+//!
+//! A file's tests beyond a few cases live beside it, in a `tests.rs` of the
+//! folder named after it (`config/tests.rs`, `store/fenced/tests.rs`, ...).
 //!
 //! Both SQL stores add enqueue inside the caller's own sqlx transaction.
 //!

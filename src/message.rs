@@ -234,7 +234,7 @@ impl Enqueued {
 ///
 /// With the `opentelemetry` feature, `trace` starts as the current span's
 /// trace context, so the delivery joins the trace that enqueued it; see
-/// [`TraceCarrier`](crate::TraceCarrier).
+/// [`TraceCarrier`].
 #[derive(Debug, Clone)]
 pub struct NewMessage {
     /// The id to use; `None` generates a time-ordered UUID.

@@ -45,7 +45,7 @@
 //!   shortly instead. [`OutboxStore::wakeups`](crate::OutboxStore::wakeups)
 //!   listens on a connection of its own, reconnects after errors, wakes
 //!   once after every (re)connect because notifications sent meanwhile are
-//!   lost, and stops when the last [`Wakeups`](crate::Wakeups) is dropped.
+//!   lost, and stops when the last [`Wakeups`] is dropped.
 //!
 //! # Which clock
 //!
@@ -431,7 +431,7 @@ struct Core {
     server_clock: bool,
     sql: Statements,
     /// Claims still to go straight to the key lookup; see
-    /// [`FIRST_PASSES_SKIPPED`](claim::FIRST_PASSES_SKIPPED).
+    /// `FIRST_PASSES_SKIPPED` in `claim.rs`.
     skip_first_passes: AtomicU32,
     /// Rows this store has claimed; see [`Core::planned`].
     claimed_rows: AtomicU64,
