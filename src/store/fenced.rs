@@ -236,7 +236,8 @@ pub(crate) trait FencedBackend: Send + Sync + 'static {
     fn apply(&self, rows: &[FencedWrite]) -> impl Future<Output = Result<Vec<Result<()>>>> + Send;
 }
 
-struct Pending {
+/// A call's fenced write waiting for a batch, and where its answer goes.
+struct QueuedWrite {
     row: FencedWrite,
     reply: oneshot::Sender<Result<()>>,
     /// When the call was made: its wait for a batch counts from here.
@@ -249,7 +250,7 @@ pub(crate) struct FencedWriter<B> {
     mode: SettlementMode,
     /// Most batched statements in flight at once.
     statements: usize,
-    queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
+    queue: Mutex<Option<mpsc::UnboundedSender<QueuedWrite>>>,
 }
 
 impl<B> std::fmt::Debug for FencedWriter<B> {
@@ -294,7 +295,7 @@ impl<B: FencedBackend> FencedWriter<B> {
             });
         };
         let (reply, answer) = oneshot::channel();
-        let mut pending = Pending {
+        let mut pending = QueuedWrite {
             row,
             reply,
             arrived: tokio::time::Instant::now(),
@@ -315,11 +316,11 @@ impl<B: FencedBackend> FencedWriter<B> {
         Err(batch_lost(operation))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<mpsc::UnboundedSender<Pending>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<mpsc::UnboundedSender<QueuedWrite>>> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn queue(&self, window: Duration, max_rows: usize) -> mpsc::UnboundedSender<Pending> {
+    fn queue(&self, window: Duration, max_rows: usize) -> mpsc::UnboundedSender<QueuedWrite> {
         let mut queue = self.lock();
         if let Some(sender) = queue.as_ref().filter(|s| !s.is_closed()) {
             return sender.clone();
@@ -353,7 +354,7 @@ impl<B: FencedBackend> FencedWriter<B> {
 /// in call order.
 async fn batch_loop<B: FencedBackend>(
     backend: Arc<B>,
-    mut queue: mpsc::UnboundedReceiver<Pending>,
+    mut queue: mpsc::UnboundedReceiver<QueuedWrite>,
     window: Duration,
     max_rows: usize,
     statements: usize,
@@ -361,7 +362,7 @@ async fn batch_loop<B: FencedBackend>(
     /// How many times the batch lets other tasks run without any of them
     /// adding a row before it decides nobody else is coming.
     const QUIET_YIELDS: u32 = 2;
-    let mut carried: Option<Pending> = None;
+    let mut carried: Option<QueuedWrite> = None;
     let mut running = InFlight::default();
     loop {
         let first = match carried.take() {
@@ -482,7 +483,7 @@ impl InFlight {
     }
 }
 
-async fn flush<B: FencedBackend>(backend: &B, batch: Vec<Pending>) {
+async fn flush<B: FencedBackend>(backend: &B, batch: Vec<QueuedWrite>) {
     let (rows, replies): (Vec<FencedWrite>, Vec<_>) =
         batch.into_iter().map(|p| (p.row, p.reply)).unzip();
     match backend.apply(&rows).await {

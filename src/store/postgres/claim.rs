@@ -30,7 +30,7 @@ const FIRST_REPLAN_AT: u64 = 1024;
 /// What a claim did with `row` (see `Statements::claim_first`): read by position,
 /// since a claim's statements all select it first, and without a copy,
 /// since it is read for every row a claim returns.
-fn outcome(row: &PgRow) -> Result<&str> {
+fn claim_outcome(row: &PgRow) -> Result<&str> {
     match row.columns().first() {
         Some(column) if column.name() == "outcome" => row.try_get(0),
         _ => row.try_get("outcome"),
@@ -137,7 +137,7 @@ impl Core {
             // walk may have missed.
             let mut heads = Vec::new();
             for row in &rows {
-                match outcome(row)? {
+                match claim_outcome(row)? {
                     "keyed" => {
                         let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
                         let id: String = row.try_get("id").map_err(db("claim_batch"))?;
@@ -237,7 +237,7 @@ impl Core {
             return Ok(());
         };
         for row in rows {
-            let outcome = outcome(row)?;
+            let outcome = claim_outcome(row)?;
             if outcome == "keyed" || outcome == "short" {
                 continue;
             }

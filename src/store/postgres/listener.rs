@@ -16,7 +16,7 @@ use crate::store::{WakeupArm, Wakeups};
 const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The wake-up listener's state, shared by the store's clones.
-pub(super) struct ListenerShared {
+pub(super) struct Listener {
     wake: WakeupSender,
     /// Whether a listener task runs. Checked and set under this lock
     /// together with subscribing, so a task never stops while a subscriber
@@ -24,9 +24,9 @@ pub(super) struct ListenerShared {
     running: Mutex<bool>,
 }
 
-impl ListenerShared {
+impl Listener {
     pub(super) fn new() -> Self {
-        ListenerShared {
+        Listener {
             wake: WakeupSender::new(),
             running: Mutex::new(false),
         }
@@ -61,7 +61,7 @@ impl ListenerShared {
 }
 
 /// Listen on `channel` until the last subscriber is gone.
-async fn listen(options: PgConnectOptions, channel: String, shared: Arc<ListenerShared>) {
+async fn listen(options: PgConnectOptions, channel: String, shared: Arc<Listener>) {
     let wake = shared.wake.clone();
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -111,7 +111,7 @@ async fn listen(options: PgConnectOptions, channel: String, shared: Arc<Listener
 }
 
 /// `true` (and the task marked stopped) when no subscriber is left.
-fn stop(shared: &ListenerShared) -> bool {
+fn stop(shared: &Listener) -> bool {
     let mut running = shared.lock();
     if shared.wake.has_subscribers() {
         return false;

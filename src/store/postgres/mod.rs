@@ -74,7 +74,7 @@ use super::connect;
 use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
 use super::{Armed, WakeupArm, Wakeups};
 use crate::error::{Backend, Error, Result};
-use listener::ListenerShared;
+use listener::Listener;
 #[cfg(feature = "inspect-statements")]
 use statements::ClaimValues;
 use statements::{Statements, channel_of};
@@ -152,7 +152,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgr
 #[derive(Clone)]
 pub struct PostgresOutbox {
     inner: SqlOutbox<Core>,
-    listener: Arc<ListenerShared>,
+    listener: Arc<Listener>,
 }
 
 impl std::fmt::Debug for PostgresOutbox {
@@ -252,7 +252,7 @@ impl PostgresOutboxBuilder {
                 self.settlement,
                 statements,
             ),
-            listener: Arc::new(ListenerShared::new()),
+            listener: Arc::new(Listener::new()),
         }
     }
 }
