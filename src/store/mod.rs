@@ -19,26 +19,31 @@
 //!
 //! # Layout
 //!
+//! Leaves first: each file imports only files listed before it (and the
+//! port, which every store builds on).
+//!
 //! - `mod.rs` (this module): the port, [`OutboxStore`] and [`OutboxAdmin`],
 //!   their parameter and result types, [`Wakeups`], [`DynOutboxStore`].
 //! - [`kit`]: the toolkit for implementing a store (input checks, lease
 //!   arithmetic, the wake-up sender, id and token generators).
-//! - [`memory`]: [`MemoryOutbox`](memory::MemoryOutbox), the reference store.
-//! - `sql.rs`: what the SQL stores share, written once: table names and
-//!   migrations rendered per table, [`SettlementMode`](sql::SettlementMode),
-//!   and, behind a private trait, every operation that differs between them
-//!   only in SQL text and time encoding.
-//! - `any.rs`: `AnyOutbox`, either SQL store picked by URL, and
-//!   `AnyTransaction`, a transaction on either database.
 //! - `connect.rs`: checking database URLs before connecting, and naming
 //!   connection failures and a missing table in errors that say what to do.
+//! - [`memory`]: [`MemoryOutbox`](memory::MemoryOutbox), the reference
+//!   store: `index.rs` (its index engine), `mod.rs` (its operations).
 //! - `fenced.rs`: fenced writes (renewals and settlements), sent alone or
-//!   batched into one statement.
-//! - `sqlite/`: `mod.rs` (the store and its claim), `statements.rs` (its SQL
-//!   text), `admin.rs` (its listing).
-//! - `postgres/`: `mod.rs` (the store, its claim and fenced writes),
-//!   `statements.rs` (its SQL text), `listener.rs` (`LISTEN`/`NOTIFY`
-//!   wake-ups), `admin.rs` (its listing).
+//!   batched into one statement, and the switch between the two,
+//!   `SettlementMode`.
+//! - `sql/`: what the SQL stores share, written once, one file per concern:
+//!   table names and migrations rendered per table, and, behind a private
+//!   trait, every operation that differs between them only in SQL text and
+//!   time encoding. Its `mod.rs` lists the files.
+//! - `sqlite/`: `mod.rs` (the store, its builder and core), `statements.rs`
+//!   (its SQL text), `enqueue.rs`, `claim.rs`, `settle.rs` (its fenced
+//!   writes), `admin.rs` (its listing).
+//! - `postgres/`: the same files, and `listener.rs` (`LISTEN`/`NOTIFY`
+//!   wake-ups).
+//! - `any.rs`: `AnyOutbox`, either SQL store picked by URL, and
+//!   `AnyTransaction`, a transaction on either database.
 
 use std::future::Future;
 use std::sync::Arc;
