@@ -22,6 +22,7 @@
 //!
 //! - `kind`: [`MessageKind`] (event or job) and [`MessageStatus`], the two
 //!   enums every other module names.
+//! - `database`: [`DatabaseKind`], which database a SQL store speaks to.
 //! - `limits`: the bounds and defaults that configuration, retry policies,
 //!   messages and stores all share ([`MAX_DURATION`], [`MIN_LEASE`],
 //!   [`DEFAULT_MAX_ATTEMPTS`]).
@@ -112,6 +113,7 @@
 
 mod clock;
 mod config;
+mod database;
 mod error;
 mod kind;
 mod limits;
@@ -125,9 +127,10 @@ mod transport;
 
 pub use clock::{Clock, SharedClock, SystemClock, TokioClock};
 pub use config::{DrainConfig, OrderingConfig, RetentionConfig, SettlementConfig};
+pub use database::DatabaseKind;
 pub use error::{
-    AbandonedClaimError, AdminError, Backend, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
-    DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedSource,
+    AbandonedClaimError, AdminError, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
+    DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedError,
     UnreadableMessage, UrlError,
 };
 pub use kind::{MessageKind, MessageStatus};
@@ -149,21 +152,23 @@ pub use store::any::{AnyColumn, AnyOutbox, AnyOutboxOptions, AnyTransaction, Ope
 pub use store::kit;
 pub use store::memory::MemoryOutbox;
 #[cfg(feature = "postgres")]
-pub use store::postgres::{MIGRATOR as POSTGRES_MIGRATOR, PostgresOutbox};
+pub use store::postgres::{MIGRATOR as POSTGRES_MIGRATOR, PostgresOutbox, PostgresOutboxBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::sql::{MAX_TABLE_NAME_PART, SettlementMode, TableName};
 #[cfg(feature = "sqlite")]
-pub use store::sqlite::{DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, SqliteOutbox};
+pub use store::sqlite::{
+    DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, SqliteOutbox, SqliteOutboxBuilder,
+};
 pub use store::{
-    Armed, BlockedKey, ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages,
-    MarkDelivered, MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore,
-    PurgeBatch, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow, SharedStore,
-    SkipDeadLetter, WakeupArm, Wakeups,
+    ArmOutcome, ArmWakeups, BlockedKey, ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor,
+    ListMessages, MarkDelivered, MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats,
+    OutboxStore, PurgeBatch, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow,
+    SharedStore, SkipDeadLetter, Wakeups,
 };
 pub use trace::TraceCarrier;
 pub use transport::{
     Delivery, DeliveryContext, DeliveryResult, EventBus, InProcessBus, InProcessJobs,
-    JobDispatcher, Registration, Served,
+    JobDispatcher, Registration, ServedNames,
 };
 
 /// The names most programs need: `use outbox::prelude::*;`.

@@ -92,32 +92,32 @@ pub type Registration = fn(RegistryBuilder) -> RegistryBuilder;
 /// registration, and can derive the registry from the handlers.
 ///
 /// A transport that cannot tell (the default of [`EventBus::serves`] and
-/// [`JobDispatcher::serves`]) answers [`Served::unknown`], and is then
+/// [`JobDispatcher::serves`]) answers [`ServedNames::unknown`], and is then
 /// trusted to serve whatever is registered.
 ///
 /// ```
-/// use outbox::{Event, Served};
+/// use outbox::{Event, ServedNames};
 ///
 /// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct OrderPlaced { order_id: u64 }
 /// impl Event for OrderPlaced { const NAME: &'static str = "order.placed"; }
 ///
-/// let served = Served::none().event::<OrderPlaced>().name("audit.logged");
+/// let served = ServedNames::none().event::<OrderPlaced>().name("audit.logged");
 /// assert!(served.serves("order.placed") && served.serves("audit.logged"));
 /// assert!(!served.serves("order.shipped"));
-/// assert!(Served::unknown().serves("anything"));
+/// assert!(ServedNames::unknown().serves("anything"));
 /// ```
 #[derive(Clone, Default)]
-pub struct Served {
+pub struct ServedNames {
     /// Each name served, with how to register its type when it is known.
     names: BTreeMap<String, Option<Registration>>,
     catch_all: bool,
     unknown: bool,
 }
 
-impl Served {
-    /// Serves no name (yet); add them with [`Served::event`],
-    /// [`Served::job`], [`Served::name`] and [`Served::catch_all`].
+impl ServedNames {
+    /// Serves no name (yet); add them with [`ServedNames::event`],
+    /// [`ServedNames::job`], [`ServedNames::name`] and [`ServedNames::catch_all`].
     pub fn none() -> Self {
         Self::default()
     }
@@ -125,7 +125,7 @@ impl Served {
     /// The transport cannot say what it serves: the start-up check trusts
     /// it with every registered name, and no registry can be derived from it.
     pub fn unknown() -> Self {
-        Served {
+        ServedNames {
             unknown: true,
             ..Self::default()
         }
@@ -159,7 +159,7 @@ impl Served {
         self
     }
 
-    /// `false` for [`Served::unknown`].
+    /// `false` for [`ServedNames::unknown`].
     pub fn is_known(&self) -> bool {
         !self.unknown
     }
@@ -186,12 +186,12 @@ impl Served {
     }
 }
 
-impl fmt::Debug for Served {
+impl fmt::Debug for ServedNames {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.unknown {
-            return f.write_str("Served::unknown()");
+            return f.write_str("ServedNames::unknown()");
         }
-        f.debug_struct("Served")
+        f.debug_struct("ServedNames")
             .field("names", &self.names.keys().collect::<Vec<_>>())
             .field("catch_all", &self.catch_all)
             .finish()
@@ -208,9 +208,9 @@ pub trait EventBus: Send + Sync + 'static {
 
     /// The event names this bus serves, checked against the registry when
     /// a drain starts (and used to derive one when none is given). The
-    /// default, [`Served::unknown`], skips the check for this bus.
-    fn serves(&self) -> Served {
-        Served::unknown()
+    /// default, [`ServedNames::unknown`], skips the check for this bus.
+    fn serves(&self) -> ServedNames {
+        ServedNames::unknown()
     }
 }
 
@@ -221,9 +221,9 @@ pub trait JobDispatcher: Send + Sync + 'static {
 
     /// The job names this dispatcher serves, checked against the registry
     /// when a drain starts (and used to derive one when none is given). The
-    /// default, [`Served::unknown`], skips the check for this dispatcher.
-    fn serves(&self) -> Served {
-        Served::unknown()
+    /// default, [`ServedNames::unknown`], skips the check for this dispatcher.
+    fn serves(&self) -> ServedNames {
+        ServedNames::unknown()
     }
 }
 
@@ -252,7 +252,7 @@ type RawHandler<P> =
 pub struct InProcessBus {
     handlers: HashMap<&'static str, Vec<SharedHandler>>,
     any: Vec<RawHandler<Arc<RawMessage>>>,
-    served: Served,
+    served: ServedNames,
 }
 
 impl InProcessBus {
@@ -351,7 +351,7 @@ impl EventBus for InProcessBus {
         }
     }
 
-    fn serves(&self) -> Served {
+    fn serves(&self) -> ServedNames {
         self.served.clone()
     }
 }
@@ -382,7 +382,7 @@ fn fan_out<H>(
 pub struct InProcessJobs {
     handlers: HashMap<&'static str, OwnedHandler>,
     any: Option<RawHandler<RawMessage>>,
-    served: Served,
+    served: ServedNames,
 }
 
 impl InProcessJobs {
@@ -459,7 +459,7 @@ impl JobDispatcher for InProcessJobs {
         }
     }
 
-    fn serves(&self) -> Served {
+    fn serves(&self) -> ServedNames {
         self.served.clone()
     }
 }

@@ -233,6 +233,7 @@ fn named_paths(code: &str) -> Vec<(Vec<String>, bool)> {
         for path in expand_tree(&code[search..search + end]) {
             found.push((path, reexport));
         }
+        rest_of_code.replace_range(start..search + end, &" ".repeat(search + end - start));
     }
     // Paths in code: `crate::a::b`, `super::x`, `child::y`.
     let chars: Vec<char> = rest_of_code.chars().collect();

@@ -195,16 +195,16 @@ pub struct ReleaseClaim {
 ///
 /// Most stores signal every insert. A store whose signal costs its writers
 /// something (PostgreSQL's `NOTIFY` serializes their commits) signals only
-/// drains that said they wait for one: its wake-ups carry a [`WakeupArm`],
+/// drains that said they wait for one: its wake-ups carry a [`ArmWakeups`],
 /// and a drain about to wait calls it first (see [`Wakeups::arm`]).
 #[derive(Debug, Clone)]
 pub struct Wakeups {
     changed: tokio::sync::watch::Receiver<u64>,
-    arm: Option<WakeupArm>,
+    arm: Option<ArmWakeups>,
 }
 
 impl Wakeups {
-    pub(crate) fn new(changed: tokio::sync::watch::Receiver<u64>, arm: Option<WakeupArm>) -> Self {
+    pub(crate) fn new(changed: tokio::sync::watch::Receiver<u64>, arm: Option<ArmWakeups>) -> Self {
         Wakeups { changed, arm }
     }
 
@@ -217,49 +217,51 @@ impl Wakeups {
     /// asked; `None` when every insert wakes.
     ///
     /// A drain that uses it arms before a pass's claims, and counts on a
-    /// wake-up only while the last arming answered [`Armed::Yes`] and no
+    /// wake-up only while the last arming answered [`ArmOutcome::Armed`] and no
     /// wake-up came since: the first insert committed after arming wakes
     /// every listener and disarms them all (each arms again before its next
     /// claims). Anything committed before arming, the pass's claims see.
-    pub fn arm(&self) -> Option<WakeupArm> {
+    pub fn arm(&self) -> Option<ArmWakeups> {
         self.arm.clone()
     }
 }
 
-/// What [`WakeupArm::arm`] answers.
+/// What asking for a wake-up ([`ArmWakeups::arm`]) came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Armed {
-    /// The next insert committed from now on wakes every listener.
-    Yes,
+pub enum ArmOutcome {
+    /// Armed: the next insert committed from now on wakes every listener.
+    Armed,
     /// An enqueue was between its insert and its commit, so arming now
     /// could miss it: not armed. Claim again shortly and arm again.
-    Busy,
+    EnqueueInFlight,
 }
 
-/// Asks a store to wake its listeners on the next committed insert; see
-/// [`Wakeups::arm`]. Cheap to clone.
+/// Asks a store to wake its listeners on the next committed insert
+/// ("arming" its wake-ups), for stores whose inserts wake only drains that
+/// asked, such as PostgreSQL, whose `NOTIFY` costs every enqueue a shared
+/// flush; see [`Wakeups::arm`]. Cheap to clone.
 #[derive(Clone)]
-pub struct WakeupArm(Arc<dyn Fn() -> BoxFuture<'static, Result<Armed>> + Send + Sync>);
+pub struct ArmWakeups(Arc<dyn Fn() -> BoxFuture<'static, Result<ArmOutcome>> + Send + Sync>);
 
-impl WakeupArm {
+impl ArmWakeups {
     /// An arm that runs `arm` each time.
     pub fn new<F, Fut>(arm: F) -> Self
     where
         F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Armed>> + Send + 'static,
+        Fut: Future<Output = Result<ArmOutcome>> + Send + 'static,
     {
-        WakeupArm(Arc::new(move || Box::pin(arm())))
+        ArmWakeups(Arc::new(move || Box::pin(arm())))
     }
 
     /// Ask for a wake-up on the next committed insert.
-    pub fn arm(&self) -> BoxFuture<'static, Result<Armed>> {
+    pub fn arm(&self) -> BoxFuture<'static, Result<ArmOutcome>> {
         (self.0)()
     }
 }
 
-impl std::fmt::Debug for WakeupArm {
+impl std::fmt::Debug for ArmWakeups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WakeupArm")
+        f.write_str("ArmWakeups")
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox::{Armed, OutboxAdmin, OutboxStore, PostgresOutbox, SettlementMode};
+use outbox::{ArmOutcome, OutboxAdmin, OutboxStore, PostgresOutbox, SettlementMode};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgListener;
 
@@ -24,7 +24,7 @@ async fn enqueue_notifies_at_commit_only() {
     let arm = wakeups
         .arm()
         .expect("PostgreSQL wakes only drains that armed");
-    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
 
     let mut tx = pool.begin().await.unwrap();
     outbox
@@ -59,7 +59,7 @@ async fn enqueue_notifies_at_commit_only() {
     assert_eq!(listener.recv().await.unwrap().payload(), "marker");
 
     // Turned off, enqueue sends nothing.
-    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
     let quiet = PostgresOutbox::builder(pool.clone())
         .table(&outbox.table().to_string())
         .unwrap()
@@ -114,8 +114,8 @@ async fn enqueues_notify_only_when_a_drain_armed() {
     outbox.enqueue(enqueue()).await.unwrap();
     assert!(heard(&mut listener).await.is_empty());
 
-    // Armed: the first enqueue notifies, the next ones do not.
-    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
+    // ArmOutcome: the first enqueue notifies, the next ones do not.
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
     for _ in 0..5 {
         outbox.enqueue(enqueue()).await.unwrap();
     }
@@ -124,10 +124,10 @@ async fn enqueues_notify_only_when_a_drain_armed() {
     // An enqueue in flight keeps a drain from arming until it ends.
     let mut tx = pool.begin().await.unwrap();
     outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
-    assert_eq!(arm.arm().await.unwrap(), Armed::Busy);
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::EnqueueInFlight);
     tx.commit().await.unwrap();
     assert!(heard(&mut listener).await.is_empty());
-    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
     // A rolled-back enqueue leaves the drain armed.
     let mut tx = pool.begin().await.unwrap();
     outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
@@ -136,7 +136,7 @@ async fn enqueues_notify_only_when_a_drain_armed() {
     assert_eq!(heard(&mut listener).await, [""]);
 
     for level in ["REPEATABLE READ", "SERIALIZABLE"] {
-        assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
+        assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
         let mut tx = pool.begin().await.unwrap();
         sqlx::query(AssertSqlSafe(format!(
             "SET TRANSACTION ISOLATION LEVEL {level}"
@@ -175,7 +175,7 @@ async fn wakeups_listen_reconnect_and_stop_with_the_last_receiver() {
 
     // A committed enqueue from another process wakes it, once it armed.
     let arm = wakeups.arm().unwrap();
-    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
     let other_pool = pool_named("outbox-tests-other").await;
     let other = PostgresOutbox::builder(other_pool)
         .table(&name)
@@ -205,7 +205,7 @@ async fn wakeups_listen_reconnect_and_stop_with_the_last_receiver() {
         backends(&pool, &name, listening).await.len() == 1
     })
     .await;
-    assert_eq!(arm.arm().await.unwrap(), Armed::Yes);
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
     other.enqueue(event("b", 1, t0())).await.unwrap();
     assert!(
         tokio::time::timeout(bound, wakeups.changed())

@@ -10,7 +10,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 
 use crate::store::kit::WakeupSender;
-use crate::store::{WakeupArm, Wakeups};
+use crate::store::{ArmWakeups, Wakeups};
 
 /// The longest wait between attempts to re-establish the wake-up listener.
 const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(5);
@@ -42,7 +42,7 @@ impl Listener {
     /// runtime.
     pub(super) fn subscribe(
         self: &Arc<Self>,
-        arm: WakeupArm,
+        arm: ArmWakeups,
         pool: &PgPool,
         channel: &str,
     ) -> Option<Wakeups> {

@@ -72,8 +72,9 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::connect;
 use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
-use super::{Armed, WakeupArm, Wakeups};
-use crate::error::{Backend, Error, Result};
+use super::{ArmOutcome, ArmWakeups, Wakeups};
+use crate::database::DatabaseKind;
+use crate::error::{Error, Result};
 use listener::Listener;
 #[cfg(feature = "inspect-statements")]
 use statements::ClaimValues;
@@ -310,14 +311,15 @@ impl PostgresOutbox {
         Self::probe(url, &options, pool.get_acquire_timeout()).await?;
         pool.connect_with(options)
             .await
-            .map_err(|e| connect::connect_failed(url, &e, Backend::Postgres))
+            .map_err(|e| connect::connect_failed(url, &e, DatabaseKind::Postgres))
     }
 
     /// The options `url` gives; a SQLite URL is refused with [`Error::Url`]
-    /// saying to use [`SqliteOutbox`](crate::SqliteOutbox).
+    /// saying to use `SqliteOutbox`.
     pub fn connect_options(url: &str) -> Result<PgConnectOptions> {
         connect::check_postgres_url(url)?;
-        PgConnectOptions::from_str(url).map_err(|e| connect::malformed(url, Backend::Postgres, e))
+        PgConnectOptions::from_str(url)
+            .map_err(|e| connect::malformed(url, DatabaseKind::Postgres, e))
     }
 
     /// Open one connection, and close it: sqlx's pool retries a refused
@@ -330,14 +332,14 @@ impl PostgresOutbox {
                 let _ = conn.close().await;
                 Ok(())
             }
-            Ok(Err(e)) => Err(connect::connect_failed(url, &e, Backend::Postgres)),
+            Ok(Err(e)) => Err(connect::connect_failed(url, &e, DatabaseKind::Postgres)),
             Err(_) => Err(Error::Connect {
                 url: super::kit::redact_url(url),
                 reason: format!(
                     "no connection within {}",
                     humantime::format_duration(timeout)
                 ),
-                backend: Backend::Postgres,
+                database: DatabaseKind::Postgres,
             }),
         }
     }
@@ -411,7 +413,7 @@ impl PostgresOutbox {
     /// armed (see [`Wakeups::arm`]).
     fn subscribe(&self) -> Option<Wakeups> {
         let core = self.inner.core.clone();
-        let arm = WakeupArm::new(move || {
+        let arm = ArmWakeups::new(move || {
             let core = core.clone();
             async move { core.arm().await }
         });
@@ -467,15 +469,15 @@ impl Core {
 
     /// Ask for a wake-up on the next committed insert; see
     /// `Statements::arm`.
-    async fn arm(&self) -> Result<Armed> {
+    async fn arm(&self) -> Result<ArmOutcome> {
         let armed = sqlx::query(AssertSqlSafe(self.sql.arm.clone()))
             .fetch_optional(&self.parts.pool)
             .await
             .map_err(db("arm_wakeups"))?;
         Ok(if armed.is_some() {
-            Armed::Yes
+            ArmOutcome::Armed
         } else {
-            Armed::Busy
+            ArmOutcome::EnqueueInFlight
         })
     }
 

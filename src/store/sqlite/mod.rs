@@ -83,7 +83,8 @@ use super::kit::WakeupSender;
 use super::sql::{
     self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, StoredTime, TableName,
 };
-use crate::error::{Backend, Error, Result};
+use crate::database::DatabaseKind;
+use crate::error::{Error, Result};
 use statements::Statements;
 
 mod admin;
@@ -222,7 +223,7 @@ impl SqliteOutbox {
         let pool = pool
             .connect_with(options)
             .await
-            .map_err(|e| connect::connect_failed(url, &e, Backend::Sqlite))?;
+            .map_err(|e| connect::connect_failed(url, &e, DatabaseKind::Sqlite))?;
         let outbox = Self::new(pool);
         outbox.setup().await?;
         Ok(outbox)
@@ -257,7 +258,8 @@ impl SqliteOutbox {
 
     fn parse_url(url: &str) -> Result<SqliteConnectOptions> {
         connect::check_sqlite_url(url)?;
-        SqliteConnectOptions::from_str(url).map_err(|e| connect::malformed(url, Backend::Sqlite, e))
+        SqliteConnectOptions::from_str(url)
+            .map_err(|e| connect::malformed(url, DatabaseKind::Sqlite, e))
     }
 
     /// Create or upgrade this store's table and indexes. Safe to run any
