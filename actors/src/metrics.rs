@@ -19,7 +19,7 @@
 //! | `outbox_released_total` | counter | messages | `kind`, `name` | claims given back unsettled: at shutdown, or because a claim came back with less lease left than it took |
 //! | `outbox_release_failed_total` | counter | messages | `kind`, `name` | claims not given back (the store failed or did not answer); claimable after their lease |
 //! | `outbox_claim_failed_total` | counter | claims | none | claims that failed or broke the store's contract; each stops its pass claiming |
-//! | `outbox_lease_failures_total` | counter | notifications | `kind`, `name`, `state`, `operation` | every [`LeaseLost`] notification but a failed release (counted in `outbox_release_failed_total`): `state` is `lost`, `recovered` or `degraded`, `operation` is `renew`, `max_active` or `release` |
+//! | `outbox_lease_failures_total` | counter | notifications | `kind`, `name`, `state`, `operation` | every [`LeaseLost`] notification but a failed release (counted in `outbox_release_failed_total`): `state` is `lost`, `recovered` or `degraded`, `operation` is `renew` or `max_active` |
 //! | `outbox_delivery_duration_seconds` | histogram | seconds | `kind`, `name`, `outcome` | handler start to settled, for `outcome` `delivered`, `retried` or `dead_lettered` |
 //! | `outbox_enqueue_to_delivered_seconds` | histogram | seconds | `kind`, `name` | `created_at` to settled as delivered: waiting, deliberate delays and retries included |
 //! | `outbox_retention_deleted_total` | counter | messages | `status` | settled messages deleted by retention runs, and delivered ones deleted as they settle (`delete_on_delivery`); `status` is `delivered` or `dead_lettered` |
