@@ -12,6 +12,35 @@
 //! This crate is everything but the runtime, and pulls in no actix: a web
 //! handler that only enqueues depends on it alone.
 //!
+//! # Example
+//!
+//! ```
+//! use outbox::prelude::*;
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct OrderPlaced { order_id: u64 }
+//! impl Event for OrderPlaced { const NAME: &'static str = "order.placed"; }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> outbox::Result<()> {
+//! let store = MemoryOutbox::new();
+//! let id = store.enqueue(NewMessage::event(&OrderPlaced { order_id: 7 })?).await?.into_id();
+//!
+//! let batch = store
+//!     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS })
+//!     .await?;
+//! assert_eq!(batch.claimed[0].id, id);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Guide
+//!
+//! The guide explains what these items are for: [enqueueing](https://github.com/outbox-rs/outbox/blob/main/docs/src/enqueueing.md)
+//! (transactions, ids, idempotency, ordering keys, delays), the
+//! [stores](https://github.com/outbox-rs/outbox/blob/main/docs/src/stores.md) (memory, SQLite, PostgreSQL, `AnyOutbox`,
+//! migrations), and the [guarantees](https://github.com/outbox-rs/outbox/blob/main/docs/src/guarantees.md) every store keeps.
+//!
 //! # Layout
 //!
 //! One concept per file. The modules are private: everything public is
@@ -87,28 +116,6 @@
 //! - `opentelemetry`: capture the current span's trace context at enqueue as
 //!   a W3C [`TraceCarrier`] and turn stored carriers back into OpenTelemetry
 //!   contexts; see [`TraceCarrier`].
-//!
-//! # Example
-//!
-//! ```
-//! use outbox::prelude::*;
-//!
-//! #[derive(serde::Serialize, serde::Deserialize)]
-//! struct OrderPlaced { order_id: u64 }
-//! impl Event for OrderPlaced { const NAME: &'static str = "order.placed"; }
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> outbox::Result<()> {
-//! let store = MemoryOutbox::new();
-//! let id = store.enqueue(NewMessage::event(&OrderPlaced { order_id: 7 })?).await?.into_id();
-//!
-//! let batch = store
-//!     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS })
-//!     .await?;
-//! assert_eq!(batch.claimed[0].id, id);
-//! # Ok(())
-//! # }
-//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clock;
