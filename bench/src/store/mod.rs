@@ -88,6 +88,28 @@ pub trait Fill {
     ) -> impl Future<Output = Result<(), BoxError>>;
 }
 
+/// `Fill` for a SQL store: its `enqueue_in` for each message inside one
+/// transaction of its pool. Written once for both stores, whose
+/// transactions are of different databases.
+macro_rules! fill_in_transactions {
+    ($store:ty) => {
+        impl $crate::store::Fill for $store {
+            async fn enqueue_all(
+                &self,
+                messages: impl Iterator<Item = outbox::NewMessage>,
+            ) -> Result<(), $crate::store::BoxError> {
+                let mut tx = self.pool().begin().await?;
+                for message in messages {
+                    self.enqueue_in(&mut tx, message).await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+        }
+    };
+}
+use fill_in_transactions;
+
 /// Enqueues `message(n)` for each `n` of `range` into `store`, in
 /// transactions of `chunk` messages.
 ///

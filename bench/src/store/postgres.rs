@@ -2,11 +2,9 @@
 //! (`scripts/with-postgres` makes a throwaway cluster and exports it),
 //! dropped with everything its migrations made when the benchmark is done.
 
-use outbox::{NewMessage, PostgresOutbox};
+use outbox::PostgresOutbox;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
-
-use super::{BoxError, Fill};
 
 /// `DATABASE_URL`, or an error that says how to get a server.
 pub fn database_url() -> Result<String, String> {
@@ -100,16 +98,4 @@ pub async fn table_bytes(store: &PostgresOutbox) -> u64 {
     size as u64
 }
 
-impl Fill for PostgresOutbox {
-    async fn enqueue_all(
-        &self,
-        messages: impl Iterator<Item = NewMessage>,
-    ) -> Result<(), BoxError> {
-        let mut tx = self.pool().begin().await?;
-        for message in messages {
-            self.enqueue_in(&mut tx, message).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-}
+super::fill_in_transactions!(PostgresOutbox);

@@ -3,9 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use outbox::{NewMessage, SqliteOutbox};
-
-use super::{BoxError, Fill};
+use outbox::SqliteOutbox;
 
 /// A database file in the temporary directory, removed on drop with its
 /// `-wal` and `-shm` files.
@@ -51,19 +49,7 @@ impl Drop for TempDatabase {
     }
 }
 
-impl Fill for SqliteOutbox {
-    async fn enqueue_all(
-        &self,
-        messages: impl Iterator<Item = NewMessage>,
-    ) -> Result<(), BoxError> {
-        let mut tx = self.pool().begin().await?;
-        for message in messages {
-            self.enqueue_in(&mut tx, message).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-}
+super::fill_in_transactions!(SqliteOutbox);
 
 /// The file's size, free pages included: `page_count * page_size`.
 ///

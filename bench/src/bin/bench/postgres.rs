@@ -13,7 +13,7 @@ use outbox_bench::store::{self, FILL_CHUNK, postgres};
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};
 
-use crate::sides::{RuntimeSettings, Side, drain_with_runtime, measured_if, ticks};
+use crate::sides::{RuntimeSettings, Side, drain_with_runtime, run_sides, ticks};
 
 /// Rows per claim of the raw-SQL baseline.
 const BASELINE_CLAIM: usize = 100;
@@ -24,42 +24,42 @@ fn url() -> String {
 
 /// The runtime against [`raw_sql`], each on a table of its own, with the
 /// commits and the log each drain cost.
-pub(crate) fn sides(
-    settings: RuntimeSettings,
-    (run_baseline, run_runtime): (bool, bool),
-) -> (Option<Side>, Option<Side>) {
+pub(crate) fn sides(settings: RuntimeSettings, run: (bool, bool)) -> (Option<Side>, Option<Side>) {
     let messages = settings.messages;
-    let baseline_side = measured_if(run_baseline, || {
-        current_thread().block_on(async {
-            let mut counters = Counters::connect().await;
-            let store = filled("baseline", messages, settings.pool).await;
-            let before = counters.settled().await;
-            let measured = with_cpu(raw_sql(&store, messages)).await;
-            let counts = counters.per_message(store.pool(), before, messages).await;
-            drop_table(&store).await;
-            Side {
-                commits_per_message: Some(counts.commits),
-                wal_bytes_per_message: Some(counts.wal),
-                ..Side::timed(measured)
-            }
-        })
-    });
-    let runtime_side = measured_if(run_runtime, || {
-        actix::System::new().block_on(async move {
-            let mut counters = Counters::connect().await;
-            let store = filled("runtime", messages, settings.pool).await;
-            let before = counters.settled().await;
-            let measured = with_cpu(drain_with_runtime(store.clone(), settings)).await;
-            let counts = counters.per_message(store.pool(), before, messages).await;
-            drop_table(&store).await;
-            Side {
-                commits_per_message: Some(counts.commits),
-                wal_bytes_per_message: Some(counts.wal),
-                ..Side::timed(measured)
-            }
-        })
-    });
-    (baseline_side, runtime_side)
+    run_sides(
+        run,
+        counted("baseline", settings, |store| async move {
+            raw_sql(&store, messages).await
+        }),
+        counted("runtime", settings, |store| {
+            drain_with_runtime(store, settings)
+        }),
+    )
+}
+
+/// One side on a fresh table `bench_<pid>_<side>`: `drain` timed, the
+/// commits and the log it cost counted once its connections closed, the
+/// table dropped afterwards.
+async fn counted<F>(
+    side: &str,
+    settings: RuntimeSettings,
+    drain: impl FnOnce(PostgresOutbox) -> F,
+) -> Side
+where
+    F: Future<Output = Duration>,
+{
+    let messages = settings.messages;
+    let mut counters = Counters::connect().await;
+    let store = filled(side, messages, settings.pool).await;
+    let before = counters.settled().await;
+    let measured = with_cpu(drain(store.clone())).await;
+    let counts = counters.per_message(store.pool(), before, messages).await;
+    drop_table(&store).await;
+    Side {
+        commits_per_message: Some(counts.commits),
+        wal_bytes_per_message: Some(counts.wal),
+        ..Side::timed(measured)
+    }
 }
 
 /// The server's durability settings, as the plot's note states them:

@@ -125,7 +125,7 @@ impl Side {
 
 /// Runs one side if `run` is set, with the peak reset first, and records
 /// the side's peak.
-pub(crate) fn measured_if(run: bool, side: impl FnOnce() -> Side) -> Option<Side> {
+fn measured_if(run: bool, side: impl FnOnce() -> Side) -> Option<Side> {
     run.then(|| {
         let fresh = reset_peak_rss();
         let mut side = side();
@@ -212,29 +212,37 @@ async fn drain_on_schedule(
     elapsed
 }
 
-/// The memory store's sides: the runtime against [`baseline`].
-pub(crate) fn memory(
-    settings: RuntimeSettings,
+/// Runs the sides `run` asks for, the baseline first: the baseline on a
+/// plain Tokio runtime, the runtime side in an actix system. Each future
+/// makes its own store, so a side's peak RSS covers its fill.
+pub(crate) fn run_sides(
     (run_baseline, run_runtime): (bool, bool),
+    baseline: impl Future<Output = Side>,
+    runtime: impl Future<Output = Side>,
 ) -> (Option<Side>, Option<Side>) {
+    let baseline = measured_if(run_baseline, || current_thread().block_on(baseline));
+    let runtime = measured_if(run_runtime, || actix::System::new().block_on(runtime));
+    (baseline, runtime)
+}
+
+/// The memory store's sides: the runtime against [`baseline`].
+pub(crate) fn memory(settings: RuntimeSettings, run: (bool, bool)) -> (Option<Side>, Option<Side>) {
     let RuntimeSettings {
         messages,
         concurrency,
         ..
     } = settings;
-    let baseline_side = measured_if(run_baseline, || {
-        current_thread().block_on(async {
+    run_sides(
+        run,
+        async {
             let store = memory_filled(messages, ticks()).await;
             Side::timed(with_cpu(baseline(Arc::new(store), messages, concurrency)).await)
-        })
-    });
-    let runtime_side = measured_if(run_runtime, || {
-        actix::System::new().block_on(async move {
+        },
+        async {
             let store = memory_filled(messages, ticks()).await;
             Side::timed(with_cpu(drain_with_runtime(store, settings)).await)
-        })
-    });
-    (baseline_side, runtime_side)
+        },
+    )
 }
 
 /// The same store calls as the runtime, from one task with `concurrency`

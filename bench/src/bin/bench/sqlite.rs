@@ -4,13 +4,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox::{Clock, DrainConfig, SqliteOutbox, SystemClock};
-use outbox_bench::drain::current_thread;
 use outbox_bench::resources::with_cpu;
 use outbox_bench::store::sqlite::TempDatabase;
 use outbox_bench::store::{FILL_CHUNK, fill};
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::sides::{RuntimeSettings, Side, drain_with_runtime, measured_if, ticks};
+use crate::sides::{RuntimeSettings, Side, drain_with_runtime, run_sides, ticks};
 
 /// Rows per claim of the raw-SQL baseline.
 const BASELINE_CLAIM: usize = 100;
@@ -23,31 +22,26 @@ async fn filled(database: &TempDatabase, messages: u64) -> SqliteOutbox {
 }
 
 /// The runtime against [`raw_sql`], each on a database file of its own.
-pub(crate) fn sides(
-    settings: RuntimeSettings,
-    (run_baseline, run_runtime): (bool, bool),
-) -> (Option<Side>, Option<Side>) {
+pub(crate) fn sides(settings: RuntimeSettings, run: (bool, bool)) -> (Option<Side>, Option<Side>) {
     let messages = settings.messages;
-    let baseline_side = measured_if(run_baseline, || {
-        current_thread().block_on(async {
+    run_sides(
+        run,
+        async {
             let database = TempDatabase::new("bench-baseline");
             let store = filled(&database, messages).await;
             let measured = with_cpu(raw_sql(&store, messages)).await;
             store.pool().close().await;
             Side::timed(measured)
-        })
-    });
-    let runtime_side = measured_if(run_runtime, || {
-        actix::System::new().block_on(async move {
+        },
+        async {
             let database = TempDatabase::new("bench-runtime");
             let store = filled(&database, messages).await;
             let pool = store.pool().clone();
             let measured = with_cpu(drain_with_runtime(store, settings)).await;
             pool.close().await;
             Side::timed(measured)
-        })
-    });
-    (baseline_side, runtime_side)
+        },
+    )
 }
 
 /// The store's claim, as it runs it for messages without ordering keys
