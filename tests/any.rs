@@ -13,7 +13,7 @@ mod sql_support;
 use std::path::PathBuf;
 
 use outbox::{
-    AnyOutbox, AnyTransaction, Backend, Enqueued, Error, MessageStatus, NewMessage, OpenMode,
+    AnyOutbox, AnyTransaction, DatabaseKind, Enqueued, Error, MessageStatus, NewMessage, OpenMode,
     OutboxAdmin, OutboxStore, PostgresOutbox, SqlValue, SqliteOutbox, UrlError,
 };
 use sql_support::{OrderPlaced, event, t0, unique};
@@ -42,7 +42,7 @@ fn database_url() -> String {
 /// SQLite through the URL, as an application opens it.
 async fn sqlite() -> AnyOutbox {
     let outbox = AnyOutbox::connect(&sqlite_url()).await.unwrap();
-    assert_eq!(outbox.backend(), Backend::Sqlite);
+    assert_eq!(outbox.kind(), DatabaseKind::Sqlite);
     outbox
 }
 
@@ -102,7 +102,7 @@ mod on_sqlite {
                 matches!(
                     refused,
                     Err(Error::Connect {
-                        backend: Backend::Sqlite,
+                        database: DatabaseKind::Sqlite,
                         ..
                     })
                 ),
@@ -279,7 +279,7 @@ mod on_postgres {
             .cross_process_wakeups()
             .expect("PostgreSQL tells every connection about a commit");
         let arm = wakeups.arm().expect("PostgreSQL wakes drains that armed");
-        assert_eq!(arm.arm().await.unwrap(), outbox::Armed::Yes);
+        assert_eq!(arm.arm().await.unwrap(), outbox::ArmOutcome::Armed);
         application.enqueue(event("a", 1, t0())).await.unwrap();
         // The bound only turns a lost wake-up into a failure, not a hang.
         let woken = tokio::time::timeout(std::time::Duration::from_secs(30), wakeups.changed())
@@ -307,7 +307,7 @@ mod on_postgres {
     #[tokio::test]
     async fn the_url_picks_postgres() {
         let outbox = AnyOutbox::connect(&database_url()).await.unwrap();
-        assert_eq!(outbox.backend(), Backend::Postgres);
+        assert_eq!(outbox.kind(), DatabaseKind::Postgres);
         let mut tx = outbox.begin().await.unwrap();
         assert!(tx.as_postgres().is_some() && tx.as_sqlite().is_none());
         tx.rollback().await.unwrap();
@@ -559,7 +559,7 @@ async fn opening_refuses_the_url_first_then_the_table_name() {
         matches!(
             refused,
             Err(Error::Url(UrlError::Malformed {
-                backend: Backend::Postgres,
+                database: DatabaseKind::Postgres,
                 ..
             }))
         ),

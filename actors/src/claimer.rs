@@ -53,7 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use outbox::{Armed, ClaimBatch, ClaimedBatch, ReleaseClaim, WakeupArm};
+use outbox::{ArmOutcome, ArmWakeups, ClaimBatch, ClaimedBatch, ReleaseClaim};
 
 use crate::context::{DrainContext, until};
 use crate::delivery::{Abort, DeliveryActor, ReportTo, Reporter};
@@ -158,7 +158,7 @@ pub(crate) struct Claimer {
     backoff: Duration,
     /// Arm the store's wake-ups before the first claim, so that what
     /// commits after the pass's last claim wakes the coordinator.
-    arm: Option<WakeupArm>,
+    arm: Option<ArmWakeups>,
     /// What arming found.
     arming: Arming,
     /// Where this pass's deliveries report, once one has started.
@@ -174,7 +174,7 @@ impl Claimer {
         coordinator: CoordinatorRecipients,
         pass: u64,
         arbiters: Arc<[ArbiterHandle]>,
-        arm: Option<WakeupArm>,
+        arm: Option<ArmWakeups>,
     ) -> Self {
         Claimer {
             budget: drain.config.batch_size,
@@ -206,7 +206,7 @@ impl Claimer {
     /// Arm the store's wake-ups, then claim. Counted as a claim in flight,
     /// so the pass does not end before it answers, and nothing is claimed
     /// before then (see `arming_in_flight`).
-    fn arm_then_fill(&mut self, arm: WakeupArm, ctx: &mut Context<Self>) {
+    fn arm_then_fill(&mut self, arm: ArmWakeups, ctx: &mut Context<Self>) {
         self.claims += 1;
         self.arming_in_flight = true;
         let lease = self.drain.config.lease;
@@ -215,8 +215,8 @@ impl Claimer {
             act.claims -= 1;
             act.arming_in_flight = false;
             act.arming = match armed {
-                Ok(Ok(Armed::Yes)) => Arming::Armed,
-                Ok(Ok(Armed::Busy)) => Arming::Busy,
+                Ok(Ok(ArmOutcome::Armed)) => Arming::Armed,
+                Ok(Ok(ArmOutcome::EnqueueInFlight)) => Arming::Busy,
                 Ok(Err(error)) => {
                     telemetry::arming_failed(&Error::from(error));
                     Arming::Failed

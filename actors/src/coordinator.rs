@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use chrono::{DateTime, DurationRound, Utc};
-use outbox::{OutboxStore, SharedStore, WakeupArm};
+use outbox::{ArmWakeups, OutboxStore, SharedStore};
 use tokio::sync::oneshot;
 
 mod builder;
@@ -167,7 +167,7 @@ pub struct DrainCoordinator {
     wake_on_insert: bool,
     /// How to ask the store for the next wake-up, when it wakes only
     /// drains that asked.
-    arm: Option<WakeupArm>,
+    arm: Option<ArmWakeups>,
     /// The store will wake this coordinator on the next committed insert.
     armed: bool,
     /// Wake-ups heard so far.

@@ -9,6 +9,54 @@
 //! This crate re-exports [`outbox`], so an application that drains needs
 //! this one dependency.
 //!
+//! # Example
+//!
+//! ```
+//! use actix::prelude::*;
+//! use outbox_actors::prelude::*;
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct OrderPlaced { order_id: u64 }
+//! impl Event for OrderPlaced { const NAME: &'static str = "order.placed"; }
+//!
+//! struct Alerts;
+//! impl Actor for Alerts { type Context = Context<Self>; }
+//! impl Handler<LeaseLost> for Alerts {
+//!     type Result = ();
+//!     fn handle(&mut self, lost: LeaseLost, _: &mut Context<Self>) {
+//!         eprintln!("lease of {} {:?}: {}", lost.id, lost.state, lost.error);
+//!     }
+//! }
+//!
+//! #[actix::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let store = MemoryOutbox::new();
+//!     store.enqueue(NewMessage::event(&OrderPlaced { order_id: 1 })?).await?;
+//!
+//!     let coordinator = DrainCoordinator::builder(store)
+//!         .event_bus(InProcessBus::new().on(|order: std::sync::Arc<OrderPlaced>, _ctx| async move {
+//!             println!("order {} placed", order.order_id);
+//!             Ok(())
+//!         }))
+//!         .config(DrainConfig { every: Some(std::time::Duration::from_secs(1)), ..Default::default() })
+//!         .start()?;
+//!     coordinator.send(Subscribe::LeaseLost(Alerts.start().recipient())).await?;
+//!
+//!     let report = coordinator.send(Drain).await??;
+//!     println!("{report}");
+//!     coordinator.send(Shutdown { grace: std::time::Duration::from_secs(5) }).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # Guide
+//!
+//! The guide explains the runtime at length: its
+//! [configuration](https://github.com/outbox-rs/outbox/blob/main/docs/src/configuration.md) (every [`DrainConfig`](outbox::DrainConfig)
+//! knob, retries, retention), the [guarantees](https://github.com/outbox-rs/outbox/blob/main/docs/src/guarantees.md) and what
+//! each failure costs, the [architecture](https://github.com/outbox-rs/outbox/blob/main/docs/src/architecture.md) of the actors,
+//! and [observability](https://github.com/outbox-rs/outbox/blob/main/docs/src/observability.md) (every event and metric).
+//!
 //! # Layout
 //!
 //! ```text
@@ -101,46 +149,6 @@
 //! - The stores, `sqlite` (default) and `postgres`: forwarded to [`outbox`].
 //! - Trace propagation from enqueue to delivery, `opentelemetry`: forwarded
 //!   to `outbox/opentelemetry`, as above.
-//!
-//! # Example
-//!
-//! ```
-//! use actix::prelude::*;
-//! use outbox_actors::prelude::*;
-//!
-//! #[derive(serde::Serialize, serde::Deserialize)]
-//! struct OrderPlaced { order_id: u64 }
-//! impl Event for OrderPlaced { const NAME: &'static str = "order.placed"; }
-//!
-//! struct Alerts;
-//! impl Actor for Alerts { type Context = Context<Self>; }
-//! impl Handler<LeaseLost> for Alerts {
-//!     type Result = ();
-//!     fn handle(&mut self, lost: LeaseLost, _: &mut Context<Self>) {
-//!         eprintln!("lease of {} {:?}: {}", lost.id, lost.state, lost.error);
-//!     }
-//! }
-//!
-//! #[actix::main]
-//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     let store = MemoryOutbox::new();
-//!     store.enqueue(NewMessage::event(&OrderPlaced { order_id: 1 })?).await?;
-//!
-//!     let coordinator = DrainCoordinator::builder(store)
-//!         .event_bus(InProcessBus::new().on(|order: std::sync::Arc<OrderPlaced>, _ctx| async move {
-//!             println!("order {} placed", order.order_id);
-//!             Ok(())
-//!         }))
-//!         .config(DrainConfig { every: Some(std::time::Duration::from_secs(1)), ..Default::default() })
-//!         .start()?;
-//!     coordinator.send(Subscribe::LeaseLost(Alerts.start().recipient())).await?;
-//!
-//!     let report = coordinator.send(Drain).await??;
-//!     println!("{report}");
-//!     coordinator.send(Shutdown { grace: std::time::Duration::from_secs(5) }).await?;
-//!     Ok(())
-//! }
-//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod claimer;

@@ -34,9 +34,9 @@
 //!
 //! Deliveries whose claim was lost, or whose outcome could not be stored,
 //! record no duration: they did not settle. The pending gauge is reported
-//! only by stores that implement
-//! [`OutboxStore::pending_count`](outbox::OutboxStore::pending_count)
-//! (the memory store does).
+//! by stores that implement
+//! [`OutboxStore::pending_count`](outbox::OutboxStore::pending_count), as
+//! the memory, SQLite and PostgreSQL stores do.
 
 use std::time::Duration;
 

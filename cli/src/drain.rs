@@ -16,7 +16,7 @@ use actix::Addr;
 use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
 use outbox::{
-    AnyOutbox, Armed, ConfigError, DeliveryContext, DeliveryResult, DrainConfig, EventBus,
+    AnyOutbox, ArmOutcome, ConfigError, DeliveryContext, DeliveryResult, DrainConfig, EventBus,
     InProcessBus, InProcessJobs, JobDispatcher, MessageKind, Payload, RawMessage, Registry,
     RetentionConfig, RetryPolicy, SystemClock, TraceCarrier, Wakeups,
 };
@@ -410,7 +410,7 @@ fn mailbox(error: actix::MailboxError) -> Failure {
 /// what commits after wakes the command; a wake-up uses the arming up.
 #[derive(Default)]
 struct Arming {
-    /// Armed, and no wake-up since.
+    /// ArmOutcome, and no wake-up since.
     armed: bool,
     /// When arming last failed or found an enqueue in flight (so not
     /// armed): the next pass comes this soon, since no wake-up will.
@@ -434,11 +434,11 @@ impl Arming {
             return;
         }
         match arm.arm().await {
-            Ok(Armed::Yes) => {
+            Ok(ArmOutcome::Armed) => {
                 self.armed = true;
                 self.retry_in = None;
             }
-            Ok(Armed::Busy) => {
+            Ok(ArmOutcome::EnqueueInFlight) => {
                 let wait = self
                     .retry_in
                     .map_or(Self::FIRST_RETRY, |wait| (wait * 2).min(Self::MAX_RETRY));

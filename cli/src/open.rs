@@ -1,7 +1,7 @@
 //! Opening the outbox that `--database` and `--table` name, for what a
 //! command does to it, with each failure told as what the operator can fix.
 
-use outbox::{AnyOutbox, Backend, Error, OpenMode, PostgresOutbox, UrlError};
+use outbox::{AnyOutbox, DatabaseKind, Error, OpenMode, PostgresOutbox, UrlError};
 use sqlx::postgres::PgPoolOptions;
 
 use crate::fail::Failure;
@@ -37,7 +37,7 @@ fn open_failed(url: &str, mode: OpenMode, error: Error) -> Failure {
         Error::Connect {
             url,
             reason,
-            backend: Backend::Sqlite,
+            database: DatabaseKind::Sqlite,
         } => {
             let failure = Failure::operational(format!("cannot open the database {url}: {reason}"));
             if mode == OpenMode::Create {

@@ -710,14 +710,6 @@ fn runtime_literals(root: &Path, wanted: impl Fn(&str) -> bool) -> BTreeSet<Stri
     found
 }
 
-/// An event name: `outbox.` or `job.` and a lower-case word.
-fn is_event_name(text: &str) -> bool {
-    let word = text
-        .strip_prefix("outbox.")
-        .or_else(|| text.strip_prefix("job."));
-    word.is_some_and(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
-}
-
 /// A metric name: `outbox_` and lower-case words.
 fn is_metric_name(text: &str) -> bool {
     text.strip_prefix("outbox_")
@@ -738,25 +730,83 @@ fn first_cells(page: &str, heading: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The rows of the table under `heading` (up to the next heading of the
+/// same level), keyed by their first cell without its backticks, each with
+/// its other cells.
+fn table_rows(page: &str, heading: &str) -> BTreeMap<String, Vec<String>> {
+    let start = page
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("{OBSERVABILITY} has no `{heading}` section"));
+    let body = &page[start + heading.len() + 2..];
+    let body = body.find("\n## ").map_or(body, |end| &body[..end]);
+    body.lines()
+        .filter(|line| line.starts_with("| `"))
+        .map(|line| {
+            let mut cells = line
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().to_owned());
+            let first = cells.next().unwrap_or_default();
+            (first.trim_matches('`').to_owned(), cells.collect())
+        })
+        .collect()
+}
+
 #[test]
 fn the_observability_page_lists_every_event_and_metric_the_runtime_emits() {
     let root = root();
     let page = read(&root, OBSERVABILITY).text;
-    let events = runtime_literals(&root, is_event_name);
+
+    // Events: the runtime's own list, with each one's levels and fields.
+    let rows = table_rows(&page, "## Events");
+    let mut wrong = Vec::new();
+    for event in outbox_actors::events::ALL {
+        let Some(cells) = rows.get(event.name) else {
+            wrong.push(format!("`{}` is emitted but not listed", event.name));
+            continue;
+        };
+        let (level, fields) = (&cells[0], &cells[1]);
+        for expected in std::iter::once(&event.level).chain(event.other_levels) {
+            let expected = expected.as_str().to_ascii_lowercase();
+            if !level
+                .split(|c: char| !c.is_ascii_alphabetic())
+                .any(|w| w == expected)
+            {
+                wrong.push(format!(
+                    "`{}` is emitted at {expected}; the page says {level:?}",
+                    event.name
+                ));
+            }
+        }
+        for field in event.fields {
+            if !fields.contains(&format!("`{field}`")) {
+                wrong.push(format!(
+                    "`{}` carries `{field}`; the page does not list it",
+                    event.name
+                ));
+            }
+        }
+    }
+    for listed in rows.keys() {
+        if !outbox_actors::events::ALL.iter().any(|e| e.name == listed) {
+            wrong.push(format!(
+                "`{listed}` is listed but the runtime never emits it"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{OBSERVABILITY}'s events table is out of date:\n{}",
+        wrong.join("\n")
+    );
+
+    // Metrics: every name the runtime's sources record.
     let metrics = runtime_literals(&root, is_metric_name);
     assert!(
-        events.contains("outbox.delivered") && metrics.contains("outbox_delivered_total"),
-        "the runtime's event and metric names were not found in actors/src"
+        metrics.contains("outbox_delivered_total"),
+        "the runtime's metric names were not found in actors/src"
     );
-    let listed_events = first_cells(&page, "## Events");
     let listed_metrics = first_cells(&page, "## Metrics");
-    let unlisted: Vec<_> = events.difference(&listed_events).collect();
-    let stale: Vec<_> = listed_events.difference(&events).collect();
-    assert!(
-        unlisted.is_empty() && stale.is_empty(),
-        "{OBSERVABILITY}'s events table is out of date: emitted but not listed {unlisted:?}; \
-         listed but not emitted {stale:?}"
-    );
     let unlisted: Vec<_> = metrics.difference(&listed_metrics).collect();
     let stale: Vec<_> = listed_metrics.difference(&metrics).collect();
     assert!(

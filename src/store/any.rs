@@ -21,7 +21,8 @@ use chrono::{DateTime, Utc};
 
 use super::connect;
 use super::kit::redact_url;
-use crate::error::{Backend, Error, Result, UrlError};
+use crate::database::DatabaseKind;
+use crate::error::{Error, Result, UrlError};
 use crate::message::{Enqueued, NewMessage, OutboxMessage};
 use crate::payload::{Event, Job};
 #[cfg(feature = "postgres")]
@@ -245,10 +246,10 @@ fn failed(operation: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
 /// The database `url` names by its scheme. A store whose feature is not
 /// enabled is still named: its URL then goes to the other store, whose
 /// check refuses it with the error that names the missing feature.
-fn backend_for(url: &str) -> Result<Backend> {
+fn backend_for(url: &str) -> Result<DatabaseKind> {
     match connect::scheme(url).as_deref() {
-        Some("sqlite") => Ok(Backend::Sqlite),
-        Some("postgres" | "postgresql") => Ok(Backend::Postgres),
+        Some("sqlite") => Ok(DatabaseKind::Sqlite),
+        Some("postgres" | "postgresql") => Ok(DatabaseKind::Postgres),
         _ => Err(UrlError::UnsupportedScheme {
             url: redact_url(url),
         }
@@ -264,9 +265,8 @@ pub use open::{AnyOutboxOptions, OpenMode};
 
 impl AnyOutbox {
     /// Connect to `url` and set up the default table: `sqlite:…` through
-    /// [`SqliteOutbox::connect`](crate::SqliteOutbox::connect),
-    /// `postgres://…`/`postgresql://…` through
-    /// [`PostgresOutbox::connect`](crate::PostgresOutbox::connect). A URL of
+    /// `SqliteOutbox::connect`, `postgres://…`/`postgresql://…` through
+    /// `PostgresOutbox::connect` (each with its store's feature). A URL of
     /// another database, or without a scheme, is refused with
     /// [`UrlError::UnsupportedScheme`]; one whose store feature is not
     /// enabled with the error that names the feature.
@@ -275,8 +275,8 @@ impl AnyOutbox {
     /// setting anything up, use [`AnyOutbox::options`].
     pub async fn connect(url: &str) -> Result<Self> {
         match backend_for(url)? {
-            Backend::Sqlite => Self::sqlite(url).await,
-            Backend::Postgres => Self::postgres(url).await,
+            DatabaseKind::Sqlite => Self::sqlite(url).await,
+            DatabaseKind::Postgres => Self::postgres(url).await,
         }
     }
 
@@ -327,12 +327,12 @@ impl AnyOutbox {
     }
 
     /// Which database this is.
-    pub fn backend(&self) -> Backend {
+    pub fn kind(&self) -> DatabaseKind {
         match self {
             #[cfg(feature = "sqlite")]
-            AnyOutbox::Sqlite(_) => Backend::Sqlite,
+            AnyOutbox::Sqlite(_) => DatabaseKind::Sqlite,
             #[cfg(feature = "postgres")]
-            AnyOutbox::Postgres(_) => Backend::Postgres,
+            AnyOutbox::Postgres(_) => DatabaseKind::Postgres,
         }
     }
 
@@ -436,8 +436,8 @@ impl AnyOutbox {
                 format!(
                     "a {} transaction cannot enqueue into a {} outbox; begin it with this \
                      outbox's `begin()`",
-                    tx.backend(),
-                    store.backend()
+                    tx.kind(),
+                    store.kind()
                 ),
             )),
         }
@@ -507,12 +507,12 @@ impl From<PostgresOutbox> for AnyOutbox {
 
 impl AnyTransaction {
     /// Which database the transaction is on.
-    pub fn backend(&self) -> Backend {
+    pub fn kind(&self) -> DatabaseKind {
         match self {
             #[cfg(feature = "sqlite")]
-            AnyTransaction::Sqlite(_) => Backend::Sqlite,
+            AnyTransaction::Sqlite(_) => DatabaseKind::Sqlite,
             #[cfg(feature = "postgres")]
-            AnyTransaction::Postgres(_) => Backend::Postgres,
+            AnyTransaction::Postgres(_) => DatabaseKind::Postgres,
         }
     }
 
@@ -547,7 +547,7 @@ impl AnyTransaction {
     /// Write placeholders as `$1, $2, …`: PostgreSQL's form, which SQLite
     /// reads too; `args` bind to them in order. Keep to SQL both databases
     /// share (`RETURNING`, `ON CONFLICT … DO NOTHING`, `BIGINT`, `TEXT`), or
-    /// branch on [`backend`](AnyTransaction::backend).
+    /// branch on [`kind`](AnyTransaction::kind).
     pub async fn execute(&mut self, sql: impl sqlx::SqlSafeStr, args: &[SqlValue]) -> Result<u64> {
         let sql = sql.into_sql_str();
         on_backend!(self, AnyTransaction, |tx| {

@@ -9,7 +9,8 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
 
 use super::{AnyOutbox, backend_for};
-use crate::error::{Backend, Result};
+use crate::database::DatabaseKind;
+use crate::error::Result;
 #[cfg(feature = "sqlite")]
 use crate::store::connect::connect_failed;
 #[cfg(feature = "postgres")]
@@ -28,7 +29,7 @@ use crate::store::sqlite::SqliteOutbox;
 pub enum OpenMode {
     /// Create the SQLite file when it is missing, and switch it to WAL
     /// with the store's other settings
-    /// ([`SqliteOutbox::connect_options`](crate::SqliteOutbox::connect_options)).
+    /// (`SqliteOutbox::connect_options`).
     /// What an application that owns the database opens with.
     #[default]
     Create,
@@ -38,7 +39,7 @@ pub enum OpenMode {
     Existing,
     /// Only read a SQLite file that must exist: it is opened read-only, so
     /// it is never created or changed, and the store's writes fail
-    /// ([`SqliteOutbox::read_only_options`](crate::SqliteOutbox::read_only_options)).
+    /// (`SqliteOutbox::read_only_options`).
     /// Counting, listing and showing messages work.
     ReadOnly,
 }
@@ -153,8 +154,8 @@ impl AnyOutboxOptions {
         let backend = backend_for(url)?;
         TableName::parse(&self.table)?;
         match backend {
-            Backend::Sqlite => self.open_sqlite(url).await,
-            Backend::Postgres => self.open_postgres(url).await,
+            DatabaseKind::Sqlite => self.open_sqlite(url).await,
+            DatabaseKind::Postgres => self.open_postgres(url).await,
         }
     }
 
@@ -170,7 +171,7 @@ impl AnyOutboxOptions {
             .clone()
             .connect_with(options)
             .await
-            .map_err(|e| connect_failed(url, &e, Backend::Sqlite))?;
+            .map_err(|e| connect_failed(url, &e, DatabaseKind::Sqlite))?;
         let store = SqliteOutbox::builder(pool).table(&self.table)?.build();
         Ok(AnyOutbox::Sqlite(store))
     }

@@ -30,6 +30,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use outbox::{Clock, MessageKind, NewMessage, OutboxAdmin, OutboxStats, SystemClock};
+use outbox_bench::store::fill;
 use sqlx::AssertSqlSafe;
 
 /// Messages enqueued before the first run.
@@ -52,7 +53,7 @@ const LAST_RUN_LIMIT: Duration = Duration::from_secs(60);
 /// attempt): the harness checks delivery, not the attempt budget.
 const MAX_ATTEMPTS: u32 = KILLS + 5;
 /// Messages per enqueue transaction.
-const ENQUEUE_CHUNK: usize = 500;
+const ENQUEUE_CHUNK: u64 = 500;
 
 #[cfg(feature = "sqlite")]
 #[tokio::test]
@@ -75,7 +76,7 @@ async fn postgres_survives_twenty_kills() {
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
         panic!(
             "DATABASE_URL is not set. The PostgreSQL crash harness needs a server: run it with \
-             `scripts/with-postgres cargo test -p outbox-examples --all-features --test crash`"
+             `scripts/with-postgres cargo test -p outbox-bench --all-features --test crash`"
         )
     });
     let dir = scratch_dir("postgres");
@@ -85,7 +86,7 @@ async fn postgres_survives_twenty_kills() {
         .connect(&url)
         .await
         .unwrap_or_else(|e| panic!("cannot connect to DATABASE_URL: {e}"));
-    let store = outbox::PostgresOutbox::builder(pool.clone())
+    let store = outbox::PostgresOutbox::builder(pool)
         .table(&table)
         .expect("a valid table name")
         .build();
@@ -99,15 +100,7 @@ async fn postgres_survives_twenty_kills() {
         &["--store", &url, "--table", &table],
     )
     .await;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
-             DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \
-               \"{table}_settle\""
-    )))
-    .execute(&pool)
-    .await
-    .expect("drop the harness table");
-    // The store's pool is `pool`: this closes both.
+    outbox_bench::store::postgres::drop_tables(&url, &table).await;
     subject.close().await;
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -124,26 +117,13 @@ impl Subject {
     /// Enqueue `MESSAGES` messages with known ids, a few transactions of
     /// `ENQUEUE_CHUNK`.
     async fn fill(&self) {
-        let ids: Vec<String> = (0..MESSAGES).map(message_id).collect();
-        for chunk in ids.chunks(ENQUEUE_CHUNK) {
-            match self {
-                #[cfg(feature = "sqlite")]
-                Subject::Sqlite(store) => {
-                    let mut tx = store.pool().begin().await.expect("begin");
-                    for id in chunk {
-                        enqueued(store.enqueue_in(&mut tx, message(id)).await);
-                    }
-                    tx.commit().await.expect("commit");
-                }
-                #[cfg(feature = "postgres")]
-                Subject::Postgres(store) => {
-                    let mut tx = store.pool().begin().await.expect("begin");
-                    for id in chunk {
-                        enqueued(store.enqueue_in(&mut tx, message(id)).await);
-                    }
-                    tx.commit().await.expect("commit");
-                }
-            }
+        let range = 0..MESSAGES as u64;
+        let messages = |n: u64| message(&message_id(n as usize));
+        match self {
+            #[cfg(feature = "sqlite")]
+            Subject::Sqlite(store) => fill(store, range, ENQUEUE_CHUNK, messages).await,
+            #[cfg(feature = "postgres")]
+            Subject::Postgres(store) => fill(store, range, ENQUEUE_CHUNK, messages).await,
         }
         let stats = self.stats().await;
         assert_eq!(
@@ -214,21 +194,13 @@ fn message(id: &str) -> NewMessage {
     .with_max_attempts(MAX_ATTEMPTS)
 }
 
-/// The one place the harness reads what an enqueue returned: every id is
-/// new, so a failure means the harness itself is broken.
-fn enqueued<T>(result: outbox::Result<T>) {
-    if let Err(error) = result {
-        panic!("enqueue failed: {error}");
-    }
-}
-
 /// Kill the worker `KILLS` times, let the last run finish, and check the
 /// log and the store. `store_args` tell the worker where the outbox is.
 async fn crash_and_verify(label: &str, subject: &Subject, dir: &Path, store_args: &[&str]) {
     let seed = seed();
     println!(
         "crash harness ({label}): seed {seed}; replay the schedule with \
-         OUTBOX_CRASH_SEED={seed} cargo test -p outbox-examples --all-features --test crash"
+         OUTBOX_CRASH_SEED={seed} cargo test -p outbox-bench --all-features --test crash"
     );
     let mut rng = SplitMix64(seed);
     let log = dir.join("deliveries.log");

@@ -1,22 +1,31 @@
 //! Enqueue → handler latency with wake-ups, at a fixed rate.
 //!
 //! ```text
-//! cargo run --release --example latency -- --store sqlite
-//! scripts/with-postgres cargo run --release --features postgres --example latency -- --store postgres
+//! cargo run --release -p outbox-bench --bin latency -- --store sqlite
+//! scripts/with-postgres cargo run --release -p outbox-bench --features postgres --bin latency -- \
+//!     --store postgres
 //! ```
 //!
-//! A producer thread enqueues messages at `--rate` per second for
-//! `--seconds`, each in its own committed write, the way request handlers
-//! of an application would. A coordinator with no schedule drains on the
-//! store's wake-ups alone (SQLite: the in-process signal; PostgreSQL:
+//! A producer thread enqueues messages at `--rate` per second (1 000 by
+//! default) for `--seconds` (5), each in its own committed write, the way
+//! request handlers of an application would. A coordinator with no
+//! schedule and `--concurrency` deliveries (16) drains on the store's
+//! wake-ups alone (SQLite: the in-process signal; PostgreSQL:
 //! `LISTEN`/`NOTIFY`, sent by an enqueue only while the drain waits for
-//! one; between, it claims again until it can say it waits). Latency is from the moment the enqueue is called to
-//! the moment the handler starts, so it includes the commit. The first
-//! fifth of a second is warm-up and not counted. The last line printed is
-//! one JSON object: the percentiles from enqueue to handler, and beside
-//! them those from the commit to the handler and of the enqueue call (its
-//! commit) alone, which tell a producer held up by its commits from a slow
-//! wake-up.
+//! one; between, it claims again until it can say it waits). Latency is
+//! from the moment the enqueue is called to the moment the handler starts,
+//! so it includes the commit. The first fifth of a second is warm-up and
+//! not counted.
+//!
+//! # Output
+//!
+//! The percentiles in words, then one JSON object: `store`, `rate`,
+//! `messages` (counted), `p50_ms`, `p90_ms`, `p99_ms`, `max_ms` (enqueue
+//! called → handler started), `commit_to_handler_p50_ms` and `_p99_ms`
+//! (enqueue returned → handler started), `enqueue_call_p50_ms` and `_p99_ms`
+//! (the enqueue call, its commit, alone), and `passes` (the drain's passes
+//! over the run). The last two pairs tell a producer held up by its commits
+//! from a slow wake-up.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -28,6 +37,11 @@ use outbox::{
     DeliveryContext, DrainConfig, Event, InProcessBus, NewMessage, Registry, SharedStore,
 };
 use outbox_actors::{DrainCoordinator, GetStatus, Shutdown};
+use outbox_bench::args::{Flags, refuse};
+use outbox_bench::drain::current_thread;
+use outbox_bench::report::print_json;
+use outbox_bench::stats::percentile_ms;
+use outbox_bench::store::{SQL_STORES, check};
 use serde::{Deserialize, Serialize};
 
 /// A message that carries the moment it was enqueued.
@@ -52,34 +66,31 @@ fn micros_since_origin() -> u64 {
     origin().elapsed().as_micros() as u64
 }
 
+/// The command line.
 struct Args {
+    /// `sqlite` or `postgres`.
     store: String,
+    /// Messages enqueued per second.
     rate: u64,
+    /// How long the producer enqueues.
     seconds: f64,
+    /// The drain's deliveries in flight.
     concurrency: usize,
 }
 
-fn parse_args() -> Result<Args, String> {
+fn parse_args(mut flags: Flags) -> Result<Args, String> {
     let mut args = Args {
         store: "sqlite".into(),
         rate: 1_000,
         seconds: 5.0,
         concurrency: 16,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+    while let Some(flag) = flags.next_flag() {
         match flag.as_str() {
-            "--store" => args.store = value()?,
-            "--rate" => args.rate = value()?.parse().map_err(|e| format!("--rate: {e}"))?,
-            "--seconds" => {
-                args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
-            }
-            "--concurrency" => {
-                args.concurrency = value()?
-                    .parse()
-                    .map_err(|e| format!("--concurrency: {e}"))?
-            }
+            "--store" => args.store = flags.value(&flag)?,
+            "--rate" => args.rate = flags.parse(&flag)?,
+            "--seconds" => args.seconds = flags.parse(&flag)?,
+            "--concurrency" => args.concurrency = flags.parse(&flag)?,
             "--help" | "-h" => {
                 return Err("usage: latency [--store sqlite|postgres] [--rate PER_SEC] \
                      [--seconds N] [--concurrency N]"
@@ -91,6 +102,7 @@ fn parse_args() -> Result<Args, String> {
     if args.rate == 0 || args.seconds <= 0.0 || args.concurrency == 0 {
         return Err("--rate, --seconds and --concurrency must be positive".into());
     }
+    check(&args.store, SQL_STORES)?;
     Ok(args)
 }
 
@@ -103,107 +115,63 @@ struct Subject {
     store: SharedStore,
     /// The producer's store: the same table, seen from another runtime.
     producer: StoreFactory,
+    /// Removes the store once the actix system is gone.
     cleanup: Box<dyn FnOnce()>,
 }
 
-async fn open(name: &str) -> Result<Subject, String> {
+async fn open(name: &str) -> Subject {
     match name {
+        #[cfg(feature = "sqlite")]
         "sqlite" => open_sqlite().await,
+        #[cfg(feature = "postgres")]
         "postgres" => open_postgres().await,
-        other => Err(format!("unknown store {other:?}; use sqlite or postgres")),
+        _ => unreachable!("checked by parse_args"),
     }
 }
 
 #[cfg(feature = "sqlite")]
-async fn open_sqlite() -> Result<Subject, String> {
-    let dir =
-        std::env::temp_dir().join(format!("outbox-latency-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let url = format!("sqlite://{}/outbox.db", dir.display());
-    let store = outbox::SqliteOutbox::connect(&url)
-        .await
-        .map_err(|e| e.to_string())?;
+async fn open_sqlite() -> Subject {
+    let database = outbox_bench::store::sqlite::TempDatabase::new("latency");
+    let store = database.open().await;
     // SQLite connections run on threads of their own, not on a runtime, so
     // both sides can share the store; they must, for its in-process wake-ups.
     let shared: SharedStore = Arc::new(store);
-    Ok(Subject {
+    Subject {
         store: shared.clone(),
         producer: Box::new(move || shared),
-        cleanup: Box::new(move || {
-            let _ = std::fs::remove_dir_all(&dir);
-        }),
-    })
-}
-
-#[cfg(not(feature = "sqlite"))]
-async fn open_sqlite() -> Result<Subject, String> {
-    Err("this build has no SQLite store; rebuild with --features sqlite".into())
+        cleanup: Box::new(move || drop(database)),
+    }
 }
 
 #[cfg(feature = "postgres")]
-async fn open_postgres() -> Result<Subject, String> {
-    let url = std::env::var("DATABASE_URL").map_err(|_| {
-        "DATABASE_URL is not set; run under scripts/with-postgres or point it at a server"
-            .to_owned()
-    })?;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .connect(&url)
-        .await
-        .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+async fn open_postgres() -> Subject {
+    use outbox_bench::store::postgres::{database_url, drop_tables, fresh, store};
+    use sqlx::postgres::PgPoolOptions;
+
+    let url = database_url().unwrap_or_else(|message| refuse(message));
     // A table of its own, dropped afterwards, so runs never see each other.
+    // Its inserts notify: the drain waits on them.
     let table = format!("latency_{}", uuid::Uuid::new_v4().simple());
-    let store = outbox::PostgresOutbox::builder(pool.clone())
-        .table(&table)
-        .map_err(|e| e.to_string())?
-        .build();
-    store.setup().await.map_err(|e| e.to_string())?;
+    let coordinator_store = fresh(&url, &table, PgPoolOptions::new(), true).await;
     // A connection belongs to the runtime that opened it and fails once that
     // runtime shuts down, so the producer gets a pool of its own, opened on
     // its runtime; the coordinator hears its commits through NOTIFY.
     let (producer_table, producer_url) = (table.clone(), url.clone());
     let producer: StoreFactory = Box::new(move || {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .connect_lazy(&producer_url)
-            .expect("DATABASE_URL parsed once already");
-        let store = outbox::PostgresOutbox::builder(pool)
-            .table(&producer_table)
-            .expect("a valid table name")
-            .build();
-        Arc::new(store)
+        Arc::new(store(
+            &producer_url,
+            &producer_table,
+            PgPoolOptions::new(),
+            true,
+        ))
     });
-    Ok(Subject {
-        store: Arc::new(store),
+    Subject {
+        store: Arc::new(coordinator_store),
         producer,
-        cleanup: Box::new(move || {
-            // The pool's connections belonged to the runtime that ended with
-            // the system, so the tables are dropped from a connection of
-            // their own.
-            let drop_tables = async move {
-                use sqlx::Connection;
-                let mut conn = sqlx::PgConnection::connect(&url).await?;
-                let sql = format!(
-                    "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
-                     DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \"{table}_settle\""
-                );
-                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                    .execute(&mut conn)
-                    .await?;
-                conn.close().await
-            };
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            if let Err(e) = runtime.block_on(drop_tables) {
-                eprintln!("could not drop the latency tables: {e}");
-            }
-        }),
-    })
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn open_postgres() -> Result<Subject, String> {
-    Err("this build has no PostgreSQL store; rebuild with --features postgres".into())
+        // The pool's connections belonged to the runtime that ended with
+        // the system, so the tables are dropped on a runtime of their own.
+        cleanup: Box::new(move || current_thread().block_on(drop_tables(&url, &table))),
+    }
 }
 
 /// Enqueue `total` messages at `rate` per second, each call on a task of its
@@ -211,11 +179,7 @@ async fn open_postgres() -> Result<Subject, String> {
 /// Returns when each enqueue call returned (committed), in microseconds
 /// since [`origin`], and how long it took.
 fn produce(store: StoreFactory, rate: u64, total: u64) -> Vec<(u64, u64)> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async move {
+    current_thread().block_on(async move {
         let store = store();
         let started = tokio::time::Instant::now();
         let mut calls = Vec::with_capacity(total as usize);
@@ -239,23 +203,11 @@ fn produce(store: StoreFactory, rate: u64, total: u64) -> Vec<(u64, u64)> {
     })
 }
 
-/// The `p`-th percentile (0..=100) of sorted `values`, in milliseconds.
-fn percentile_ms(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)] as f64 / 1000.0
-}
-
+/// The 50th, 90th and 99th percentiles and the maximum of `values` (µs),
+/// in milliseconds.
 fn summary(values: &mut [u64]) -> [f64; 4] {
     values.sort_unstable();
-    [
-        percentile_ms(values, 50.0),
-        percentile_ms(values, 90.0),
-        percentile_ms(values, 99.0),
-        percentile_ms(values, 100.0),
-    ]
+    [50.0, 90.0, 99.0, 100.0].map(|p| percentile_ms(values, p))
 }
 
 fn main() {
@@ -264,20 +216,14 @@ fn main() {
         rate,
         seconds,
         concurrency,
-    } = parse_args().unwrap_or_else(|message| {
-        eprintln!("{message}");
-        std::process::exit(2);
-    });
+    } = parse_args(Flags::from_env()).unwrap_or_else(|message| refuse(message));
     let total = (rate as f64 * seconds).round().max(1.0) as u64;
     let name = store_name.clone();
     let warmup = rate / 5;
     origin();
 
     let (runs, passes, cleanup) = actix::System::new().block_on(async move {
-        let subject = open(&name).await.unwrap_or_else(|message| {
-            eprintln!("{message}");
-            std::process::exit(2);
-        });
+        let subject = open(&name).await;
         let latencies = Arc::new(Mutex::new(Vec::with_capacity(total as usize)));
         let (done, mut all_done) = tokio::sync::mpsc::unbounded_channel();
         let bus = {
@@ -367,21 +313,19 @@ fn main() {
     println!(
         "  enqueue -> handler:     p50 {p50:.3} ms, p90 {p90:.3} ms, p99 {p99:.3} ms, max {max:.3} ms"
     );
-    println!(
-        "{}",
-        serde_json::json!({
-            "store": store_name,
-            "rate": rate,
-            "messages": messages,
-            "p50_ms": p50,
-            "p90_ms": p90,
-            "p99_ms": p99,
-            "max_ms": max,
-            "commit_to_handler_p50_ms": w50,
-            "commit_to_handler_p99_ms": w99,
-            "enqueue_call_p50_ms": c50,
-            "enqueue_call_p99_ms": c99,
-            "passes": passes,
-        })
-    );
+    // `json!` sorts the keys, as every earlier line of this benchmark had them.
+    print_json(&serde_json::json!({
+        "store": store_name,
+        "rate": rate,
+        "messages": messages,
+        "p50_ms": p50,
+        "p90_ms": p90,
+        "p99_ms": p99,
+        "max_ms": max,
+        "commit_to_handler_p50_ms": w50,
+        "commit_to_handler_p99_ms": w99,
+        "enqueue_call_p50_ms": c50,
+        "enqueue_call_p99_ms": c99,
+        "passes": passes,
+    }));
 }

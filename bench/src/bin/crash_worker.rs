@@ -1,11 +1,17 @@
 //! A drain worker made to be killed: the process the crash harness
-//! (`examples/tests/crash.rs`) runs, SIGKILLs and restarts.
+//! (`bench/tests/crash.rs`) runs, SIGKILLs and restarts.
 //!
 //! ```text
 //! crash_worker --store sqlite:///tmp/crash.db --log /tmp/deliveries.log --run 3
 //! crash_worker --store postgres://postgres@127.0.0.1:5432/postgres --table crash_1 \
 //!     --log /tmp/deliveries.log --run 3      # built with --features postgres
 //! ```
+//!
+//! Flags: `--store URL` and `--log PATH` and `--run ID` (required),
+//! `--table NAME` (the store's default table unless given),
+//! `--concurrency N` (4), `--lease-ms MS` (2000), `--work-ms MIN-MAX`
+//! (20-60: each delivery's time, fixed per message). It prints no JSON: its
+//! output is the delivery log.
 //!
 //! It drains the outbox at `--store` with the actor runtime (a
 //! `DrainCoordinator` on a schedule, a short lease) and exits once the store
@@ -36,6 +42,7 @@ use outbox::{
     Clock, DeliveryContext, DrainConfig, Event, InProcessBus, OutboxAdmin, OutboxStore, SystemClock,
 };
 use outbox_actors::{DrainCoordinator, Shutdown};
+use outbox_bench::args::{Flags, refuse};
 use serde::{Deserialize, Serialize};
 
 /// The name of the event the harness enqueues and this worker handles.
@@ -70,7 +77,7 @@ struct Args {
     work_ms: (u64, u64),
 }
 
-fn parse_args() -> Result<Args, String> {
+fn parse_args(mut flags: Flags) -> Result<Args, String> {
     let mut store = None;
     let mut table = None;
     let mut log = None;
@@ -78,34 +85,16 @@ fn parse_args() -> Result<Args, String> {
     let mut concurrency = 4;
     let mut lease = Duration::from_secs(2);
     let mut work_ms = (20, 60);
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+    while let Some(flag) = flags.next_flag() {
         match flag.as_str() {
-            "--store" => store = Some(value()?),
-            "--table" => table = Some(value()?),
-            "--log" => log = Some(PathBuf::from(value()?)),
-            "--run" => {
-                run = Some(
-                    value()?
-                        .parse()
-                        .map_err(|e| format!("--run takes a number: {e}"))?,
-                )
-            }
-            "--concurrency" => {
-                concurrency = value()?
-                    .parse()
-                    .map_err(|e| format!("--concurrency takes a number: {e}"))?
-            }
-            "--lease-ms" => {
-                lease = Duration::from_millis(
-                    value()?
-                        .parse()
-                        .map_err(|e| format!("--lease-ms takes milliseconds: {e}"))?,
-                )
-            }
+            "--store" => store = Some(flags.value(&flag)?),
+            "--table" => table = Some(flags.value(&flag)?),
+            "--log" => log = Some(PathBuf::from(flags.value(&flag)?)),
+            "--run" => run = Some(flags.parse(&flag)?),
+            "--concurrency" => concurrency = flags.parse(&flag)?,
+            "--lease-ms" => lease = Duration::from_millis(flags.parse(&flag)?),
             "--work-ms" => {
-                let text = value()?;
+                let text = flags.value(&flag)?;
                 let (min, max) = text.split_once('-').ok_or_else(|| {
                     format!("--work-ms takes MIN-MAX, such as 20-60, not {text:?}")
                 })?;
@@ -135,13 +124,8 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("crash_worker: {message}");
-            std::process::exit(2);
-        }
-    };
+    let args = parse_args(Flags::from_env())
+        .unwrap_or_else(|message| refuse(format!("crash_worker: {message}")));
     let run = args.run;
     let result = actix::System::new().block_on(open_and_drain(args));
     if let Err(error) = result {

@@ -1,36 +1,76 @@
-//! The picture of a sweep (`bench --sweep … --plot FILE.png`): throughput
-//! against concurrency for each store, the runtime beside its same-run
-//! baseline, and the ratio of the two.
+//! The picture of a sweep (`bench --sweep … --plot FILE.png`, or
+//! `bench_plot` from a sweep's JSON line): throughput against concurrency
+//! for each store, the runtime beside its same-run baseline, and the ratio
+//! of the two.
 //!
 //! Text is drawn with `ab_glyph` from a TrueType file read at run time, so
 //! the build needs no system font library. The file is `$BENCH_FONT` when
 //! set, else DejaVu Sans from the Debian package `fonts-dejavu-core`.
 
 use std::path::Path;
+use std::time::Duration;
 
 use plotters::coord::combinators::IntoLogRange;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
+use crate::throughput::{Summary, driven_by};
+
 /// Where `fonts-dejavu-core` installs DejaVu Sans.
 const DEJAVU_SANS: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
 /// One (store, concurrency) point of a sweep.
-pub(crate) struct Point<'a> {
+pub struct Point<'a> {
     /// `memory`, `sqlite` or `postgres`.
-    pub(crate) store: &'a str,
+    pub store: &'a str,
     /// The runtime's concurrency (the SQL baselines ignore it).
-    pub(crate) concurrency: usize,
+    pub concurrency: usize,
     /// The runtime's messages per second.
-    pub(crate) runtime_per_sec: f64,
+    pub runtime_per_sec: f64,
     /// The same-run baseline's messages per second.
-    pub(crate) baseline_per_sec: f64,
+    pub baseline_per_sec: f64,
 }
 
-/// Loads the labels' font and registers it as plotters' sans-serif face.
-/// Call it before measuring anything, so a missing font fails the run at
-/// once rather than after the sweep.
-pub(crate) fn load_font() -> Result<(), String> {
+/// The points of `summaries` that measured both sides (a sweep refuses
+/// `--only`, so that is all of a sweep's).
+pub fn points(summaries: &[Summary]) -> Vec<Point<'_>> {
+    summaries
+        .iter()
+        .filter_map(|point| {
+            Some(Point {
+                store: &point.store,
+                concurrency: point.concurrency,
+                runtime_per_sec: point.runtime_per_sec?,
+                baseline_per_sec: point.baseline_per_sec?,
+            })
+        })
+        .collect()
+}
+
+/// The start of the note under the title: what each point measured and
+/// what drove the runtime.
+pub fn settings_note(messages: u64, schedule: Option<Duration>) -> String {
+    format!(
+        "{messages} messages a point, no-op handler, {}",
+        driven_by(schedule)
+    )
+}
+
+/// Everything a plot needs before anything is measured: the font loaded
+/// and the folder of `path` created, so a missing font or an unwritable
+/// path fails a sweep at once rather than after it.
+pub fn prepare(path: &Path) -> Result<(), String> {
+    load_font()?;
+    match path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        Some(dir) => std::fs::create_dir_all(dir)
+            .map_err(|e| format!("--plot: cannot create {}: {e}", dir.display())),
+        None => Ok(()),
+    }
+}
+
+/// Loads the labels' font and registers it as plotters' sans-serif face
+/// ([`prepare`] calls it).
+pub fn load_font() -> Result<(), String> {
     let (path, from_env) = match std::env::var_os("BENCH_FONT") {
         Some(path) => (path.into(), true),
         None => (std::path::PathBuf::from(DEJAVU_SANS), false),
@@ -82,7 +122,7 @@ fn label(store: &str) -> &str {
 /// against concurrency (both axes logarithmic), the runtime solid and the
 /// baseline dashed; on the right, runtime / baseline. `note` goes under the
 /// title (the settings the figures were measured on).
-pub(crate) fn draw(path: &Path, points: &[Point<'_>], note: &str) -> Result<(), String> {
+pub fn draw(path: &Path, points: &[Point<'_>], note: &str) -> Result<(), String> {
     draw_inner(path, points, note).map_err(|e| format!("--plot {}: {e}", path.display()))
 }
 
