@@ -6,12 +6,12 @@
 //! ```text
 //! cargo build --release -p outbox-bench --features postgres --bin scale_bench
 //! WITH_POSTGRES_DURABLE=1 scripts/with-postgres target/release/scale_bench \
-//!     --processes 1,2,4,8 --messages 20000 --concurrency 16 --rounds 3 \
+//!     --processes 1,2,4,8 --messages 20000 --concurrency 64 --rounds 3 \
 //!     --plot docs/processes.png
 //! ```
 //!
 //! Flags: `--processes LIST` (1,2,4,8), `--messages N` (20000, the backlog
-//! of each run), `--concurrency C` (16: the handlers running at once across
+//! of each run), `--concurrency C` (64: the handlers running at once across
 //! all processes; a run of `P` processes gives each `C / P`, the first ones
 //! one more when it does not divide), `--batch N` (100, each pass's
 //! `batch_size`), `--rounds R` (3: every process count is run once per
@@ -84,7 +84,7 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
     let mut args = Args {
         processes: vec![1, 2, 4, 8],
         messages: 20_000,
-        concurrency: 16,
+        concurrency: 64,
         batch: 100,
         rounds: 3,
         plot: None,
