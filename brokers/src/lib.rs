@@ -4,9 +4,9 @@
 //! [`outbox::JobDispatcher`], so a drain publishes under the same leases,
 //! retries, dead letters and notifications as an in-process handler: a
 //! message is settled as delivered only once the broker acknowledged it.
-//! Delivery is at-least-once, so every transport hands the broker the outbox
-//! message id to deduplicate on; each transport's docs say what window that
-//! covers.
+//! Delivery is at-least-once, so every transport puts the outbox message id
+//! on what it publishes, for the broker or the consumers to deduplicate on;
+//! each transport's docs say which, and over what window.
 //!
 //! What every transport shares lives here: how a message name becomes a
 //! destination ([`NameMap`]), the headers a published message carries
@@ -15,6 +15,8 @@
 #[cfg(feature = "amqp")]
 pub mod amqp;
 mod error;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod naming;
 #[cfg(feature = "nats")]
 pub mod nats;
@@ -24,6 +26,8 @@ pub mod redis;
 #[cfg(feature = "amqp")]
 pub use amqp::{AmqpConfig, AmqpTransport};
 pub use error::{BrokerError, FailureClass};
+#[cfg(feature = "kafka")]
+pub use kafka::{KafkaConfig, KafkaTransport};
 pub use naming::NameMap;
 #[cfg(feature = "nats")]
 pub use nats::{NatsConfig, NatsTransport};
