@@ -41,6 +41,24 @@ pub(crate) fn class_of(code: RDKafkaErrorCode) -> FailureClass {
     }
 }
 
+/// Whether a failed publish leaves the producer session in doubt: records
+/// timed out with their fate unknown, or the broker lost track of the
+/// producer or its sequence. librdkafka then bumps the session's epoch on
+/// its own; the transport starts a new session instead.
+pub(crate) fn ends_session(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as E;
+    matches!(
+        code,
+        E::MessageTimedOut
+            | E::Unknown
+            | E::UnknownProducerId
+            | E::OutOfOrderSequenceNumber
+            | E::InvalidProducerEpoch
+            | E::InvalidProducerIdMapping
+            | E::Fatal
+    )
+}
+
 /// The class of a client error; one without a code (the client could not
 /// even be created, say) is permanent when it is about configuration.
 pub(crate) fn class_of_error(error: &KafkaError) -> FailureClass {
@@ -56,7 +74,7 @@ pub(crate) fn class_of_error(error: &KafkaError) -> FailureClass {
 mod tests {
     use rdkafka::error::{KafkaError, RDKafkaErrorCode as E};
 
-    use super::{class_of, class_of_error};
+    use super::{class_of, class_of_error, ends_session};
     use crate::FailureClass::{Permanent, Transient};
 
     #[test]
@@ -91,5 +109,15 @@ mod tests {
             Permanent
         );
         assert_eq!(class_of_error(&KafkaError::Canceled), Transient);
+    }
+
+    #[test]
+    fn a_session_in_doubt_ends() {
+        for code in [E::MessageTimedOut, E::Unknown, E::OutOfOrderSequenceNumber] {
+            assert!(ends_session(code), "{code:?}");
+        }
+        for code in [E::MessageSizeTooLarge, E::QueueFull, E::PurgeInflight] {
+            assert!(!ends_session(code), "{code:?}");
+        }
     }
 }

@@ -77,10 +77,17 @@
 //! does not exist on brokers that do not create topics on demand, a message
 //! larger than `message.max.bytes` or the topic's `max.message.bytes`,
 //! refused authorization or authentication, and a message name that maps
-//! to a topic Kafka forbids ([`InvalidTopic`]). A producer that hit a fatal
-//! error (librdkafka gives up on an idempotent session whose sequence it can
-//! no longer vouch for) is replaced by a new one on the next publish; the
-//! publish that saw it is retried.
+//! to a topic Kafka forbids ([`InvalidTopic`]).
+//!
+//! A publish that timed out, or that the broker failed with an error that
+//! leaves the producer's sequence numbers in doubt (an unknown server
+//! error, an unknown producer id, a sequence out of order), ends the
+//! producer session: the transport replaces the producer with a new one (a
+//! new producer id), and fails the old one's queued and in-flight records,
+//! which the outbox retries. librdkafka would instead bump the session's
+//! epoch by itself, which Apache Kafka accepts but not every Kafka-API
+//! broker does (tansu 0.6 fails every later record of such a session). A
+//! producer that hit a fatal error is replaced the same way.
 //!
 //! # Why librdkafka
 //!
@@ -103,7 +110,7 @@ use futures_util::future::LocalBoxFuture;
 use outbox::{ClaimedMessage, Delivery, DeliveryResult, EventBus, JobDispatcher};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use rdkafka::util::Timeout;
 
 pub use config::KafkaConfig;
@@ -267,8 +274,11 @@ impl KafkaTransport {
             Ok(Err((error, _))) => {
                 let fatal = producer.client().fatal_error();
                 drop(producer);
-                if let Some((code, reason)) = fatal {
+                let code = error.rdkafka_error_code();
+                if fatal.is_some() || code.is_some_and(classify::ends_session) {
                     self.replace(generation);
+                }
+                if let Some((code, reason)) = fatal {
                     return Err(BrokerError::new(
                         BROKER,
                         "publish",
@@ -281,7 +291,7 @@ impl KafkaTransport {
                     .with_source(error));
                 }
                 let class = classify::class_of_error(&error);
-                let reason = match error.rdkafka_error_code() {
+                let reason = match code {
                     Some(RDKafkaErrorCode::MessageSizeTooLarge) => format!(
                         "a message of {} bytes to `{topic}` is larger than the client's \
                          message.max.bytes or the topic's max.message.bytes: {error}",
@@ -315,7 +325,10 @@ impl KafkaTransport {
         (guard.0.clone(), guard.1)
     }
 
-    /// Replace producer `generation`, unless a concurrent publish did.
+    /// Replace producer `generation`, unless a concurrent publish did. The
+    /// old producer's queued and in-flight records are failed at once
+    /// (their publishes are retried by the outbox), so it sends nothing
+    /// more under the session it gave up.
     fn replace(&self, generation: u64) {
         let fresh = match create(&self.inner.client) {
             Ok(fresh) => fresh,
@@ -336,9 +349,12 @@ impl KafkaTransport {
             let next = guard.1 + 1;
             std::mem::replace(&mut *guard, (fresh, next)).0
         };
-        // Dropping a producer purges and flushes it, and joins its thread:
-        // not on the runtime's thread.
-        drop(tokio::task::spawn_blocking(move || drop(stale)));
+        // Purging may wait on the client's queues, and dropping the last
+        // handle flushes and joins its thread: not on the runtime's thread.
+        drop(tokio::task::spawn_blocking(move || {
+            stale.purge(PurgeConfig::default().queue().inflight());
+            drop(stale);
+        }));
     }
 }
 
