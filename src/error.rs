@@ -16,14 +16,17 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::database::DatabaseKind;
 use crate::kind::{MessageKind, MessageStatus};
 
 /// `Result` with this crate's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// A shareable source error. Errors are `Clone` so one failure can be handed
-/// to every caller waiting on it (coalesced drains share one report).
-pub type SharedSource = Arc<dyn std::error::Error + Send + Sync + 'static>;
+/// The underlying cause of an [`Error`] (a database, I/O or pool error),
+/// behind an `Arc` so that it can be shared: errors are `Clone`, so one
+/// failure can be handed to every caller waiting on it (coalesced drains
+/// share one report). Read it through [`std::error::Error::source`].
+pub type SharedError = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong in the outbox core and its stores.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -77,7 +80,7 @@ pub enum Error {
         /// The store operation that failed.
         operation: &'static str,
         /// The underlying error (database, I/O, pool).
-        source: SharedSource,
+        source: SharedError,
     },
     /// A stored row could not be read back into a message.
     #[error("stored outbox message {id:?} is unreadable: {reason}")]
@@ -95,14 +98,14 @@ pub enum Error {
     #[error(transparent)]
     Url(#[from] UrlError),
     /// The database could not be reached or opened.
-    #[error("cannot connect to the outbox database {url}: {reason}; {}", backend.hint())]
+    #[error("cannot connect to the outbox database {url}: {reason}; {}", database.hint())]
     Connect {
         /// The URL, with any password replaced by `***`.
         url: String,
         /// What went wrong, with the operating system's error when there is one.
         reason: String,
         /// Which kind of database it is, which says what to check.
-        backend: Backend,
+        database: DatabaseKind,
     },
     /// The outbox table (or a column of it) does not exist: the database was
     /// never set up for the outbox, or the table name is wrong.
@@ -195,47 +198,15 @@ pub enum UrlError {
         url: String,
     },
     /// A URL the store's driver cannot parse.
-    #[error("{url} is not a valid {backend} URL: {reason}")]
+    #[error("{url} is not a valid {database} URL: {reason}")]
     Malformed {
         /// The URL, with any password replaced by `***`.
         url: String,
         /// The database the URL was meant for.
-        backend: Backend,
+        database: DatabaseKind,
         /// The parser's words.
         reason: String,
     },
-}
-
-/// The kind of database a store speaks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Backend {
-    /// A SQLite file.
-    Sqlite,
-    /// A PostgreSQL server.
-    Postgres,
-}
-
-impl Backend {
-    /// What to check when a connection to such a database fails.
-    pub fn hint(self) -> &'static str {
-        match self {
-            Backend::Sqlite => "check the path, and that its directory exists and is writable",
-            Backend::Postgres => {
-                "check the host, the port and the credentials, and that the server runs \
-                 and accepts connections"
-            }
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Backend::Sqlite => "SQLite",
-            Backend::Postgres => "PostgreSQL",
-        })
-    }
 }
 
 /// A stored row that does not read back as an [`OutboxMessage`](crate::OutboxMessage):

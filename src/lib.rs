@@ -12,67 +12,6 @@
 //! This crate is everything but the runtime, and pulls in no actix: a web
 //! handler that only enqueues depends on it alone.
 //!
-//! # Layout
-//!
-//! One concept per file. The modules are private: everything public is
-//! re-exported flat at the crate root (and the common names in [`prelude`]),
-//! except the store implementers' toolkit, [`kit`]. Each module imports only
-//! modules listed before it, so the list reads from the leaves up to the
-//! store port, which builds on all of them.
-//!
-//! - `kind`: [`MessageKind`] (event or job) and [`MessageStatus`], the two
-//!   enums every other module names.
-//! - `limits`: the duration bounds that configuration, retry policies and
-//!   stores all enforce ([`MAX_DURATION`], [`MIN_LEASE`]).
-//! - `clock`: [`Clock`], with [`SystemClock`] and the test clock [`TokioClock`].
-//! - `error`: [`Error`] and its parts; [`ClaimError`] is the one the
-//!   runtime treats as confirmed loss of a claim. Also what a delivery fails
-//!   with, [`DeliveryError`], and [`ErrorRecord`], its size-bounded form kept
-//!   in `last_error`.
-//! - `retry`: [`RetryPolicy`], exponential backoff with cap and seedable jitter.
-//! - `config`: [`DrainConfig`], validated, with humantime durations.
-//! - `payload`: what a message carries: the JSON [`Payload`], the
-//!   [`Event`] and [`Job`] traits payload types implement, and the
-//!   [`RawMessage`] a catch-all decodes into.
-//! - `trace`: trace propagation, the [`TraceCarrier`] a message takes from
-//!   enqueue to delivery.
-//! - `message`: the stored [`OutboxMessage`], the [`ClaimedMessage`] a
-//!   delivery sees, and the [`NewMessage`] enqueue takes.
-//! - `registry`: the [`Registry`] of payload types by name, which decodes
-//!   stored payloads at delivery.
-//! - `transport`: the [`EventBus`] and [`JobDispatcher`] traits, and the
-//!   in-process [`InProcessBus`] and [`InProcessJobs`].
-//! - `store`: the stores, one folder.
-//!   - `store/mod.rs`: the port. [`OutboxStore`] is the drain path (enqueue,
-//!     claim, renew, settle, release), [`OutboxAdmin`] the operator path;
-//!     each operation takes a parameter struct with the caller's `now`.
-//!   - `store/memory.rs`: [`MemoryOutbox`], the full contract in process
-//!     memory, for tests, demos and benchmarks.
-//!   - `store/sql.rs`: what the two SQL stores share, written once: table
-//!     names, migrations rendered per table, and the operations whose Rust
-//!     is the same on both databases.
-//!   - `store/fenced.rs`: fenced writes to claimed messages (renewals and
-//!     settlements), sent one by one or coalesced into one statement
-//!     (`SettlementMode`).
-//!   - `store/sqlite/`: `SqliteOutbox` (feature `sqlite`, the default), its
-//!     SQL statements apart from the Rust code, and its admin operations.
-//!   - `store/postgres/`: `PostgresOutbox` (feature `postgres`), its SQL
-//!     statements, its LISTEN/NOTIFY wake-up listener, and its admin
-//!     operations.
-//!   - `store/any.rs`: `AnyOutbox`, either SQL store chosen by URL at
-//!     start-up, with `AnyTransaction` to enqueue in a transaction of
-//!     either database.
-//!
-//! Both SQL stores add enqueue inside the caller's own sqlx transaction.
-//!
-//! # Features
-//!
-//! - `sqlite` (default): the embedded store.
-//! - `postgres`: the distributed store.
-//! - `opentelemetry`: capture the current span's trace context at enqueue as
-//!   a W3C [`TraceCarrier`] and turn stored carriers back into OpenTelemetry
-//!   contexts; see [`TraceCarrier`].
-//!
 //! # Example
 //!
 //! ```
@@ -94,10 +33,94 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Guide
+//!
+//! The guide explains what these items are for: [enqueueing](https://github.com/outbox-rs/outbox/blob/main/docs/src/enqueueing.md)
+//! (transactions, ids, idempotency, ordering keys, delays), the
+//! [stores](https://github.com/outbox-rs/outbox/blob/main/docs/src/stores.md) (memory, SQLite, PostgreSQL, `AnyOutbox`,
+//! migrations), and the [guarantees](https://github.com/outbox-rs/outbox/blob/main/docs/src/guarantees.md) every store keeps.
+//!
+//! # Layout
+//!
+//! One concept per file. The modules are private: everything public is
+//! re-exported flat at the crate root (and the common names in [`prelude`]),
+//! except the store implementers' toolkit, [`kit`]. Each module imports only
+//! modules listed before it, so the list reads from the leaves up to the
+//! store port, which builds on all of them.
+//!
+//! - `kind`: [`MessageKind`] (event or job) and [`MessageStatus`], the two
+//!   enums every other module names.
+//! - `database`: [`DatabaseKind`], which database a SQL store speaks to.
+//! - `limits`: the bounds and defaults that configuration, retry policies,
+//!   messages and stores all share ([`MAX_DURATION`], [`MIN_LEASE`],
+//!   [`DEFAULT_MAX_ATTEMPTS`]).
+//! - `clock`: [`Clock`], with [`SystemClock`] and the test clock [`TokioClock`].
+//! - `error`: [`Error`] and its parts; [`ClaimError`] is the one the
+//!   runtime treats as confirmed loss of a claim. Also what a delivery fails
+//!   with, [`DeliveryError`], and [`ErrorRecord`], its size-bounded form kept
+//!   in `last_error`.
+//! - `retry`: [`RetryPolicy`], exponential backoff with cap and seedable jitter.
+//! - `payload`: what a message carries: the JSON [`Payload`], the
+//!   [`Event`] and [`Job`] traits payload types implement (a job names its
+//!   retry policy), and the [`RawMessage`] a catch-all decodes into.
+//! - `trace`: trace propagation, the [`TraceCarrier`] a message takes from
+//!   enqueue to delivery.
+//! - `message`: the stored [`OutboxMessage`], the [`ClaimedMessage`] a
+//!   delivery sees, and the [`NewMessage`] enqueue takes; also
+//!   [`RetryPolicy::max_attempts_for`], the attempt cap of one claimed
+//!   message.
+//! - `config`: [`DrainConfig`], validated, with humantime durations.
+//! - `registry`: the [`Registry`] of payload types by name, which decodes
+//!   stored payloads at delivery.
+//! - `transport`: the [`EventBus`] and [`JobDispatcher`] traits, and the
+//!   in-process [`InProcessBus`] and [`InProcessJobs`].
+//! - `store`: the stores, one folder, also listed leaves first (every file
+//!   in it builds on the port in `store/mod.rs`; see that module's notes).
+//!   - `store/mod.rs`: the port. [`OutboxStore`] is the drain path (enqueue,
+//!     claim, renew, settle, release), [`OutboxAdmin`] the operator path;
+//!     each operation takes a parameter struct with the caller's `now`.
+//!   - `store/kit.rs`: [`kit`], the toolkit for implementing a store.
+//!   - `store/connect.rs`: database URLs checked, connection failures named.
+//!   - `store/memory/`: [`MemoryOutbox`], the full contract in process
+//!     memory, for tests, demos and benchmarks: `index.rs` its index engine,
+//!     `mod.rs` its operations.
+//!   - `store/fenced.rs`: fenced writes to claimed messages (renewals and
+//!     settlements), sent one by one or coalesced into one statement, as
+//!     `SettlementMode` says.
+//!   - `store/sql/`: what the two SQL stores share, written once, one file
+//!     per concern: `TableName` (`table.rs`), migrations rendered per
+//!     table (`migrate.rs`), shared SQL text (`statements.rs`), the backend
+//!     trait (`backend.rs`), rows (`row.rs`), errors and refusals
+//!     (`errors.rs`), the generic store (`store.rs`) and the macro that
+//!     writes each store's public impls (`facade.rs`).
+//!   - `store/sqlite/`: `SqliteOutbox` (feature `sqlite`, the default):
+//!     the store, its builder and core (`mod.rs`), SQL text
+//!     (`statements.rs`), enqueue, claim, fenced writes and listing (a file
+//!     each).
+//!   - `store/postgres/`: `PostgresOutbox` (feature `postgres`): the same
+//!     files, and its `LISTEN`/`NOTIFY` wake-up listener (`listener.rs`).
+//!   - `store/any.rs`: `AnyOutbox`, either SQL store chosen by URL at
+//!     start-up, with `AnyTransaction` to enqueue in a transaction of
+//!     either database.
+//!
+//! A file's tests beyond a few cases live beside it, in a `tests.rs` of the
+//! folder named after it (`config/tests.rs`, `store/fenced/tests.rs`, ...).
+//!
+//! Both SQL stores add enqueue inside the caller's own sqlx transaction.
+//!
+//! # Features
+//!
+//! - `sqlite` (default): the embedded store.
+//! - `postgres`: the distributed store.
+//! - `opentelemetry`: capture the current span's trace context at enqueue as
+//!   a W3C [`TraceCarrier`] and turn stored carriers back into OpenTelemetry
+//!   contexts; see [`TraceCarrier`].
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clock;
 mod config;
+mod database;
 mod error;
 mod kind;
 mod limits;
@@ -111,16 +134,17 @@ mod transport;
 
 pub use clock::{Clock, SharedClock, SystemClock, TokioClock};
 pub use config::{DrainConfig, OrderingConfig, RetentionConfig, SettlementConfig};
+pub use database::DatabaseKind;
 pub use error::{
-    AbandonedClaimError, AdminError, Backend, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
-    DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedSource,
+    AbandonedClaimError, AdminError, ClaimError, ClaimLoss, ConfigError, ConfigViolation,
+    DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedError,
     UnreadableMessage, UrlError,
 };
 pub use kind::{MessageKind, MessageStatus};
-pub use limits::{MAX_DURATION, MIN_LEASE};
+pub use limits::{DEFAULT_MAX_ATTEMPTS, MAX_DURATION, MIN_LEASE};
 pub use message::{
-    ClaimedMessage, DEFAULT_MAX_ATTEMPTS, EnqueueOptions, Enqueued, Idempotency, MAX_KEY_LEN,
-    NewMessage, OnDeadLetter, OutboxMessage,
+    ClaimedMessage, EnqueueOptions, Enqueued, Idempotency, MAX_KEY_LEN, NewMessage, OnDeadLetter,
+    OutboxMessage,
 };
 pub use payload::{DecodedPayload, Event, Job, Payload, RawMessage};
 pub use registry::{Registry, RegistryBuilder};
@@ -131,25 +155,27 @@ pub use retry::{RetryPolicy, ShouldRetry};
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use sqlx;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use store::any::{AnyColumn, AnyOutbox, AnyTransaction, SqlValue};
+pub use store::any::{AnyColumn, AnyOutbox, AnyOutboxOptions, AnyTransaction, OpenMode, SqlValue};
 pub use store::kit;
 pub use store::memory::MemoryOutbox;
 #[cfg(feature = "postgres")]
-pub use store::postgres::{MIGRATOR as POSTGRES_MIGRATOR, PostgresOutbox};
+pub use store::postgres::{MIGRATOR as POSTGRES_MIGRATOR, PostgresOutbox, PostgresOutboxBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::sql::{MAX_TABLE_NAME_PART, SettlementMode, TableName};
 #[cfg(feature = "sqlite")]
-pub use store::sqlite::{DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, SqliteOutbox};
+pub use store::sqlite::{
+    DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, SqliteOutbox, SqliteOutboxBuilder,
+};
 pub use store::{
-    Armed, BlockedKey, ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor, ListMessages,
-    MarkDelivered, MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore,
-    PurgeBatch, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow, SharedStore,
-    SkipDeadLetter, WakeupArm, Wakeups,
+    ArmOutcome, ArmWakeups, BlockedKey, ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor,
+    ListMessages, MarkDelivered, MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats,
+    OutboxStore, PurgeBatch, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow,
+    SharedStore, SkipDeadLetter, Wakeups,
 };
 pub use trace::TraceCarrier;
 pub use transport::{
     Delivery, DeliveryContext, DeliveryResult, EventBus, InProcessBus, InProcessJobs,
-    JobDispatcher, Registration, Served,
+    JobDispatcher, Registration, ServedNames,
 };
 
 /// The names most programs need: `use outbox::prelude::*;`.

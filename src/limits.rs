@@ -1,5 +1,6 @@
-//! Bounds on durations that several layers check: configuration, retry
-//! policies and stores all refuse the same values.
+//! Bounds and defaults that several layers share: configuration, retry
+//! policies, messages and stores all refuse the same durations and fall back
+//! on the same attempt cap.
 //!
 //! A leaf: it names no other module, so everything may import it.
 
@@ -11,3 +12,11 @@ pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
 /// Shortest lease: the heartbeat must fit strictly inside it.
 pub const MIN_LEASE: Duration = Duration::from_millis(2);
+
+/// Attempts a message gets when neither the enqueuer, its job's policy nor
+/// the drain's `retry.max_attempts` says otherwise.
+///
+/// With the default [`RetryPolicy`](crate::RetryPolicy) backoff, 25 attempts
+/// span at least 24 hours even when jitter shortens every delay as far as it
+/// can, so an outage of a day dead-letters nothing.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;

@@ -10,15 +10,8 @@ use crate::error::{Error, RegistryError, Result};
 use crate::kind::{MessageKind, MessageStatus};
 use crate::payload::Payload;
 use crate::payload::{Event, Job};
+use crate::retry::RetryPolicy;
 use crate::trace::TraceCarrier;
-
-/// Attempts a message gets when neither the enqueuer, its job's policy nor
-/// the drain's `retry.max_attempts` says otherwise.
-///
-/// With the default [`RetryPolicy`](crate::RetryPolicy) backoff, 25 attempts
-/// span at least 24 hours even when jitter shortens every delay as far as it
-/// can, so an outage of a day dead-letters nothing.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
 
 // Parsing fails with `Error`, whose variants name the kinds: kept here, above
 // both, so `kind.rs` stays a leaf.
@@ -72,7 +65,7 @@ pub struct OutboxMessage {
     /// Claims made so far.
     pub attempts: u32,
     /// The attempt cap stored with the message: the one given at enqueue
-    /// when `max_attempts_set`, otherwise [`DEFAULT_MAX_ATTEMPTS`] as it was
+    /// when `max_attempts_set`, otherwise [`DEFAULT_MAX_ATTEMPTS`](crate::DEFAULT_MAX_ATTEMPTS) as it was
     /// when the message was enqueued. See
     /// [`OutboxMessage::effective_max_attempts`] for the cap that applies.
     pub max_attempts: u32,
@@ -110,7 +103,7 @@ fn set_by_default() -> bool {
 
 impl OutboxMessage {
     /// The attempt cap that applies to this message under a drain whose cap
-    /// (its `retry.max_attempts`, or [`DEFAULT_MAX_ATTEMPTS`]) is
+    /// (its `retry.max_attempts`, or [`DEFAULT_MAX_ATTEMPTS`](crate::DEFAULT_MAX_ATTEMPTS)) is
     /// `drain_cap`: the message's own when it was set, the drain's otherwise.
     pub fn effective_max_attempts(&self, drain_cap: u32) -> u32 {
         if self.max_attempts_set {
@@ -172,6 +165,21 @@ pub struct ClaimedMessage {
     pub locked_until: DateTime<Utc>,
 }
 
+// Here rather than in `retry.rs`: it reads a claimed message, and the retry
+// policy sits below the message model (payload types name their policy).
+impl RetryPolicy {
+    /// The attempt cap of `message` under this policy: the message's own
+    /// when it was set at enqueue, else this policy's `max_attempts`, else
+    /// the cap the message was claimed under (the drain's).
+    pub fn max_attempts_for(&self, message: &ClaimedMessage) -> u32 {
+        if message.max_attempts_set {
+            message.max_attempts
+        } else {
+            self.max_attempts.unwrap_or(message.max_attempts)
+        }
+    }
+}
+
 /// What an enqueue did: stored the message, or found its id taken.
 ///
 /// An enqueue never fails because the id is taken, and never aborts the
@@ -226,7 +234,7 @@ impl Enqueued {
 ///
 /// With the `opentelemetry` feature, `trace` starts as the current span's
 /// trace context, so the delivery joins the trace that enqueued it; see
-/// [`TraceCarrier`](crate::TraceCarrier).
+/// [`TraceCarrier`].
 #[derive(Debug, Clone)]
 pub struct NewMessage {
     /// The id to use; `None` generates a time-ordered UUID.
@@ -241,7 +249,7 @@ pub struct NewMessage {
     pub trace: Option<TraceCarrier>,
     /// Claims allowed before dead-lettering; at least 1. `None` leaves it to
     /// the draining worker: its `retry.max_attempts`, or
-    /// [`DEFAULT_MAX_ATTEMPTS`].
+    /// [`DEFAULT_MAX_ATTEMPTS`](crate::DEFAULT_MAX_ATTEMPTS).
     pub max_attempts: Option<u32>,
     /// Not claimable before this time; `None` means `now`.
     pub available_at: Option<DateTime<Utc>>,

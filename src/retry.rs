@@ -7,8 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ConfigViolation, DeliveryError};
-use crate::limits::MAX_DURATION;
-use crate::message::{ClaimedMessage, DEFAULT_MAX_ATTEMPTS};
+use crate::limits::{DEFAULT_MAX_ATTEMPTS, MAX_DURATION};
 
 /// A predicate that decides whether an error is worth another attempt.
 pub type ShouldRetry = Arc<dyn Fn(&DeliveryError) -> bool + Send + Sync>;
@@ -147,16 +146,8 @@ impl RetryPolicy {
         self
     }
 
-    /// The attempt cap of `message` under this policy: the message's own
-    /// when it was set at enqueue, else this policy's `max_attempts`, else
-    /// the cap the message was claimed under (the drain's).
-    pub fn max_attempts_for(&self, message: &ClaimedMessage) -> u32 {
-        if message.max_attempts_set {
-            message.max_attempts
-        } else {
-            self.max_attempts.unwrap_or(message.max_attempts)
-        }
-    }
+    // `max_attempts_for`, the cap of one claimed message, is in
+    // `message.rs`: it reads the message, which this module sits below.
 
     /// This policy's cap for messages without their own:
     /// `max_attempts`, or [`DEFAULT_MAX_ATTEMPTS`].
@@ -265,6 +256,7 @@ fn unit_interval(seed: u64, id: &str, attempts: u32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::ClaimedMessage;
 
     #[test]
     fn backoff_grows_and_caps() {

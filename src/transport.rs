@@ -92,32 +92,32 @@ pub type Registration = fn(RegistryBuilder) -> RegistryBuilder;
 /// registration, and can derive the registry from the handlers.
 ///
 /// A transport that cannot tell (the default of [`EventBus::serves`] and
-/// [`JobDispatcher::serves`]) answers [`Served::unknown`], and is then
+/// [`JobDispatcher::serves`]) answers [`ServedNames::unknown`], and is then
 /// trusted to serve whatever is registered.
 ///
 /// ```
-/// use outbox::{Event, Served};
+/// use outbox::{Event, ServedNames};
 ///
 /// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct OrderPlaced { order_id: u64 }
 /// impl Event for OrderPlaced { const NAME: &'static str = "order.placed"; }
 ///
-/// let served = Served::none().event::<OrderPlaced>().name("audit.logged");
+/// let served = ServedNames::none().event::<OrderPlaced>().name("audit.logged");
 /// assert!(served.serves("order.placed") && served.serves("audit.logged"));
 /// assert!(!served.serves("order.shipped"));
-/// assert!(Served::unknown().serves("anything"));
+/// assert!(ServedNames::unknown().serves("anything"));
 /// ```
 #[derive(Clone, Default)]
-pub struct Served {
+pub struct ServedNames {
     /// Each name served, with how to register its type when it is known.
     names: BTreeMap<String, Option<Registration>>,
     catch_all: bool,
     unknown: bool,
 }
 
-impl Served {
-    /// Serves no name (yet); add them with [`Served::event`],
-    /// [`Served::job`], [`Served::name`] and [`Served::catch_all`].
+impl ServedNames {
+    /// Serves no name (yet); add them with [`ServedNames::event`],
+    /// [`ServedNames::job`], [`ServedNames::name`] and [`ServedNames::catch_all`].
     pub fn none() -> Self {
         Self::default()
     }
@@ -125,7 +125,7 @@ impl Served {
     /// The transport cannot say what it serves: the start-up check trusts
     /// it with every registered name, and no registry can be derived from it.
     pub fn unknown() -> Self {
-        Served {
+        ServedNames {
             unknown: true,
             ..Self::default()
         }
@@ -159,7 +159,7 @@ impl Served {
         self
     }
 
-    /// `false` for [`Served::unknown`].
+    /// `false` for [`ServedNames::unknown`].
     pub fn is_known(&self) -> bool {
         !self.unknown
     }
@@ -186,12 +186,12 @@ impl Served {
     }
 }
 
-impl fmt::Debug for Served {
+impl fmt::Debug for ServedNames {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.unknown {
-            return f.write_str("Served::unknown()");
+            return f.write_str("ServedNames::unknown()");
         }
-        f.debug_struct("Served")
+        f.debug_struct("ServedNames")
             .field("names", &self.names.keys().collect::<Vec<_>>())
             .field("catch_all", &self.catch_all)
             .finish()
@@ -208,9 +208,9 @@ pub trait EventBus: Send + Sync + 'static {
 
     /// The event names this bus serves, checked against the registry when
     /// a drain starts (and used to derive one when none is given). The
-    /// default, [`Served::unknown`], skips the check for this bus.
-    fn serves(&self) -> Served {
-        Served::unknown()
+    /// default, [`ServedNames::unknown`], skips the check for this bus.
+    fn serves(&self) -> ServedNames {
+        ServedNames::unknown()
     }
 }
 
@@ -221,9 +221,9 @@ pub trait JobDispatcher: Send + Sync + 'static {
 
     /// The job names this dispatcher serves, checked against the registry
     /// when a drain starts (and used to derive one when none is given). The
-    /// default, [`Served::unknown`], skips the check for this dispatcher.
-    fn serves(&self) -> Served {
-        Served::unknown()
+    /// default, [`ServedNames::unknown`], skips the check for this dispatcher.
+    fn serves(&self) -> ServedNames {
+        ServedNames::unknown()
     }
 }
 
@@ -252,7 +252,7 @@ type RawHandler<P> =
 pub struct InProcessBus {
     handlers: HashMap<&'static str, Vec<SharedHandler>>,
     any: Vec<RawHandler<Arc<RawMessage>>>,
-    served: Served,
+    served: ServedNames,
 }
 
 impl InProcessBus {
@@ -351,7 +351,7 @@ impl EventBus for InProcessBus {
         }
     }
 
-    fn serves(&self) -> Served {
+    fn serves(&self) -> ServedNames {
         self.served.clone()
     }
 }
@@ -382,7 +382,7 @@ fn fan_out<H>(
 pub struct InProcessJobs {
     handlers: HashMap<&'static str, OwnedHandler>,
     any: Option<RawHandler<RawMessage>>,
-    served: Served,
+    served: ServedNames,
 }
 
 impl InProcessJobs {
@@ -459,7 +459,7 @@ impl JobDispatcher for InProcessJobs {
         }
     }
 
-    fn serves(&self) -> Served {
+    fn serves(&self) -> ServedNames {
         self.served.clone()
     }
 }
@@ -500,168 +500,4 @@ fn type_mismatch<T>(kind: MessageKind, name: &str) -> DeliveryError {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Mutex;
-
-    use chrono::Utc;
-    use serde::{Deserialize, Serialize};
-
-    use super::*;
-    use crate::payload::Payload;
-    use crate::registry::Registry;
-
-    #[derive(Serialize, Deserialize, Debug, PartialEq)]
-    struct Placed {
-        order: u64,
-    }
-    impl Event for Placed {
-        const NAME: &'static str = "order.placed";
-    }
-    impl Job for Placed {
-        const NAME: &'static str = "order.placed";
-    }
-
-    fn claimed(kind: MessageKind, name: &str, json: &str) -> Arc<ClaimedMessage> {
-        let now = Utc::now();
-        Arc::new(ClaimedMessage {
-            id: format!("id-{name}"),
-            kind,
-            name: name.to_owned(),
-            payload: Payload::from_json(json).unwrap(),
-            trace: None,
-            attempts: 1,
-            max_attempts: 3,
-            max_attempts_set: true,
-            available_at: now,
-            created_at: now,
-            ordering_key: None,
-            claim_token: "token".to_owned(),
-            claimed_at: now,
-            locked_until: now,
-        })
-    }
-
-    /// Decode `message` with `registry`, as the runtime does, into a delivery.
-    fn delivery(registry: &Registry, message: Arc<ClaimedMessage>) -> Delivery {
-        let payload = registry
-            .decode(message.kind, &message.name, &message.payload)
-            .unwrap();
-        Delivery {
-            payload,
-            context: DeliveryContext::new(message, None),
-        }
-    }
-
-    type Seen = Arc<Mutex<Vec<String>>>;
-
-    fn bus(seen: &Seen) -> InProcessBus {
-        let (typed, any) = (seen.clone(), seen.clone());
-        InProcessBus::new()
-            .on(move |event: Arc<Placed>, _| {
-                typed.lock().unwrap().push(format!("typed {}", event.order));
-                std::future::ready(Ok(()))
-            })
-            .on_any(move |message: Arc<RawMessage>, ctx| {
-                any.lock().unwrap().push(format!(
-                    "any {} {} {} {}",
-                    message.kind,
-                    message.name,
-                    message.payload.as_str(),
-                    ctx.id()
-                ));
-                std::future::ready(Ok(()))
-            })
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn bus_catch_all_takes_what_no_typed_handler_takes() {
-        let registry = Registry::builder()
-            .event::<Placed>()
-            .any(MessageKind::Event)
-            .build()
-            .unwrap();
-        let seen = Seen::default();
-        let bus = bus(&seen);
-        assert!(bus.handles("order.placed") && bus.handles("anything"));
-
-        let placed = claimed(MessageKind::Event, "order.placed", r#"{"order":7}"#);
-        let shipped = claimed(MessageKind::Event, "order.shipped", r#"{"order":8}"#);
-        bus.publish(delivery(&registry, placed)).await.unwrap();
-        bus.publish(delivery(&registry, shipped)).await.unwrap();
-        assert_eq!(
-            *seen.lock().unwrap(),
-            [
-                "typed 7",
-                r#"any event order.shipped {"order":8} id-order.shipped"#
-            ]
-        );
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn bus_catch_all_gets_typed_payloads_as_stored() {
-        // The registry knows the type, but this bus has only a catch-all.
-        let registry = Registry::builder().event::<Placed>().build().unwrap();
-        let seen = Seen::default();
-        let any = seen.clone();
-        let bus = InProcessBus::new().on_any(move |message: Arc<RawMessage>, _| {
-            any.lock()
-                .unwrap()
-                .push(message.payload.as_str().to_owned());
-            std::future::ready(Err(DeliveryError::msg("refused")))
-        });
-        let placed = claimed(MessageKind::Event, "order.placed", r#"{"order":7}"#);
-        let error = bus.publish(delivery(&registry, placed)).await.unwrap_err();
-        assert_eq!(error.to_string(), "refused");
-        assert_eq!(*seen.lock().unwrap(), [r#"{"order":7}"#]);
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn bus_without_catch_all_still_reports_no_handler() {
-        let registry = Registry::builder().any(MessageKind::Event).build().unwrap();
-        let bus = InProcessBus::new().on(|_: Arc<Placed>, _| std::future::ready(Ok(())));
-        assert!(!bus.handles("order.shipped"));
-        let shipped = claimed(MessageKind::Event, "order.shipped", "{}");
-        let error = bus.publish(delivery(&registry, shipped)).await.unwrap_err();
-        assert!(matches!(
-            error.downcast_ref::<Error>(),
-            Some(Error::Registry(RegistryError::NoHandler { .. }))
-        ));
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn jobs_catch_all_takes_what_no_typed_handler_takes() {
-        let registry = Registry::builder()
-            .job::<Placed>()
-            .any(MessageKind::Job)
-            .build()
-            .unwrap();
-        let seen = Seen::default();
-        let (typed, any) = (seen.clone(), seen.clone());
-        let jobs = InProcessJobs::new()
-            .on(move |job: Placed, _| {
-                typed.lock().unwrap().push(format!("typed {}", job.order));
-                std::future::ready(Ok(()))
-            })
-            .on_any(move |job: RawMessage, ctx| {
-                any.lock().unwrap().push(format!(
-                    "any {} {} {} attempt {}",
-                    job.kind,
-                    job.name,
-                    job.payload.as_str(),
-                    ctx.attempt()
-                ));
-                std::future::ready(Ok(()))
-            });
-        assert!(jobs.handles("order.placed") && jobs.handles("report.build"));
-
-        let placed = claimed(MessageKind::Job, "order.placed", r#"{"order":7}"#);
-        let report = claimed(MessageKind::Job, "report.build", r#"[1,2]"#);
-        jobs.dispatch(delivery(&registry, placed)).await.unwrap();
-        jobs.dispatch(delivery(&registry, report)).await.unwrap();
-        assert_eq!(
-            *seen.lock().unwrap(),
-            ["typed 7", "any job report.build [1,2] attempt 1"]
-        );
-        assert!(!InProcessJobs::new().handles("report.build"));
-    }
-}
+mod tests;

@@ -210,6 +210,9 @@ fn split_top(tree: &str) -> Vec<&str> {
 /// (a re-export).
 fn named_paths(code: &str) -> Vec<(Vec<String>, bool)> {
     let mut found = Vec::new();
+    // The code with its use statements blanked, for the second pass: a
+    // `pub use child::Item;` is a re-export, read here, not a use.
+    let mut rest_of_code = code.to_string();
     // Use statements, braces expanded.
     let mut search = 0;
     while let Some(at) = code[search..].find("use ") {
@@ -230,9 +233,10 @@ fn named_paths(code: &str) -> Vec<(Vec<String>, bool)> {
         for path in expand_tree(&code[search..search + end]) {
             found.push((path, reexport));
         }
+        rest_of_code.replace_range(start..search + end, &" ".repeat(search + end - start));
     }
     // Paths in code: `crate::a::b`, `super::x`, `child::y`.
-    let chars: Vec<char> = code.chars().collect();
+    let chars: Vec<char> = rest_of_code.chars().collect();
     let mut i = 0;
     while i < chars.len() {
         let preceded = i > 0 && (is_ident_char(chars[i - 1]) || chars[i - 1] == ':');

@@ -53,13 +53,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use outbox::{Armed, ClaimBatch, ClaimedBatch, ReleaseClaim, WakeupArm};
+use outbox::{ArmOutcome, ArmWakeups, ClaimBatch, ClaimedBatch, ReleaseClaim};
 
 use crate::context::{DrainContext, until};
-use crate::delivery::{Abort, DeliveryActor, GiveBack, ReportTo, Reporter};
+use crate::delivery::{Abort, DeliveryActor, ReportTo, Reporter};
 use crate::error::Error;
 use crate::messages::{
-    Abandoned, Arming, ClaimerDone, DeliveryEnded, DeliveryFinished, HandlerReturned,
+    Abandoned, Arming, ClaimerDone, DeliveryEnded, DeliveryFinished, GiveBack, HandlerReturned,
 };
 use crate::notices::DeadLetter;
 use crate::telemetry;
@@ -105,7 +105,7 @@ enum Phase {
 }
 
 /// Where a claimer's reports go: its coordinator.
-pub(crate) struct Coordinator {
+pub(crate) struct CoordinatorRecipients {
     /// Handed to each delivery, for its outcome.
     pub(crate) finished: Recipient<DeliveryFinished>,
     /// Messages a claim dead-lettered.
@@ -118,7 +118,7 @@ pub(crate) struct Claimer {
     /// The store, config and observers of the drain.
     drain: Arc<DrainContext>,
     /// Where reports go.
-    coordinator: Coordinator,
+    coordinator: CoordinatorRecipients,
     /// The pass this claimer serves; every report carries it.
     pass: u64,
     /// Where deliveries run: round-robin over these, or the current arbiter.
@@ -158,7 +158,7 @@ pub(crate) struct Claimer {
     backoff: Duration,
     /// Arm the store's wake-ups before the first claim, so that what
     /// commits after the pass's last claim wakes the coordinator.
-    arm: Option<WakeupArm>,
+    arm: Option<ArmWakeups>,
     /// What arming found.
     arming: Arming,
     /// Where this pass's deliveries report, once one has started.
@@ -171,10 +171,10 @@ pub(crate) struct Claimer {
 impl Claimer {
     pub(crate) fn new(
         drain: Arc<DrainContext>,
-        coordinator: Coordinator,
+        coordinator: CoordinatorRecipients,
         pass: u64,
         arbiters: Arc<[ArbiterHandle]>,
-        arm: Option<WakeupArm>,
+        arm: Option<ArmWakeups>,
     ) -> Self {
         Claimer {
             budget: drain.config.batch_size,
@@ -206,7 +206,7 @@ impl Claimer {
     /// Arm the store's wake-ups, then claim. Counted as a claim in flight,
     /// so the pass does not end before it answers, and nothing is claimed
     /// before then (see `arming_in_flight`).
-    fn arm_then_fill(&mut self, arm: WakeupArm, ctx: &mut Context<Self>) {
+    fn arm_then_fill(&mut self, arm: ArmWakeups, ctx: &mut Context<Self>) {
         self.claims += 1;
         self.arming_in_flight = true;
         let lease = self.drain.config.lease;
@@ -215,8 +215,8 @@ impl Claimer {
             act.claims -= 1;
             act.arming_in_flight = false;
             act.arming = match armed {
-                Ok(Ok(Armed::Yes)) => Arming::Armed,
-                Ok(Ok(Armed::Busy)) => Arming::Busy,
+                Ok(Ok(ArmOutcome::Armed)) => Arming::Armed,
+                Ok(Ok(ArmOutcome::EnqueueInFlight)) => Arming::Busy,
                 Ok(Err(error)) => {
                     telemetry::arming_failed(&Error::from(error));
                     Arming::Failed
@@ -385,7 +385,7 @@ impl Claimer {
                     // frees starts one of them), so a message starts now
                     // only when none waits.
                     if self.handling < self.drain.config.concurrency {
-                        let late = late(&message, took);
+                        let late = late_claim(&message, took);
                         self.start_delivery(message, late, ctx);
                     } else {
                         self.waiting.push_back(Waiting {
@@ -534,7 +534,7 @@ impl Waiting {
 /// worker. The lease is measured on the store's clock (it stamped both
 /// ends), the time taken on the runtime's, so a skewed clock between them
 /// cannot make every claim look late, or none.
-fn late(message: &outbox::ClaimedMessage, took: Duration) -> Option<GiveBack> {
+fn late_claim(message: &outbox::ClaimedMessage, took: Duration) -> Option<GiveBack> {
     let granted = until(message.claimed_at, message.locked_until);
     let left = granted.saturating_sub(took);
     (left < took || left.is_zero()).then_some(GiveBack::Late { took, left })

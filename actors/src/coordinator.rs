@@ -38,18 +38,20 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use chrono::{DateTime, DurationRound, Utc};
-use outbox::{
-    Clock, DrainConfig, EventBus, JobDispatcher, OutboxStore, Registry, RetryPolicy, SharedClock,
-    SharedStore, SystemClock, WakeupArm,
-};
+use outbox::{ArmWakeups, OutboxStore, SharedStore};
 use tokio::sync::oneshot;
 
+mod builder;
+
+pub use builder::DrainCoordinatorBuilder;
+use builder::Parts;
+
 use crate::claimer::{self, Claimer, Refill, WindDown};
-use crate::context::{DrainContext, DrainObserver, after, until};
+use crate::context::{DrainContext, after, until};
 use crate::error::{Error, Result};
 use crate::messages::{Abandoned, Arming, ClaimerDone, DeliveryFinished};
-use crate::notices::{DrainReport, LeaseLost, Notice, Outcome, OutcomeNotice};
-use crate::registrations;
+use crate::notices::{LeaseLost, Notice, OutcomeNotice};
+use crate::report::{DrainReport, Outcome};
 use crate::retention;
 use crate::telemetry;
 
@@ -165,7 +167,7 @@ pub struct DrainCoordinator {
     wake_on_insert: bool,
     /// How to ask the store for the next wake-up, when it wakes only
     /// drains that asked.
-    arm: Option<WakeupArm>,
+    arm: Option<ArmWakeups>,
     /// The store will wake this coordinator on the next committed insert.
     armed: bool,
     /// Wake-ups heard so far.
@@ -225,17 +227,39 @@ impl DrainCoordinator {
 
     /// Start building a coordinator over a store already behind a pointer.
     pub fn builder_shared(store: SharedStore) -> DrainCoordinatorBuilder {
-        DrainCoordinatorBuilder {
-            store,
-            registry: None,
-            events: None,
-            jobs: None,
-            config: DrainConfig::default(),
-            clock: Arc::new(SystemClock),
-            observers: Vec::new(),
-            wake_on_insert: true,
-            lease_subscribers: Vec::new(),
-            outcome_subscribers: Vec::new(),
+        DrainCoordinatorBuilder::new(store)
+    }
+
+    /// A coordinator of `parts`, with its delivery arbiters, not started.
+    fn new(parts: Parts) -> Self {
+        let arbiters: Vec<Arbiter> = (0..parts.drain.config.delivery_arbiters)
+            .map(|_| Arbiter::new())
+            .collect();
+        let arbiter_handles = arbiters.iter().map(Arbiter::handle).collect();
+        DrainCoordinator {
+            drain: Arc::new(parts.drain),
+            arbiters,
+            arbiter_handles,
+            wake_on_insert: parts.wake_on_insert,
+            arm: None,
+            armed: false,
+            wakes: 0,
+            poll: POLL_MIN,
+            poll_timer: None,
+            lease_subscribers: parts.lease_subscribers,
+            outcome_subscribers: parts.outcome_subscribers,
+            pass: None,
+            next_pass: 0,
+            follow_up: None,
+            shutdown: None,
+            background: Vec::new(),
+            retaining: false,
+            revisits: BTreeSet::new(),
+            revisit_timer: None,
+            pending_sampled: None,
+            passes: 0,
+            last_report: None,
+            totals: DrainReport::default(),
         }
     }
 
@@ -243,7 +267,7 @@ impl DrainCoordinator {
         let id = self.next_pass;
         self.next_pass += 1;
         let address = ctx.address();
-        let coordinator = claimer::Coordinator {
+        let coordinator = claimer::CoordinatorRecipients {
             finished: address.clone().recipient(),
             abandoned: address.clone().recipient(),
             done: address.recipient(),
@@ -326,7 +350,7 @@ impl DrainCoordinator {
         self.revisit_timer = Some((first, handle));
     }
 
-    fn current(&mut self, pass: u64) -> Option<&mut Pass> {
+    fn current_pass(&mut self, pass: u64) -> Option<&mut Pass> {
         self.pass.as_mut().filter(|current| current.id == pass)
     }
 
@@ -587,7 +611,7 @@ impl Handler<DeliveryFinished> for DrainCoordinator {
     type Result = ();
 
     fn handle(&mut self, finished: DeliveryFinished, ctx: &mut Context<Self>) {
-        if let Some(pass) = self.current(finished.pass) {
+        if let Some(pass) = self.current_pass(finished.pass) {
             pass.report.add(finished.outcome);
             pass.finished += 1;
         }
@@ -615,7 +639,7 @@ impl Handler<Abandoned> for DrainCoordinator {
     type Result = ();
 
     fn handle(&mut self, abandoned: Abandoned, _: &mut Context<Self>) {
-        if let Some(pass) = self.current(abandoned.pass) {
+        if let Some(pass) = self.current_pass(abandoned.pass) {
             let count = abandoned.dead_letters.len() as u64;
             pass.report.dead_lettered += count;
             pass.report.abandoned_dead_lettered += count;
@@ -637,7 +661,7 @@ impl Handler<ClaimerDone> for DrainCoordinator {
             self.revisit(after(now, self.drain.heartbeat), ctx);
             self.revisit(after(now, self.drain.config.lease), ctx);
         }
-        if let Some(pass) = self.current(done.pass) {
+        if let Some(pass) = self.current_pass(done.pass) {
             pass.claimed = Some(done.claimed);
             pass.report.claimed = done.claimed;
             pass.error = done.error;
@@ -649,163 +673,18 @@ impl Handler<ClaimerDone> for DrainCoordinator {
     }
 }
 
-/// Configures and starts a [`DrainCoordinator`].
-#[must_use = "a builder does nothing until `start` is called"]
-pub struct DrainCoordinatorBuilder {
-    store: SharedStore,
-    registry: Option<Registry>,
-    events: Option<Arc<dyn EventBus>>,
-    jobs: Option<Arc<dyn JobDispatcher>>,
-    config: DrainConfig,
-    clock: SharedClock,
-    observers: Vec<Arc<dyn DrainObserver>>,
-    wake_on_insert: bool,
-    lease_subscribers: Vec<Recipient<LeaseLost>>,
-    outcome_subscribers: Vec<Recipient<OutcomeNotice>>,
-}
-
-impl std::fmt::Debug for DrainCoordinatorBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DrainCoordinatorBuilder")
-            .field("registry", &self.registry)
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
-
+// Here rather than beside the builder's settings: starting needs the actor.
 impl DrainCoordinatorBuilder {
-    /// The registered events and jobs. Optional: without it, the registry
-    /// is derived from the typed handlers of the event bus and the job
-    /// dispatcher (and their catch-alls), so each name is written once.
-    /// Given, `start` checks it against them: a registered name no handler
-    /// serves, a handler whose name is not registered, and messages
-    /// registered without a transport are refused together in one
-    /// [`ConfigError`](outbox::ConfigError).
-    pub fn registry(mut self, registry: Registry) -> Self {
-        self.registry = Some(registry);
-        self
-    }
-
-    /// Where events go.
-    pub fn event_bus(mut self, bus: impl EventBus) -> Self {
-        self.events = Some(Arc::new(bus));
-        self
-    }
-
-    /// Where jobs go.
-    pub fn job_dispatcher(mut self, jobs: impl JobDispatcher) -> Self {
-        self.jobs = Some(Arc::new(jobs));
-        self
-    }
-
-    /// Drain settings (validated by `start`).
-    pub fn config(mut self, config: DrainConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// The retry policy for events and for jobs without their own
-    /// (shorthand for setting `config.retry`).
-    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.config.retry = policy;
-        self
-    }
-
-    /// The clock stores get `now` from; [`SystemClock`] unless set.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
-    /// Add an observer.
-    pub fn observer(mut self, observer: impl DrainObserver) -> Self {
-        self.observers.push(Arc::new(observer));
-        self
-    }
-
-    /// Subscribe `recipient` to lease failures from the start.
-    pub fn subscribe_lease_lost(mut self, recipient: Recipient<LeaseLost>) -> Self {
-        self.lease_subscribers.push(recipient);
-        self
-    }
-
-    /// Subscribe `recipient` to settlement failures and dead letters from the start.
-    pub fn subscribe_outcomes(mut self, recipient: Recipient<OutcomeNotice>) -> Self {
-        self.outcome_subscribers.push(recipient);
-        self
-    }
-
-    /// Start a pass when the store signals a committed insert (default on),
-    /// so a new message does not wait for the next tick.
-    pub fn wake_on_insert(mut self, wake: bool) -> Self {
-        self.wake_on_insert = wake;
-        self
-    }
-
-    fn build(self) -> Result<DrainCoordinator> {
-        let registry =
-            registrations::resolve(self.registry, self.events.as_deref(), self.jobs.as_deref());
-        // One error lists every problem, settings and registrations alike.
-        let registry = match (self.config.validate(), registry) {
-            (Ok(_), registry) => registry?,
-            (Err(mut config), Err(outbox::Error::Config(registrations))) => {
-                config.violations.extend(registrations.violations);
-                return Err(outbox::Error::from(config).into());
-            }
-            (Err(config), _) => return Err(outbox::Error::from(config).into()),
-        };
-        let arbiters: Vec<Arbiter> = (0..self.config.delivery_arbiters)
-            .map(|_| Arbiter::new())
-            .collect();
-        let arbiter_handles = arbiters.iter().map(Arbiter::handle).collect();
-        let heartbeat = self.config.heartbeat();
-        Ok(DrainCoordinator {
-            drain: Arc::new(DrainContext {
-                store: self.store,
-                registry,
-                events: self.events,
-                jobs: self.jobs,
-                config: self.config,
-                heartbeat,
-                clock: self.clock,
-                observers: self.observers,
-                deleted_since_vacuum: Default::default(),
-            }),
-            arbiters,
-            arbiter_handles,
-            wake_on_insert: self.wake_on_insert,
-            arm: None,
-            armed: false,
-            wakes: 0,
-            poll: POLL_MIN,
-            poll_timer: None,
-            lease_subscribers: self.lease_subscribers,
-            outcome_subscribers: self.outcome_subscribers,
-            pass: None,
-            next_pass: 0,
-            follow_up: None,
-            shutdown: None,
-            background: Vec::new(),
-            retaining: false,
-            revisits: BTreeSet::new(),
-            revisit_timer: None,
-            pending_sampled: None,
-            passes: 0,
-            last_report: None,
-            totals: DrainReport::default(),
-        })
-    }
-
     /// Validate the configuration and the registrations (see
     /// [`registry`](Self::registry)) and start the coordinator on the
     /// current arbiter. Must be called inside a running actix system.
     pub fn start(self) -> Result<Addr<DrainCoordinator>> {
-        Ok(self.build()?.start())
+        Ok(DrainCoordinator::new(self.into_parts()?).start())
     }
 
     /// Validate the configuration and start the coordinator on `arbiter`.
     pub fn start_in(self, arbiter: &ArbiterHandle) -> Result<Addr<DrainCoordinator>> {
-        let coordinator = self.build()?;
+        let coordinator = DrainCoordinator::new(self.into_parts()?);
         Ok(DrainCoordinator::start_in_arbiter(arbiter, move |_| {
             coordinator
         }))

@@ -9,7 +9,9 @@
 //! (which waits for a renewal in flight and hands over the last confirmed
 //! lease), settles under the claim token within that lease (the
 //! [`settlement`](crate::settlement) functions make the writes and return
-//! what happened), reports exactly one outcome, in one place, and stops. If
+//! what happened), reports exactly one outcome, in one place (`ending`:
+//! telemetry, metrics, observers, then the outcome with its notices), and
+//! stops. If
 //! the actor itself dies, its drop guard reports the message lost and frees
 //! the slot, so the pass still ends. A claim that came back too late to be
 //! worth delivering, a prefetched message that waited for a slot until too
@@ -18,7 +20,6 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
@@ -29,37 +30,27 @@ use outbox::{
 };
 use tracing::Instrument;
 
+mod ending;
+
+use ending::{Ending, report};
+
 use crate::context::{DrainContext, after};
-use crate::error::{Error, LeaseLostError, MaxActiveDurationError};
-use crate::heartbeat::{
-    HeartbeatActor, StopAndHandOver, StopHeartbeat, next_tick, unrenewed_hand_over,
-};
+use crate::error::{LeaseLostError, MaxActiveDurationError};
+use crate::heartbeat::{HeartbeatActor, StopAndHandOver, StopHeartbeat};
+use crate::lease;
 use crate::messages::{
-    DeliveryEnded, DeliveryFinished, HandOver, HandlerReturned, HeartbeatLoss, LeaseHandedOver,
+    DeliveryEnded, DeliveryFinished, GiveBack, HandOver, HandlerReturned, HeartbeatLoss,
+    LeaseHandedOver,
 };
-use crate::notices::{
-    HandlerResult, LeaseLost, LeaseOperation, LeaseState, Notice, Outcome, OutcomeNotice,
-};
-use crate::settlement::{self, End, Release, Settlement};
+use crate::notices::{HandlerResult, LeaseLost, LeaseOperation, LeaseState, Notice};
+use crate::report::Outcome;
+use crate::settlement;
 use crate::telemetry;
 
 /// Abort the delivery (shutdown grace is over) and give the claim back.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub(crate) struct Abort;
-
-/// Why a claimed message is given back without its handler starting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GiveBack {
-    /// The claim took `took`, longer than the `left` of the lease it
-    /// returned with: a sign of a slow store.
-    Late { took: Duration, left: Duration },
-    /// Prefetched, it waited `waited` for a free slot; only `left` of its
-    /// lease remains, too little for its heartbeat's first renewal.
-    Stale { waited: Duration, left: Duration },
-    /// Prefetched, it was still waiting for a slot when the drain shut down.
-    Shutdown,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -314,14 +305,7 @@ impl DeliveryActor {
         if let Some(heartbeat) = self.reporter.heartbeat.take() {
             heartbeat.do_send(StopHeartbeat);
         }
-        self.span.in_scope(|| report_lease(&self.drain, &failure));
-        self.finish(
-            Outcome::LeaseLost,
-            vec![Notice::Lease(failure)],
-            None,
-            false,
-            ctx,
-        );
+        self.end(Ending::Lost(failure), ctx);
     }
 
     fn delivered(&mut self, result: DeliveryResult, ctx: &mut Context<Self>) {
@@ -344,7 +328,8 @@ impl DeliveryActor {
             (None, true) => {
                 // No renewal was due yet: the claim's own lease is the one
                 // to settle under.
-                let hand_over = unrenewed_hand_over(&self.drain, &self.message, self.active_until);
+                let hand_over =
+                    lease::unrenewed_hand_over(&self.drain, &self.message, self.active_until);
                 self.lease_handed_over(hand_over, ctx);
             }
             (None, false) => {
@@ -393,78 +378,39 @@ impl DeliveryActor {
             settle
                 .instrument(self.span.clone())
                 .into_actor(self)
-                .map(|settlement, act, ctx| act.settled(settlement, ctx)),
+                .map(|settlement, act, ctx| act.end(Ending::Settled(settlement), ctx)),
         );
     }
 
-    /// Report what the settlement did, in the reference order: telemetry
-    /// and observers, then the outcome with its notices.
-    fn settled(&mut self, settlement: Settlement, ctx: &mut Context<Self>) {
-        let outcome = settlement.outcome();
-        let store_faulted = settlement.store_faulted();
-        let (notices, retry_at) = self
-            .span
-            .in_scope(|| report_settlement(&self.drain, &self.message, settlement));
-        telemetry::settled(&self.message, outcome, self.started, self.drain.now());
-        self.finish(outcome, notices, retry_at, store_faulted, ctx);
-    }
-
-    fn released(&mut self, release: Release, ctx: &mut Context<Self>) {
-        // A claim that came back too late means a slow store as much as a
-        // failed write does.
-        let late = matches!(self.give_back, Some(GiveBack::Late { .. }));
-        let store_faulted = release.store_faulted() || late;
-        let (confirmed_lost, error) = self.span.in_scope(|| match release {
-            Release::Released => {
-                telemetry::released(&self.message, self.give_back);
-                (false, None)
-            }
-            Release::Failed(error) => {
-                telemetry::release_failed(&self.message, Some(&error));
-                (error.is_claim_lost(), Some(error.into()))
-            }
-            Release::TimedOut => {
-                telemetry::release_failed(&self.message, None);
-                let timeout = Error::Timeout {
-                    operation: "release_claim",
-                    timeout: self.drain.config.lease,
-                };
-                (false, Some(timeout))
-            }
-        });
-        let Some(error) = error else {
-            self.finish(Outcome::Released, Vec::new(), None, store_faulted, ctx);
-            return;
-        };
-        // The claim stays with this worker until its lease runs out, so the
-        // message waits that long: subscribers hear of it like of any lost
-        // lease. `outbox.release_failed` has already logged and counted it.
-        let failure = LeaseLost::new(
-            &self.message,
-            LeaseOperation::Release,
-            LeaseState::Lost,
-            confirmed_lost,
-            error,
-        )
-        .after(self.reporter.handler.clone());
-        self.drain.observe("on_lease_error", |observer| {
-            observer.on_lease_error(&failure)
-        });
-        let notices = vec![Notice::Lease(failure)];
-        self.finish(Outcome::LeaseLost, notices, None, store_faulted, ctx);
-    }
-
-    fn finish(
-        &mut self,
-        outcome: Outcome,
-        notices: Vec<Notice>,
-        retry_at: Option<DateTime<Utc>>,
-        store_faulted: bool,
-        ctx: &mut Context<Self>,
-    ) {
+    /// Report how the delivery ended, once and in one place, in the
+    /// reference order: telemetry and observers, then the outcome with its
+    /// notices; then stop.
+    fn end(&mut self, ending: Ending, ctx: &mut Context<Self>) {
         self.phase = Phase::Done;
-        self.reporter
-            .report(outcome, notices, retry_at, store_faulted);
+        let settled = matches!(ending, Ending::Settled(_));
+        let report = self.span.in_scope(|| {
+            report(
+                &self.drain,
+                &self.message,
+                &self.reporter.handler,
+                self.give_back,
+                ending,
+            )
+        });
+        if settled {
+            telemetry::settled(
+                &self.message,
+                report.outcome,
+                self.started,
+                self.drain.now(),
+            );
+        }
+        self.reporter.report(
+            report.outcome,
+            report.notices,
+            report.retry_at,
+            report.store_faulted,
+        );
         ctx.stop();
     }
 }
@@ -481,7 +427,8 @@ impl Actor for DeliveryActor {
         }
         let started_at = self.drain.now();
         self.active_until = after(started_at, self.drain.config.max_active);
-        let first_renewal = next_tick(&self.drain, self.message.locked_until, self.active_until);
+        let first_renewal =
+            lease::renewal_delay(&self.drain, self.message.locked_until, self.active_until);
         let now = tokio::time::Instant::now();
         self.heartbeat_due = true;
         self.heartbeat_at = now + first_renewal;
@@ -587,7 +534,7 @@ impl DeliveryActor {
             release
                 .instrument(self.span.clone())
                 .into_actor(self)
-                .map(|release, act, ctx| act.released(release, ctx)),
+                .map(|release, act, ctx| act.end(Ending::Released(release), ctx)),
         );
     }
 }
@@ -645,72 +592,4 @@ fn heartbeat_gone(message: &ClaimedMessage) -> LeaseLost {
         false,
         error.into(),
     )
-}
-
-fn report_lease(drain: &DrainContext, failure: &LeaseLost) {
-    telemetry::lease(failure);
-    drain.observe("on_lease_error", |observer| {
-        observer.on_lease_error(failure)
-    });
-}
-
-/// Emit the telemetry and call the observers for `settlement`; answer the
-/// notices for subscribers and when a retried message is due again.
-fn report_settlement(
-    drain: &DrainContext,
-    message: &ClaimedMessage,
-    settlement: Settlement,
-) -> (Vec<Notice>, Option<DateTime<Utc>>) {
-    let (renewal, lost, delivery_error, end) = match settlement {
-        Settlement::Lost(failure) => {
-            report_lease(drain, &failure);
-            return (vec![Notice::Lease(failure)], None);
-        }
-        Settlement::Written {
-            renewal,
-            lost,
-            delivery_error,
-            end,
-            ..
-        } => (renewal, lost, delivery_error, end),
-    };
-    let mut notices = Vec::new();
-    for notice in renewal.into_iter().chain(lost.map(|lost| *lost)) {
-        report_lease(drain, &notice);
-        notices.push(Notice::Lease(notice));
-    }
-    if let Some(error) = &delivery_error {
-        drain.observe("on_error", |observer| observer.on_error(error, message));
-    }
-    let retry_at = match end {
-        End::Unsettled(failure) => {
-            telemetry::settlement_failed(&failure);
-            drain.observe("on_settlement_error", |observer| {
-                observer.on_settlement_error(&failure)
-            });
-            notices.push(Notice::Outcome(OutcomeNotice::SettlementFailed(failure)));
-            None
-        }
-        End::Delivered => {
-            telemetry::delivered(message);
-            None
-        }
-        End::DeadLettered(dead_letter) => {
-            telemetry::dead_lettered(&dead_letter);
-            drain.observe("on_dead_letter", |observer| {
-                observer.on_dead_letter(&dead_letter)
-            });
-            notices.push(Notice::Outcome(OutcomeNotice::DeadLettered(dead_letter)));
-            None
-        }
-        End::Retried {
-            error,
-            delay,
-            retry_at,
-        } => {
-            telemetry::retry_scheduled(message, &error, delay, retry_at);
-            retry_at
-        }
-    };
-    (notices, retry_at)
 }

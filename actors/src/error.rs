@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::notices::DrainReport;
+use crate::report::DrainReport;
 
 /// `Result` with this crate's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

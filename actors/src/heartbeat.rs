@@ -2,7 +2,7 @@
 //!
 //! A child of one delivery actor, started when the first renewal is due
 //! (most handlers return before then, and need none: the delivery then
-//! hands over the claim's own lease, [`unrenewed_hand_over`]). It renews at
+//! hands over the claim's own lease, see `lease::unrenewed_hand_over`). It renews at
 //! once, then every `heartbeat`, each renewal bounded by
 //! `min(locked_until, active_until)`. A claim error
 //! is confirmed loss; other errors are retried after
@@ -24,9 +24,9 @@ use outbox::{ClaimedMessage, RenewClaim};
 
 use crate::context::{DrainContext, until};
 use crate::error::{Error, LeaseLostError};
+use crate::lease::{self, Deadline};
 use crate::messages::{HandOver, HeartbeatLoss, LeaseHandedOver};
 use crate::notices::{LeaseLost, LeaseOperation, LeaseState};
-use crate::settlement::deadline_failure;
 
 /// Stop renewing, let a renewal in flight finish, then answer
 /// [`LeaseHandedOver`] with the last confirmed lease.
@@ -160,35 +160,16 @@ impl HeartbeatActor {
         )
     }
 
-    fn deadline_failure(
-        &self,
-        active_first: bool,
-        confirmed_lost: bool,
-        reason: &str,
-        cause: Option<Error>,
-    ) -> LeaseLost {
-        deadline_failure(
-            &self.drain,
-            &self.message,
-            active_first,
-            confirmed_lost,
-            reason,
-            cause,
-        )
-    }
-
-    fn time_left(&self, reason: &str) -> Result<(DateTime<Utc>, bool), Box<LeaseLost>> {
-        time_left(
+    /// The deadline of the last confirmed lease, or the loss to report
+    /// (for `reason`) when it has passed.
+    fn deadline_ahead(&self, reason: &str) -> Result<Deadline, Box<LeaseLost>> {
+        lease::deadline_ahead(
             &self.drain,
             &self.message,
             self.locked_until,
             self.active_until,
             reason,
         )
-    }
-
-    fn next_tick(&self) -> Duration {
-        next_tick(&self.drain, self.locked_until, self.active_until)
     }
 
     fn schedule(&mut self, delay: Duration, ctx: &mut Context<Self>) {
@@ -207,25 +188,18 @@ impl HeartbeatActor {
             ctx.stop();
             return;
         }
-        let (deadline, active_first) =
-            match self.time_left("the lease ran out before it was renewed") {
-                Ok(left) => left,
-                Err(failure) => return self.fail(*failure),
-            };
+        let deadline = match self.deadline_ahead("the lease ran out before it was renewed") {
+            Ok(deadline) => deadline,
+            Err(failure) => return self.fail(*failure),
+        };
         self.phase = Phase::Renewing;
-        let renewal = bounded_renewal(self.drain.clone(), self.message.clone(), deadline);
+        let renewal = bounded_renewal(self.drain.clone(), self.message.clone(), deadline.at);
         ctx.spawn(renewal.into_actor(self).map(move |renewal, act, ctx| {
-            act.renewed(renewal, deadline, active_first, ctx);
+            act.renewed(renewal, deadline, ctx);
         }));
     }
 
-    fn renewed(
-        &mut self,
-        renewal: Renewal,
-        deadline: DateTime<Utc>,
-        active_first: bool,
-        ctx: &mut Context<Self>,
-    ) {
+    fn renewed(&mut self, renewal: Renewal, deadline: Deadline, ctx: &mut Context<Self>) {
         // Only a hand-over can have arrived during the renewal: a
         // `StopHeartbeat` stops the actor, and the renewal with it.
         let hand_over_due = matches!(self.phase, Phase::HandOverDue);
@@ -233,10 +207,15 @@ impl HeartbeatActor {
         let next = match renewal {
             Renewal::Succeeded(locked_until) => {
                 self.locked_until = locked_until;
-                Ok(self.next_tick())
+                Ok(lease::renewal_delay(
+                    &self.drain,
+                    self.locked_until,
+                    self.active_until,
+                ))
             }
-            Renewal::Deadline => Err(self.deadline_failure(
-                active_first,
+            Renewal::Deadline => Err(deadline.passed(
+                &self.drain,
+                &self.message,
                 false,
                 "a renewal did not complete before the lease deadline",
                 None,
@@ -252,10 +231,11 @@ impl HeartbeatActor {
                     // The hand-over checks the deadline itself.
                     Ok(Duration::ZERO)
                 } else {
-                    let remaining = until(self.drain.now(), deadline);
+                    let remaining = until(self.drain.now(), deadline.at);
                     if remaining.is_zero() {
-                        Err(self.deadline_failure(
-                            active_first,
+                        Err(deadline.passed(
+                            &self.drain,
+                            &self.message,
                             false,
                             "renewals did not recover before the lease ran out",
                             Some(error),
@@ -285,7 +265,8 @@ impl HeartbeatActor {
 
     /// Hand over the last confirmed lease, if it is still running.
     fn hand_over_lease(&mut self, ctx: &mut Context<Self>) {
-        let hand_over = match self.time_left("the lease ran out before the delivery finished") {
+        let hand_over = match self.deadline_ahead("the lease ran out before the delivery finished")
+        {
             Ok(_) => HandOver::Held {
                 locked_until: self.locked_until,
                 renewal_error: self.first_error.take(),
@@ -299,75 +280,6 @@ impl HeartbeatActor {
         self.handed_over.do_send(LeaseHandedOver(hand_over));
         self.phase = Phase::Stopped;
         ctx.stop();
-    }
-}
-
-/// The renewal deadline (`locked_until` or `active_until`, whichever comes
-/// first) and whether `max_active` sets it, or the failure to report when it
-/// has passed already.
-fn time_left(
-    drain: &DrainContext,
-    message: &ClaimedMessage,
-    locked_until: DateTime<Utc>,
-    active_until: DateTime<Utc>,
-    reason: &str,
-) -> Result<(DateTime<Utc>, bool), Box<LeaseLost>> {
-    let active_first = active_until <= locked_until;
-    let deadline = locked_until.min(active_until);
-    if drain.now() >= deadline {
-        // Over on this worker's clock: as good as confirmed, as the
-        // reference reports it (unless `max_active` ended it).
-        return Err(Box::new(deadline_failure(
-            drain,
-            message,
-            active_first,
-            !active_first,
-            reason,
-            None,
-        )));
-    }
-    Ok((deadline, active_first))
-}
-
-/// When to renew next. Every `heartbeat`, unless less than that is left of
-/// the lease (a claim that took long to answer): a tick after the lease has
-/// ended would let the handler run past it while another worker claims the
-/// message, so renew halfway to the end instead. When `max_active` ends the
-/// delivery before the lease does, the delivery's own timer stops it and an
-/// early renewal would gain nothing.
-pub(crate) fn next_tick(
-    drain: &DrainContext,
-    locked_until: DateTime<Utc>,
-    active_until: DateTime<Utc>,
-) -> Duration {
-    let remaining = until(drain.now(), locked_until);
-    if remaining >= drain.heartbeat || active_until <= locked_until {
-        drain.heartbeat
-    } else {
-        (remaining / 2).max(Duration::from_millis(1))
-    }
-}
-
-/// What a delivery whose handler returned before its first renewal was due
-/// hands over: the claim's own lease, if it is still running; as a
-/// heartbeat stopped before its first renewal would.
-pub(crate) fn unrenewed_hand_over(
-    drain: &DrainContext,
-    message: &ClaimedMessage,
-    active_until: DateTime<Utc>,
-) -> HandOver {
-    match time_left(
-        drain,
-        message,
-        message.locked_until,
-        active_until,
-        "the lease ran out before the delivery finished",
-    ) {
-        Ok(_) => HandOver::Held {
-            locked_until: message.locked_until,
-            renewal_error: None,
-        },
-        Err(failure) => HandOver::Lost(*failure),
     }
 }
 

@@ -9,100 +9,6 @@
 //! This crate re-exports [`outbox`], so an application that drains needs
 //! this one dependency.
 //!
-//! # Layout
-//!
-//! ```text
-//! DrainCoordinator ──Refill/WindDown──▶ Claimer ──starts, Abort──▶ DeliveryActor ──starts, StopAndHandOver──▶ HeartbeatActor
-//!        ▲   ▲                            ▲  │                         │   ▲                                   │
-//!        │   └──── Abandoned, ClaimerDone ┘  │                         │   └──── lease handed over / lost ─────┘
-//!        └──────────── DeliveryFinished { outcome } ───────────────────┘
-//!                                            ▲                         │
-//!                                            └── HandlerReturned, DeliveryEnded
-//! ```
-//!
-//! Commands travel down the tree and sit at the top of the receiving
-//! actor's file; reports travel up as the types of `messages`, to
-//! `Recipient`s of the parent. So each actor file imports only the files
-//! below it, and the heartbeat reads on its own.
-//!
-//! - `coordinator`: [`DrainCoordinator`], long-lived, one per outbox. Runs
-//!   passes on [`Drain`], on its schedule and on store wake-ups (never two at
-//!   once, and back to back while claims come back full), tallies [`DrainReport`]s, fans out notifications to
-//!   [`Subscribe`]rs, and handles [`Shutdown`].
-//! - `claimer`: one per pass; claims only as many messages as there are free
-//!   delivery slots and refills a slot as soon as it frees.
-//! - `delivery`: one `DeliveryActor` per message; runs the handler (a panic
-//!   is a delivery failure), owns the `max_active` timer, has the
-//!   settlement written, and reports exactly one outcome, in one place
-//!   (through a drop guard if it dies).
-//! - `heartbeat`: the delivery's child `HeartbeatActor`; renews the lease
-//!   and hands the last confirmed lease to the settlement.
-//! - `settlement`: the settlement protocol as plain async functions: the
-//!   fenced writes that end a delivery, returning what happened.
-//! - `messages`: the internal reports that travel up the tree.
-//! - `notices`: the public reports and notifications: [`DrainReport`],
-//!   [`Outcome`], [`LeaseLost`] with [`HandlerResult`], [`OutcomeNotice`],
-//!   [`SettlementFailed`], [`DeadLetter`].
-//! - `context`: what the actors of one coordinator share, and the
-//!   [`DrainObserver`] hooks.
-//! - `recipient`: [`RecipientBus`] and [`RecipientJobs`], delivery to actors.
-//! - `registrations`: the registry checked against the transports at start,
-//!   or derived from their typed handlers.
-//! - `telemetry`: the delivery span, and one hook per outcome that emits its
-//!   tracing event and records its metrics.
-//! - [`metrics`]: the metric names, with their labels and units.
-//! - `error`: [`Error`], with the errors only a running drain meets
-//!   ([`LeaseLostError`], [`MaxActiveDurationError`]).
-//!
-//! # Tracing
-//!
-//! Each delivery runs in its own span, `outbox deliver {name}` (the span is
-//! named `outbox deliver`; `otel.name` gives exporters the full name), with
-//! the fields `outbox.message_kind`, `outbox.message_name`,
-//! `outbox.message_id` and `outbox.attempt`, at `info` level, target
-//! `outbox`. It is a root span unless the message carries a trace context:
-//! with the `opentelemetry` feature its parent is the span that enqueued the
-//! message (see [`outbox::TraceCarrier`]), and the handler's
-//! [`DeliveryContext::trace`](outbox::DeliveryContext::trace) is the delivery
-//! span's own context, to continue the trace downstream. A stored context
-//! that does not parse is logged at `debug` (`outbox.trace_invalid`) and the
-//! delivery starts a new trace; it never fails the delivery. Without the
-//! feature, handlers get the stored context unchanged.
-//!
-//! Every outcome is one event, with a stable `event` field to match on:
-//!
-//! | `event` | level | when |
-//! |---|---|---|
-//! | `outbox.delivered` | info | delivered and settled |
-//! | `outbox.retry_scheduled` | warn | failed; fields `retry_delay_ms`, `retry_at` |
-//! | `outbox.dead_lettered` | error | failed for good; field `abandoned` |
-//! | `outbox.lease_lost` | warn | claim lost, delivery aborted (error when its delivery actor died) |
-//! | `outbox.renewal_recovered` | info | renewals failed, then succeeded |
-//! | `outbox.renewal_degraded` | warn | the first settlement write failed; settled under the last confirmed lease |
-//! | `outbox.settlement_failed` | error | the outcome could not be stored |
-//! | `outbox.released` | info | claim given back at shutdown |
-//! | `outbox.release_failed` | warn | claim not given back at shutdown; claimable after its lease |
-//! | `outbox.claim_failed` | warn | a claim failed (error when the store broke its contract); the pass stops claiming |
-//! | `outbox.pass_finished` | debug | a pass ended, with its tally |
-//! | `outbox.delivery_started` | trace | a handler starts; the only event with the payload |
-//!
-//! Job messages also emit `job.completed`, `job.retry_scheduled` and
-//! `job.dead_lettered`. Payloads are never logged above `trace` level.
-//!
-//! # Metrics
-//!
-//! The runtime records counters per outcome, histograms of delivery time
-//! and of enqueue-to-delivery latency, and gauges of active deliveries and
-//! pending messages through the [`metrics`](https://docs.rs/metrics) facade,
-//! into whatever recorder the application installs. The names, labels and
-//! units are listed in [`metrics`].
-//!
-//! # Features
-//!
-//! - `sqlite` (default), `postgres`: forwarded to [`outbox`].
-//! - `opentelemetry`: forwarded to `outbox/opentelemetry`; trace propagation
-//!   from enqueue to delivery, as above.
-//!
 //! # Example
 //!
 //! ```
@@ -142,6 +48,107 @@
 //!     Ok(())
 //! }
 //! ```
+//!
+//! # Guide
+//!
+//! The guide explains the runtime at length: its
+//! [configuration](https://github.com/outbox-rs/outbox/blob/main/docs/src/configuration.md) (every [`DrainConfig`](outbox::DrainConfig)
+//! knob, retries, retention), the [guarantees](https://github.com/outbox-rs/outbox/blob/main/docs/src/guarantees.md) and what
+//! each failure costs, the [architecture](https://github.com/outbox-rs/outbox/blob/main/docs/src/architecture.md) of the actors,
+//! and [observability](https://github.com/outbox-rs/outbox/blob/main/docs/src/observability.md) (every event and metric).
+//!
+//! # Layout
+//!
+//! ```text
+//! DrainCoordinator ──Refill/WindDown──▶ Claimer ──starts, Abort──▶ DeliveryActor ──starts, StopAndHandOver──▶ HeartbeatActor
+//!        ▲   ▲                            ▲  │                         │   ▲                                   │
+//!        │   └──── Abandoned, ClaimerDone ┘  │                         │   └──── lease handed over / lost ─────┘
+//!        └──────────── DeliveryFinished { outcome } ───────────────────┘
+//!                                            ▲                         │
+//!                                            └── HandlerReturned, DeliveryEnded
+//! ```
+//!
+//! Commands travel down the tree and sit at the top of the receiving
+//! actor's file; reports travel up as the types of `messages`, to
+//! `Recipient`s of the parent. The modules are listed from the top of the
+//! tree down, and each module imports only modules listed after it:
+//!
+//! - `coordinator`: [`DrainCoordinator`], long-lived, one per outbox. Runs
+//!   passes on [`Drain`], on its schedule and on store wake-ups (never two
+//!   at once, and back to back while claims come back full), tallies
+//!   [`DrainReport`]s, fans out notifications to [`Subscribe`]rs, and
+//!   handles [`Shutdown`]. Its [`DrainCoordinatorBuilder`] checks the
+//!   settings and registrations before it starts.
+//! - `claimer`: one per pass; claims only as many messages as there are free
+//!   delivery slots and refills a slot as soon as it frees.
+//! - `delivery`: one `DeliveryActor` per message; runs the handler (a panic
+//!   is a delivery failure), owns the `max_active` timer, has the
+//!   settlement written, and reports how the delivery ended once, in one
+//!   place: telemetry, metrics, observers, then the outcome with its
+//!   notices (through a drop guard if it dies).
+//! - `heartbeat`: the delivery's child `HeartbeatActor`; renews the lease
+//!   and hands the last confirmed lease to the settlement.
+//! - `settlement`: the settlement protocol as plain async functions: the
+//!   fenced writes that end a delivery, returning what happened.
+//! - `lease`: the deadline a delivery works to (the end of its last
+//!   confirmed lease or of `max_active`, whichever comes first), when to
+//!   renew before it, and the loss to report once it has passed.
+//! - `retention`: deleting settled messages past their horizon, in bounded
+//!   batches beside the passes.
+//! - `registrations`: the registry checked against the transports at start,
+//!   or derived from their typed handlers.
+//! - `recipient`: [`RecipientBus`] and [`RecipientJobs`], delivery to actors.
+//! - `telemetry`: the delivery span, and one hook per outcome that emits its
+//!   tracing event and records its metrics.
+//! - [`metrics`]: the metric names, with their labels and units.
+//! - [`events`]: the tracing event names, with the level and fields of each.
+//! - `messages`: the internal reports that travel up the tree, and the
+//!   claimer's reasons for giving a message back undelivered.
+//! - `context`: what the actors of one coordinator share, and the
+//!   [`DrainObserver`] hooks.
+//! - `notices`: the public notifications: [`LeaseLost`] with
+//!   [`HandlerResult`], [`OutcomeNotice`], [`SettlementFailed`],
+//!   [`DeadLetter`].
+//! - `error`: [`Error`], with the errors only a running drain meets
+//!   ([`LeaseLostError`], [`MaxActiveDurationError`]).
+//! - `report`: what a pass did, [`DrainReport`], and the one [`Outcome`] of
+//!   each message it claimed.
+//!
+//! # Tracing
+//!
+//! Each delivery runs in its own span, `outbox deliver {name}` (the span is
+//! named `outbox deliver`; `otel.name` gives exporters the full name), with
+//! the fields `outbox.message_kind`, `outbox.message_name`,
+//! `outbox.message_id` and `outbox.attempt`, at `info` level, target
+//! `outbox`. It is a root span unless the message carries a trace context:
+//! with the `opentelemetry` feature its parent is the span that enqueued the
+//! message (see [`outbox::TraceCarrier`]), and the handler's
+//! [`DeliveryContext::trace`](outbox::DeliveryContext::trace) is the delivery
+//! span's own context, to continue the trace downstream. A stored context
+//! that does not parse is logged at `debug` ([`events::TRACE_INVALID`]) and the
+//! delivery starts a new trace; it never fails the delivery. Without the
+//! feature, handlers get the stored context unchanged.
+//!
+//! Every outcome, and every other thing worth a log line (a failed claim,
+//! a retention run, a pass's tally), is one event with target `outbox` and
+//! a stable `event` field to match on. [`events`] names them all, with
+//! the level and fields of each; [`events::ALL`] is the same list as data.
+//! Job messages also emit a job-level record (`job.*`). Payloads are never
+//! logged above `trace` level.
+//!
+//! # Metrics
+//!
+//! The runtime records counters per outcome, histograms of delivery time
+//! and of enqueue-to-delivery latency, and gauges of active deliveries and
+//! pending messages through the [`metrics`](https://docs.rs/metrics) facade,
+//! into whatever recorder the application installs. The names, labels and
+//! units are listed in [`metrics`].
+//!
+//! # Features
+//!
+//! - The stores, `sqlite` (default) and `postgres`: forwarded to [`outbox`].
+//! - Trace propagation from enqueue to delivery, `opentelemetry`: forwarded
+//!   to `outbox/opentelemetry`, as above.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod claimer;
@@ -149,12 +156,15 @@ mod context;
 mod coordinator;
 mod delivery;
 mod error;
+pub mod events;
 mod heartbeat;
+mod lease;
 mod messages;
 pub mod metrics;
 mod notices;
 mod recipient;
 mod registrations;
+mod report;
 mod retention;
 mod settlement;
 mod telemetry;
@@ -168,10 +178,11 @@ pub use coordinator::{
 };
 pub use error::{Error, LeaseLostError, MaxActiveDurationError, Result};
 pub use notices::{
-    DeadLetter, DrainReport, HandlerResult, LeaseLost, LeaseOperation, LeaseState, Outcome,
-    OutcomeNotice, SettleOperation, SettlementFailed,
+    DeadLetter, HandlerResult, LeaseLost, LeaseOperation, LeaseState, OutcomeNotice,
+    SettleOperation, SettlementFailed,
 };
 pub use recipient::{DeliverEvent, DeliverJob, RecipientBus, RecipientJobs};
+pub use report::{DrainReport, Outcome};
 
 /// The names most drain programs need: `use outbox_actors::prelude::*;`.
 pub mod prelude {

@@ -14,12 +14,18 @@
 //! | [`DeliveryFinished`] | delivery | coordinator |
 //! | [`Abandoned`] | claimer | coordinator |
 //! | [`ClaimerDone`] | claimer | coordinator |
+//!
+//! Beside them, [`GiveBack`]: the claimer's reason for handing a delivery
+//! a message to give back undelivered, which the delivery logs.
 
 use actix::Message;
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 
 use crate::error::Error;
-use crate::notices::{DeadLetter, LeaseLost, Notice, Outcome};
+use crate::notices::{DeadLetter, LeaseLost, Notice};
+use crate::report::Outcome;
 
 /// What the heartbeat knows of the lease when the delivery is done: its
 /// answer to `StopAndHandOver`.
@@ -129,4 +135,17 @@ pub(crate) enum Arming {
     Busy,
     /// The store failed to answer: not armed.
     Failed,
+}
+
+/// Why a claimed message is given back without its handler starting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GiveBack {
+    /// The claim took `took`, longer than the `left` of the lease it
+    /// returned with: a sign of a slow store.
+    Late { took: Duration, left: Duration },
+    /// Prefetched, it waited `waited` for a free slot; only `left` of its
+    /// lease remains, too little for its heartbeat's first renewal.
+    Stale { waited: Duration, left: Duration },
+    /// Prefetched, it was still waiting for a slot when the drain shut down.
+    Shutdown,
 }

@@ -19,7 +19,7 @@
 //! | `outbox_released_total` | counter | messages | `kind`, `name` | claims given back unsettled: at shutdown, or because a claim came back with less lease left than it took |
 //! | `outbox_release_failed_total` | counter | messages | `kind`, `name` | claims not given back (the store failed or did not answer); claimable after their lease |
 //! | `outbox_claim_failed_total` | counter | claims | none | claims that failed or broke the store's contract; each stops its pass claiming |
-//! | `outbox_lease_failures_total` | counter | notifications | `kind`, `name`, `state`, `operation` | every [`LeaseLost`] notification: `state` is `lost`, `recovered` or `degraded`, `operation` is `renew` or `max_active` |
+//! | `outbox_lease_failures_total` | counter | notifications | `kind`, `name`, `state`, `operation` | every [`LeaseLost`] notification but a failed release (counted in `outbox_release_failed_total`): `state` is `lost`, `recovered` or `degraded`, `operation` is `renew` or `max_active` |
 //! | `outbox_delivery_duration_seconds` | histogram | seconds | `kind`, `name`, `outcome` | handler start to settled, for `outcome` `delivered`, `retried` or `dead_lettered` |
 //! | `outbox_enqueue_to_delivered_seconds` | histogram | seconds | `kind`, `name` | `created_at` to settled as delivered: waiting, deliberate delays and retries included |
 //! | `outbox_retention_deleted_total` | counter | messages | `status` | settled messages deleted by retention runs, and delivered ones deleted as they settle (`delete_on_delivery`); `status` is `delivered` or `dead_lettered` |
@@ -34,9 +34,9 @@
 //!
 //! Deliveries whose claim was lost, or whose outcome could not be stored,
 //! record no duration: they did not settle. The pending gauge is reported
-//! only by stores that implement
-//! [`OutboxStore::pending_count`](outbox::OutboxStore::pending_count)
-//! (the memory store does).
+//! by stores that implement
+//! [`OutboxStore::pending_count`](outbox::OutboxStore::pending_count), as
+//! the memory, SQLite and PostgreSQL stores do.
 
 use std::time::Duration;
 
@@ -46,9 +46,8 @@ use metrics::{
 };
 use outbox::{ClaimedMessage, MessageKind};
 
-use crate::notices::{
-    DeadLetter, LeaseLost, LeaseOperation, LeaseState, Outcome, SettlementFailed,
-};
+use crate::notices::{DeadLetter, LeaseLost, LeaseState, SettlementFailed};
+use crate::report::Outcome;
 
 /// Counter: claims that started a delivery.
 pub const CLAIMED: &str = "outbox_claimed_total";
@@ -188,17 +187,13 @@ pub(crate) fn retention_deleted(status: outbox::MessageStatus, deleted: u64) {
     counter!(RETENTION_DELETED, "status" => status.as_str()).increment(deleted);
 }
 
-pub(crate) fn lease(failure: &LeaseLost) {
+pub(crate) fn lease_failure(failure: &LeaseLost) {
     let state = match failure.state {
         LeaseState::Lost => "lost",
         LeaseState::Recovered => "recovered",
         LeaseState::Degraded => "degraded",
     };
-    let operation = match failure.operation {
-        LeaseOperation::Renew => "renew",
-        LeaseOperation::MaxActive => "max_active",
-        LeaseOperation::Release => "release",
-    };
+    let operation = failure.operation.as_str();
     counter!(LEASE_FAILURES, "kind" => failure.kind.as_str(), "name" => name(&failure.name),
         "state" => state, "operation" => operation)
     .increment(1);

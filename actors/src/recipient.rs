@@ -9,7 +9,7 @@ use actix::prelude::*;
 use futures_util::future::LocalBoxFuture;
 use outbox::{
     Delivery, DeliveryContext, DeliveryError, DeliveryResult, Event, EventBus, Job, JobDispatcher,
-    MessageKind, RegistryError, Served,
+    MessageKind, RegistryError, ServedNames,
 };
 
 /// An event handed to an actor; answer `Ok(())` once it is handled.
@@ -89,7 +89,7 @@ fn mismatch<T>(kind: MessageKind, name: &str) -> DeliveryError {
 #[derive(Clone, Default)]
 pub struct RecipientBus {
     subscribers: HashMap<&'static str, Vec<EventSender>>,
-    served: Served,
+    served: ServedNames,
 }
 
 impl RecipientBus {
@@ -156,7 +156,7 @@ impl EventBus for RecipientBus {
         })
     }
 
-    fn serves(&self) -> Served {
+    fn serves(&self) -> ServedNames {
         self.served.clone()
     }
 }
@@ -165,7 +165,7 @@ impl EventBus for RecipientBus {
 #[derive(Clone, Default)]
 pub struct RecipientJobs {
     handlers: HashMap<&'static str, JobSender>,
-    served: Served,
+    served: ServedNames,
 }
 
 impl RecipientJobs {
@@ -223,7 +223,7 @@ impl JobDispatcher for RecipientJobs {
         }
     }
 
-    fn serves(&self) -> Served {
+    fn serves(&self) -> ServedNames {
         self.served.clone()
     }
 }

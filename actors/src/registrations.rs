@@ -8,14 +8,14 @@
 
 use outbox::{
     ConfigError, ConfigViolation, EventBus, JobDispatcher, MessageKind, Registry, RegistryBuilder,
-    Served,
+    ServedNames,
 };
 
 /// One transport, as the checks see it.
 struct Transport {
     kind: MessageKind,
     /// `None` when the coordinator has no transport for this kind.
-    served: Option<Served>,
+    served: Option<ServedNames>,
     /// As named in the builder: `event_bus`, `job_dispatcher`.
     field: &'static str,
     /// How a user adds one.

@@ -24,12 +24,14 @@ use outbox::{
 };
 
 use crate::context::{DrainContext, after, until};
-use crate::error::{Error, LeaseLostError, MaxActiveDurationError};
+use crate::error::{Error, LeaseLostError};
+use crate::lease::Deadline;
 use crate::messages::HandOver;
 use crate::notices::{
-    DeadLetter, HandlerResult, LeaseLost, LeaseOperation, LeaseState, Outcome, SettleOperation,
+    DeadLetter, HandlerResult, LeaseLost, LeaseOperation, LeaseState, SettleOperation,
     SettlementFailed,
 };
+use crate::report::Outcome;
 
 /// What a settlement did.
 #[derive(Debug)]
@@ -59,6 +61,11 @@ pub(crate) enum Settlement {
         /// The first write failed without being refused, or never answered:
         /// the store is failing, not the claim.
         store_faulted: bool,
+        /// The store's transient errors, by attempt number, once the first
+        /// write had failed and the rest ran under the last confirmed lease:
+        /// for the logs, so that a settlement that ends badly can be read
+        /// back.
+        failed_attempts: Vec<(u32, outbox::Error)>,
     },
 }
 
@@ -66,7 +73,11 @@ pub(crate) enum Settlement {
 #[derive(Debug)]
 pub(crate) enum End {
     /// Stored as delivered.
-    Delivered,
+    Delivered {
+        /// The store deleted the message as it settled it
+        /// (`delete_on_delivery`).
+        deleted: bool,
+    },
     /// Stored as failed, pending again at `retry_at`.
     Retried {
         /// The error stored with it.
@@ -100,7 +111,7 @@ impl Settlement {
         match self {
             Settlement::Lost(_) => Outcome::LeaseLost,
             Settlement::Written { end, .. } => match end {
-                End::Delivered => Outcome::Delivered,
+                End::Delivered { .. } => Outcome::Delivered,
                 End::Retried { .. } => Outcome::Retried,
                 End::DeadLettered(_) => Outcome::DeadLettered,
                 End::Unsettled(failure) => Outcome::SettlementFailed {
@@ -146,26 +157,6 @@ enum Unwritten {
     Failed(outbox::Error),
 }
 
-/// The failure for a deadline that passed: `max_active` when it ends first,
-/// else the lease.
-pub(crate) fn deadline_failure(
-    drain: &DrainContext,
-    message: &ClaimedMessage,
-    active_first: bool,
-    confirmed_lost: bool,
-    reason: &str,
-    cause: Option<Error>,
-) -> LeaseLost {
-    let (operation, confirmed_lost, error) = if active_first {
-        let error = MaxActiveDurationError::new(&message.id, drain.config.max_active);
-        (LeaseOperation::MaxActive, false, error.into())
-    } else {
-        let error = LeaseLostError::new(&message.id, reason, cause);
-        (LeaseOperation::Renew, confirmed_lost, error.into())
-    };
-    LeaseLost::new(message, operation, LeaseState::Lost, confirmed_lost, error)
-}
-
 /// One settlement write under the claim token, bounded by `deadline`.
 async fn write_once(
     drain: &DrainContext,
@@ -203,24 +194,21 @@ async fn write_once(
     match tokio::time::timeout(remaining, call).await {
         Err(_) => Err(Unwritten::Deadline),
         Ok(Err(error)) => Err(Unwritten::Failed(error)),
-        Ok(Ok(())) => {
-            if delete && matches!(write, Write::Delivered) {
-                crate::retention::deleted_at_delivery(drain);
-            }
-            Ok(())
-        }
+        Ok(Ok(())) => Ok(()),
     }
 }
 
 /// The settlement attempts after the first write failed with
 /// `first_error`: up to the configured attempts in all, with doubling
-/// delay, each bounded by `deadline`.
+/// delay, each bounded by `deadline`. The errors of the attempts that were
+/// followed by another go to `failed_attempts`.
 async fn retry_settlement(
     drain: &DrainContext,
     message: &ClaimedMessage,
     deadline: DateTime<Utc>,
     write: &Write,
     first_error: outbox::Error,
+    failed_attempts: &mut Vec<(u32, outbox::Error)>,
 ) -> Result<(), Unsettled> {
     let missed_deadline = || Unsettled {
         error: LeaseLostError::new(
@@ -237,10 +225,7 @@ async fn retry_settlement(
         .into(),
         claim_lost: true,
     };
-    // Attempt by attempt, so a settlement that ends badly can be read back;
-    // the outcome itself is reported by the delivery.
-    tracing::debug!(target: "outbox", id = %message.id, attempt = 1, error = %first_error,
-        "outbox settlement attempt failed");
+    failed_attempts.push((1, first_error.clone()));
     let mut last_error = first_error;
     for attempt in 2..=drain.config.settlement.attempts {
         let remaining = until(drain.now(), deadline);
@@ -263,8 +248,7 @@ async fn retry_settlement(
                 });
             }
             Err(Unwritten::Failed(error)) => {
-                tracing::debug!(target: "outbox", id = %message.id, attempt, %error,
-                    "outbox settlement attempt failed");
+                failed_attempts.push((attempt, error.clone()));
                 last_error = error;
             }
         }
@@ -332,8 +316,7 @@ pub(crate) async fn settle_delivery(
         } => (locked_until, renewal_error),
     };
     let (write, delivery_error) = write_for(drain, message, result);
-    let deadline = locked_until.min(active_until);
-    let active_first = active_until <= locked_until;
+    let deadline = Deadline::new(locked_until, active_until);
     let lease = |state, confirmed_lost, error: Error| {
         LeaseLost::new(message, LeaseOperation::Renew, state, confirmed_lost, error)
             .after(handler.clone())
@@ -348,7 +331,8 @@ pub(crate) async fn settle_delivery(
             }),
         )
     };
-    let first = write_once(drain, message, &write, deadline).await;
+    let mut failed_attempts = Vec::new();
+    let first = write_once(drain, message, &write, deadline.at).await;
     // A write that failed without being refused, or never answered: the
     // store is in trouble, and claiming more would only queue behind it.
     let store_faulted = match &first {
@@ -363,28 +347,29 @@ pub(crate) async fn settle_delivery(
         ),
         Err(Unwritten::Expired) => {
             // Nothing was written: as a final extension found too late.
+            let confirmed_lost = !deadline.max_active_first;
             return Settlement::Lost(
-                deadline_failure(
-                    drain,
-                    message,
-                    active_first,
-                    !active_first,
-                    "the lease ran out before the delivery's outcome could be written",
-                    None,
-                )
-                .after(handler),
+                deadline
+                    .passed(
+                        drain,
+                        message,
+                        confirmed_lost,
+                        "the lease ran out before the delivery's outcome could be written",
+                        None,
+                    )
+                    .after(handler),
             );
         }
         Err(Unwritten::Deadline) => {
-            let failure = deadline_failure(
-                drain,
-                message,
-                active_first,
-                false,
-                "the extension write did not complete before the lease deadline",
-                None,
-            )
-            .after(handler.clone());
+            let failure = deadline
+                .passed(
+                    drain,
+                    message,
+                    false,
+                    "the extension write did not complete before the lease deadline",
+                    None,
+                )
+                .after(handler.clone());
             let error = failure.error.clone();
             lost(failure, error)
         }
@@ -392,10 +377,18 @@ pub(crate) async fn settle_delivery(
             let error = Error::from(error);
             lost(lease(LeaseState::Lost, true, error.clone()), error)
         }
-        Err(Unwritten::Failed(error)) if drain.now() < deadline => {
+        Err(Unwritten::Failed(error)) if drain.now() < deadline.at => {
             // The last confirmed lease is still running: settle under it, the
             // failed write counting as the first attempt.
-            let settled = retry_settlement(drain, message, deadline, &write, error.clone()).await;
+            let settled = retry_settlement(
+                drain,
+                message,
+                deadline.at,
+                &write,
+                error.clone(),
+                &mut failed_attempts,
+            )
+            .await;
             (
                 Some(lease(LeaseState::Degraded, false, error.into())),
                 settled,
@@ -403,8 +396,11 @@ pub(crate) async fn settle_delivery(
         }
         Err(Unwritten::Failed(error)) => {
             let error = Error::from(error);
-            let failure = if active_first {
-                deadline_failure(drain, message, true, false, "", None).after(handler.clone())
+            let failure = if deadline.max_active_first {
+                // `max_active` names the failure; no lease reason is read.
+                deadline
+                    .passed(drain, message, false, "", None)
+                    .after(handler.clone())
             } else {
                 lease(LeaseState::Lost, false, error.clone())
             };
@@ -438,7 +434,9 @@ pub(crate) async fn settle_delivery(
             error: unsettled.error,
             claim_lost: unsettled.claim_lost,
         }),
-        (Ok(()), Write::Delivered) => End::Delivered,
+        (Ok(()), Write::Delivered) => End::Delivered {
+            deleted: drain.config.retention.delete_on_delivery,
+        },
         (
             Ok(()),
             Write::Failed {
@@ -467,6 +465,7 @@ pub(crate) async fn settle_delivery(
         delivery_error,
         end,
         store_faulted,
+        failed_attempts,
     }
 }
 
@@ -507,529 +506,4 @@ pub(crate) async fn release_claim(drain: &DrainContext, message: &ClaimedMessage
 }
 
 #[cfg(test)]
-mod tests {
-    //! The protocol alone: a paused tokio runtime, a memory store whose
-    //! settlement writes fail as scripted, and no actix system.
-
-    use std::collections::VecDeque;
-    use std::sync::{Arc, Mutex};
-
-    use outbox::{
-        ClaimBatch, ClaimError, ClaimLoss, ClaimedBatch, Clock, DrainConfig, MemoryOutbox,
-        MessageKind, MessageStatus, NewMessage, OutboxAdmin, OutboxStore, Payload, Registry,
-        RenewClaim, TokioClock,
-    };
-
-    use super::*;
-
-    /// What a settlement write meets instead of the store.
-    #[derive(Debug, Clone, Copy)]
-    enum Fault {
-        /// The store fails; the write may be retried.
-        Transient,
-        /// Another claim token owns the message.
-        ClaimLost,
-        /// The store never answers.
-        Hang,
-    }
-
-    /// A settlement write as the store saw it: which, and its `now`.
-    type WriteSeen = (&'static str, DateTime<Utc>);
-
-    /// A memory store whose `mark_*` writes meet the scripted faults, one
-    /// per write, and which records when each write was made.
-    #[derive(Clone, Default)]
-    struct FaultStore {
-        inner: MemoryOutbox,
-        faults: Arc<Mutex<VecDeque<Fault>>>,
-        writes: Arc<Mutex<Vec<WriteSeen>>>,
-    }
-
-    impl FaultStore {
-        fn fail_next(&self, faults: &[Fault]) {
-            self.faults.lock().unwrap().extend(faults);
-        }
-
-        fn writes(&self) -> Vec<WriteSeen> {
-            self.writes.lock().unwrap().clone()
-        }
-
-        async fn status(&self, id: &str) -> MessageStatus {
-            self.inner.get_message(id).await.unwrap().status
-        }
-
-        async fn write(
-            &self,
-            operation: &'static str,
-            id: &str,
-            now: DateTime<Utc>,
-        ) -> outbox::Result<()> {
-            self.writes.lock().unwrap().push((operation, now));
-            let fault = self.faults.lock().unwrap().pop_front();
-            match fault {
-                None => Ok(()),
-                Some(Fault::Transient) => Err(outbox::Error::store(
-                    operation,
-                    std::io::Error::other("connection reset"),
-                )),
-                Some(Fault::ClaimLost) => Err(ClaimError::new(id, ClaimLoss::TokenMismatch).into()),
-                Some(Fault::Hang) => std::future::pending().await,
-            }
-        }
-    }
-
-    impl OutboxStore for FaultStore {
-        async fn enqueue(&self, message: NewMessage) -> outbox::Result<outbox::Enqueued> {
-            self.inner.enqueue(message).await
-        }
-
-        async fn claim_batch(&self, params: ClaimBatch) -> outbox::Result<ClaimedBatch> {
-            self.inner.claim_batch(params).await
-        }
-
-        async fn renew_claim(&self, params: RenewClaim) -> outbox::Result<DateTime<Utc>> {
-            self.inner.renew_claim(params).await
-        }
-
-        async fn mark_delivered(&self, params: MarkDelivered) -> outbox::Result<()> {
-            self.write("mark_delivered", &params.id, params.now).await?;
-            self.inner.mark_delivered(params).await
-        }
-
-        async fn mark_failed(&self, params: MarkFailed) -> outbox::Result<()> {
-            self.write("mark_failed", &params.id, params.now).await?;
-            self.inner.mark_failed(params).await
-        }
-
-        async fn release_claim(&self, params: ReleaseClaim) -> outbox::Result<()> {
-            self.inner.release_claim(params).await
-        }
-    }
-
-    /// A drain over a fresh store, and one message it claimed now.
-    async fn claimed(max_attempts: u32) -> (DrainContext, FaultStore, ClaimedMessage) {
-        let store = FaultStore::default();
-        let clock = TokioClock::new();
-        let config = DrainConfig::default();
-        let payload = Payload::from_json("{}").unwrap();
-        let message = NewMessage::new(MessageKind::Event, "ping", payload)
-            .with_max_attempts(max_attempts)
-            .at(clock.now());
-        store.inner.enqueue(message).await.unwrap();
-        let mut batch = store
-            .inner
-            .claim_batch(ClaimBatch {
-                on_dead_letter: Default::default(),
-                limit: 1,
-                now: clock.now(),
-                lease: config.lease,
-                max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
-            })
-            .await
-            .unwrap();
-        let message = batch.claimed.pop().expect("the message is due");
-        let drain = DrainContext {
-            store: Arc::new(store.clone()),
-            registry: Registry::default(),
-            events: None,
-            jobs: None,
-            heartbeat: config.heartbeat(),
-            config,
-            clock: Arc::new(clock),
-            observers: Vec::new(),
-            deleted_since_vacuum: Default::default(),
-        };
-        (drain, store, message)
-    }
-
-    /// The lease as claimed, with no renewal error along the way.
-    fn held(message: &ClaimedMessage) -> HandOver {
-        HandOver::Held {
-            locked_until: message.locked_until,
-            renewal_error: None,
-        }
-    }
-
-    /// `max_active` from now: later than the lease, unless a test says so.
-    fn active_until(drain: &DrainContext) -> DateTime<Utc> {
-        after(drain.now(), drain.config.max_active)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_delivered_message_is_settled_in_one_write() {
-        let (drain, store, message) = claimed(3).await;
-        let start = drain.now();
-        let settlement = settle_delivery(
-            &drain,
-            &message,
-            active_until(&drain),
-            held(&message),
-            Ok(()),
-        )
-        .await;
-        assert!(
-            matches!(
-                settlement,
-                Settlement::Written {
-                    renewal: None,
-                    lost: None,
-                    delivery_error: None,
-                    end: End::Delivered,
-                    store_faulted: false,
-                }
-            ),
-            "{settlement:?}"
-        );
-        assert_eq!(store.writes(), [("mark_delivered", start)]);
-        assert_eq!(store.status(&message.id).await, MessageStatus::Delivered);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failed_delivery_with_attempts_left_is_retried() {
-        let (drain, store, message) = claimed(3).await;
-        let start = drain.now();
-        let result = Err(DeliveryError::msg("downstream said no"));
-        let settlement = settle_delivery(
-            &drain,
-            &message,
-            active_until(&drain),
-            held(&message),
-            result,
-        )
-        .await;
-        assert_eq!(settlement.outcome(), Outcome::Retried);
-        let Settlement::Written {
-            renewal: None,
-            lost: None,
-            delivery_error: Some(error),
-            end:
-                End::Retried {
-                    error: record,
-                    delay,
-                    retry_at: Some(retry_at),
-                },
-            store_faulted: false,
-        } = settlement
-        else {
-            panic!("{settlement:?}")
-        };
-        assert_eq!(error.to_string(), "downstream said no");
-        assert_eq!(record.message, "downstream said no");
-        assert_eq!(retry_at, after(start, delay));
-        assert_eq!(store.writes(), [("mark_failed", start)]);
-        assert_eq!(store.status(&message.id).await, MessageStatus::Pending);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failed_delivery_without_attempts_left_is_dead_lettered() {
-        let (drain, store, message) = claimed(1).await;
-        let result = Err(DeliveryError::msg("downstream said no"));
-        let settlement = settle_delivery(
-            &drain,
-            &message,
-            active_until(&drain),
-            held(&message),
-            result,
-        )
-        .await;
-        let Settlement::Written {
-            end: End::DeadLettered(dead_letter),
-            delivery_error: Some(_),
-            ..
-        } = settlement
-        else {
-            panic!("{settlement:?}")
-        };
-        assert!(!dead_letter.abandoned);
-        assert_eq!((dead_letter.attempts, dead_letter.max_attempts), (1, 1));
-        assert_eq!(store.status(&message.id).await, MessageStatus::DeadLettered);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_permanent_error_is_dead_lettered_with_attempts_left() {
-        let (drain, store, message) = claimed(3).await;
-        let result = Err(DeliveryError::msg("no such stream").permanent());
-        let settlement = settle_delivery(
-            &drain,
-            &message,
-            active_until(&drain),
-            held(&message),
-            result,
-        )
-        .await;
-        let Settlement::Written {
-            end: End::DeadLettered(dead_letter),
-            delivery_error: Some(error),
-            ..
-        } = settlement
-        else {
-            panic!("{settlement:?}")
-        };
-        assert!(error.is_permanent());
-        assert_eq!((dead_letter.attempts, dead_letter.max_attempts), (1, 3));
-        assert_eq!(store.status(&message.id).await, MessageStatus::DeadLettered);
-    }
-
-    /// The lease lost and the acknowledgement failed, both said of one
-    /// first write that did not apply.
-    fn unacknowledged(settlement: Settlement) -> (LeaseLost, SettlementFailed) {
-        assert_eq!(
-            settlement.outcome(),
-            Outcome::SettlementFailed { claim_lost: true }
-        );
-        let Settlement::Written {
-            renewal: Some(lease),
-            end: End::Unsettled(failure),
-            ..
-        } = settlement
-        else {
-            panic!("{settlement:?}")
-        };
-        assert_eq!(lease.state, LeaseState::Lost);
-        assert!(failure.claim_lost);
-        (lease, failure)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_claim_error_on_the_first_write_loses_the_lease_after_the_handler_finished() {
-        let (drain, store, message) = claimed(3).await;
-        store.fail_next(&[Fault::ClaimLost]);
-        let settlement = settle_delivery(
-            &drain,
-            &message,
-            active_until(&drain),
-            held(&message),
-            Ok(()),
-        )
-        .await;
-        assert!(!settlement.store_faulted(), "refused, not failed");
-        let (failure, settlement) = unacknowledged(settlement);
-        assert_eq!(failure.operation, LeaseOperation::Renew);
-        assert!(failure.confirmed_lost && failure.error.is_claim_lost());
-        assert!(failure.handler.finished() && failure.handler.succeeded());
-        assert!(settlement.delivery_succeeded && settlement.error.is_claim_lost());
-        assert_eq!(settlement.operation, SettleOperation::MarkDelivered);
-        assert_eq!(store.writes().len(), 1, "a lost claim is not retried");
-        assert_eq!(store.status(&message.id).await, MessageStatus::Claimed);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_transient_error_then_success_settles_under_the_last_lease() {
-        let (drain, store, message) = claimed(3).await;
-        store.fail_next(&[Fault::Transient]);
-        let start = drain.now();
-        let settlement = settle_delivery(
-            &drain,
-            &message,
-            active_until(&drain),
-            held(&message),
-            Ok(()),
-        )
-        .await;
-        let Settlement::Written {
-            renewal: Some(renewal),
-            end: End::Delivered,
-            ..
-        } = settlement
-        else {
-            panic!("{settlement:?}")
-        };
-        assert_eq!(renewal.state, LeaseState::Degraded);
-        assert!(!renewal.confirmed_lost);
-        let second = after(start, drain.config.settlement.delay);
-        assert_eq!(
-            store.writes(),
-            [("mark_delivered", start), ("mark_delivered", second)]
-        );
-        assert_eq!(store.status(&message.id).await, MessageStatus::Delivered);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_claim_refused_after_a_transient_error_is_heard_as_lost_after_the_handler() {
-        let (drain, store, message) = claimed(3).await;
-        store.fail_next(&[Fault::Transient, Fault::ClaimLost]);
-        let settlement = settle_delivery(
-            &drain,
-            &message,
-            active_until(&drain),
-            held(&message),
-            Ok(()),
-        )
-        .await;
-        assert_eq!(
-            settlement.outcome(),
-            Outcome::SettlementFailed { claim_lost: true }
-        );
-        let Settlement::Written {
-            renewal: Some(degraded),
-            lost: Some(lost),
-            end: End::Unsettled(failure),
-            ..
-        } = settlement
-        else {
-            panic!("{settlement:?}")
-        };
-        // The lease degraded at the first write and was lost at the second;
-        // subscribers hear both, and that the handler had succeeded.
-        assert_eq!(degraded.state, LeaseState::Degraded);
-        assert_eq!(lost.state, LeaseState::Lost);
-        assert!(lost.confirmed_lost && lost.handler.succeeded());
-        assert!(failure.claim_lost && failure.delivery_succeeded);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn transient_errors_to_the_last_attempt_leave_the_outcome_unsettled() {
-        let (drain, store, message) = claimed(3).await;
-        store.fail_next(&[Fault::Transient; 3]);
-        let settlement = settle_delivery(
-            &drain,
-            &message,
-            active_until(&drain),
-            held(&message),
-            Ok(()),
-        )
-        .await;
-        assert_eq!(
-            settlement.outcome(),
-            Outcome::SettlementFailed { claim_lost: false }
-        );
-        let Settlement::Written {
-            end: End::Unsettled(failure),
-            ..
-        } = settlement
-        else {
-            panic!("{settlement:?}")
-        };
-        assert!(failure.delivery_succeeded && !failure.claim_lost);
-        assert_eq!(failure.operation, SettleOperation::MarkDelivered);
-        assert_eq!(store.writes().len(), 3, "the configured attempts");
-        assert_eq!(store.status(&message.id).await, MessageStatus::Claimed);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_first_write_past_the_lease_deadline_loses_the_lease() {
-        let (drain, store, message) = claimed(3).await;
-        store.fail_next(&[Fault::Hang]);
-        let result = Err(DeliveryError::msg("downstream said no"));
-        let settlement = settle_delivery(
-            &drain,
-            &message,
-            active_until(&drain),
-            held(&message),
-            result,
-        )
-        .await;
-        assert!(settlement.store_faulted(), "no answer is the store's fault");
-        let (failure, settlement) = unacknowledged(settlement);
-        assert_eq!(failure.operation, LeaseOperation::Renew);
-        assert!(!failure.confirmed_lost);
-        assert!(matches!(failure.error, Error::LeaseLost(_)), "{failure:?}");
-        let error = failure.handler.error().expect("the handler's error");
-        assert_eq!(error.to_string(), "downstream said no");
-        assert!(!failure.handler.succeeded());
-        assert!(!settlement.delivery_succeeded);
-        assert_eq!(settlement.operation, SettleOperation::MarkFailed);
-        assert_eq!(drain.now(), message.locked_until, "bounded by the lease");
-        assert_eq!(store.writes().len(), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_lease_over_before_the_first_write_is_confirmed_lost_and_writes_nothing() {
-        let (drain, store, message) = claimed(3).await;
-        // Handed over with the lease ending now: the worker's clock says it
-        // is over, as the reference's final extension does.
-        let hand_over = HandOver::Held {
-            locked_until: drain.now(),
-            renewal_error: None,
-        };
-        let settlement =
-            settle_delivery(&drain, &message, active_until(&drain), hand_over, Ok(())).await;
-        assert_eq!(settlement.outcome(), Outcome::LeaseLost);
-        let Settlement::Lost(failure) = settlement else {
-            panic!("{settlement:?}")
-        };
-        assert_eq!(
-            (failure.operation, failure.state),
-            (LeaseOperation::Renew, LeaseState::Lost)
-        );
-        assert!(failure.confirmed_lost, "ran out on this worker's clock");
-        assert!(failure.handler.succeeded());
-        assert!(store.writes().is_empty());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_deadline_set_by_max_active_is_a_max_active_failure() {
-        let (drain, store, message) = claimed(3).await;
-        store.fail_next(&[Fault::Hang]);
-        let active_until = after(drain.now(), Duration::from_secs(5));
-        let settlement =
-            settle_delivery(&drain, &message, active_until, held(&message), Ok(())).await;
-        let (failure, _) = unacknowledged(settlement);
-        assert_eq!(failure.operation, LeaseOperation::MaxActive);
-        assert!(failure.handler.succeeded());
-        assert!(
-            matches!(failure.error, Error::MaxActiveDuration(_)),
-            "{failure:?}"
-        );
-        assert_eq!(drain.now(), active_until);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn renewal_errors_are_recovered_by_a_first_write_that_succeeds() {
-        let (drain, _store, message) = claimed(3).await;
-        let hand_over = HandOver::Held {
-            locked_until: message.locked_until,
-            renewal_error: Some(
-                outbox::Error::store("renew_claim", std::io::Error::other("busy")).into(),
-            ),
-        };
-        let settlement =
-            settle_delivery(&drain, &message, active_until(&drain), hand_over, Ok(())).await;
-        let Settlement::Written {
-            renewal: Some(renewal),
-            end: End::Delivered,
-            ..
-        } = settlement
-        else {
-            panic!("{settlement:?}")
-        };
-        assert_eq!(renewal.state, LeaseState::Recovered);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_lease_handed_over_lost_writes_nothing() {
-        let (drain, store, message) = claimed(3).await;
-        let error = LeaseLostError::new(&message.id, "renewals ran out", None);
-        let failure = LeaseLost::new(
-            &message,
-            LeaseOperation::Renew,
-            LeaseState::Lost,
-            false,
-            error.into(),
-        );
-        let settlement = settle_delivery(
-            &drain,
-            &message,
-            active_until(&drain),
-            HandOver::Lost(failure),
-            Ok(()),
-        )
-        .await;
-        assert_eq!(settlement.outcome(), Outcome::LeaseLost);
-        let Settlement::Lost(failure) = settlement else {
-            panic!("{settlement:?}")
-        };
-        assert!(failure.handler.succeeded(), "the handler had finished");
-        assert!(store.writes().is_empty());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_released_claim_is_claimable_at_once() {
-        let (drain, store, message) = claimed(3).await;
-        assert!(matches!(
-            release_claim(&drain, &message).await,
-            Release::Released
-        ));
-        assert_eq!(store.status(&message.id).await, MessageStatus::Pending);
-    }
-}
+mod tests;

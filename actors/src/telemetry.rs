@@ -3,15 +3,10 @@
 //! The actors call these hooks where an outcome is decided; each hook emits
 //! the tracing event and records the metrics, so the two never disagree.
 //!
-//! Events carry a stable `event` field (`outbox.delivered`,
-//! `outbox.retry_scheduled`, `outbox.dead_lettered`, `outbox.lease_lost`,
-//! `outbox.renewal_recovered`, `outbox.renewal_degraded`,
-//! `outbox.settlement_failed`, `outbox.released`, `outbox.release_failed`,
-//! `outbox.claim_failed`, `outbox.pass_finished`,
-//! `outbox.retention`, `outbox.retention_failed`,
-//! `outbox.retention_vacuum`, `outbox.retention_vacuum_failed`) so
-//! log pipelines can match on it. Job messages also emit the job-level record (`job.*`).
-//! The payload appears only in `outbox.delivery_started`, at `trace` level.
+//! Each event carries a stable `event` field, one of the names in
+//! [`events`](crate::events), which also lists its level and fields: a hook
+//! here that emits a new event, or changes one's level or fields, changes
+//! that list too (a test compares the two).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,12 +17,12 @@ use tokio::time::Instant;
 use tracing::Span;
 
 use crate::context::{DrainContext, until};
-use crate::delivery::GiveBack;
 use crate::error::Error;
+use crate::events;
+use crate::messages::GiveBack;
 use crate::metrics;
-use crate::notices::{
-    DeadLetter, DrainReport, LeaseLost, LeaseOperation, LeaseState, Outcome, SettlementFailed,
-};
+use crate::notices::{DeadLetter, LeaseLost, LeaseState, SettlementFailed};
+use crate::report::{DrainReport, Outcome};
 
 /// The span a delivery runs in: `outbox deliver {name}`.
 ///
@@ -51,7 +46,7 @@ pub(crate) fn delivery_span(message: &ClaimedMessage) -> Span {
     if let Some(carrier) = &message.trace
         && let Err(error) = carrier.set_parent_of(&span)
     {
-        tracing::debug!(target: "outbox", parent: &span, event = "outbox.trace_invalid",
+        tracing::debug!(target: "outbox", parent: &span, event = events::TRACE_INVALID,
             id = %message.id, %error,
             "stored trace context is invalid; the delivery starts a new trace");
     }
@@ -67,7 +62,7 @@ pub(crate) fn delivery_trace(message: &ClaimedMessage, span: &Span) -> Option<Tr
 
 /// A delivery's handler starts now. Call inside its span.
 pub(crate) fn delivery_started(message: &ClaimedMessage) -> Instant {
-    tracing::trace!(target: "outbox", event = "outbox.delivery_started", id = %message.id,
+    tracing::trace!(target: "outbox", event = events::DELIVERY_STARTED, id = %message.id,
         kind = message.kind.as_str(), name = %message.name, attempt = message.attempts,
         payload = message.payload.as_str(), "outbox delivery started");
     Instant::now()
@@ -100,11 +95,11 @@ pub(crate) fn settled(
 }
 
 pub(crate) fn delivered(message: &ClaimedMessage) {
-    tracing::info!(target: "outbox", event = "outbox.delivered", id = %message.id,
+    tracing::info!(target: "outbox", event = events::DELIVERED, id = %message.id,
         kind = message.kind.as_str(), name = %message.name, attempt = message.attempts,
         "outbox message delivered");
     if message.kind == MessageKind::Job {
-        tracing::info!(target: "outbox", event = "job.completed", id = %message.id,
+        tracing::info!(target: "outbox", event = events::JOB_COMPLETED, id = %message.id,
             job = %message.name, attempt = message.attempts, "job completed");
     }
     metrics::delivered(message);
@@ -117,12 +112,12 @@ pub(crate) fn retry_scheduled(
     retry_at: Option<DateTime<Utc>>,
 ) {
     let retry_at = retry_at.map(|at| at.to_rfc3339());
-    tracing::warn!(target: "outbox", event = "outbox.retry_scheduled", id = %message.id,
+    tracing::warn!(target: "outbox", event = events::RETRY_SCHEDULED, id = %message.id,
         kind = message.kind.as_str(), name = %message.name, attempt = message.attempts,
         retry_delay_ms = delay.as_millis() as u64, retry_at = retry_at.as_deref(),
         error = %error, "outbox delivery failed; retry scheduled");
     if message.kind == MessageKind::Job {
-        tracing::warn!(target: "outbox", event = "job.retry_scheduled", id = %message.id,
+        tracing::warn!(target: "outbox", event = events::JOB_RETRY_SCHEDULED, id = %message.id,
             job = %message.name, attempt = message.attempts,
             retry_delay_ms = delay.as_millis() as u64, retry_at = retry_at.as_deref(),
             error = %error, "job failed; retry scheduled");
@@ -131,55 +126,63 @@ pub(crate) fn retry_scheduled(
 }
 
 pub(crate) fn dead_lettered(dead_letter: &DeadLetter) {
-    tracing::error!(target: "outbox", event = "outbox.dead_lettered", id = %dead_letter.id,
+    tracing::error!(target: "outbox", event = events::DEAD_LETTERED, id = %dead_letter.id,
         kind = dead_letter.kind.as_str(), name = %dead_letter.name, attempts = dead_letter.attempts,
         abandoned = dead_letter.abandoned, error = %dead_letter.error, "outbox message dead-lettered");
     if dead_letter.kind == MessageKind::Job {
-        tracing::error!(target: "outbox", event = "job.dead_lettered", id = %dead_letter.id,
+        tracing::error!(target: "outbox", event = events::JOB_DEAD_LETTERED, id = %dead_letter.id,
             job = %dead_letter.name, attempts = dead_letter.attempts,
             abandoned = dead_letter.abandoned, error = %dead_letter.error, "job dead-lettered");
     }
     metrics::dead_lettered(dead_letter);
 }
 
-pub(crate) fn lease(failure: &LeaseLost) {
-    let operation = match failure.operation {
-        LeaseOperation::Renew => "renew",
-        LeaseOperation::MaxActive => "max_active",
-        LeaseOperation::Release => "release",
-    };
+pub(crate) fn lease_failure(failure: &LeaseLost) {
+    let operation = failure.operation.as_str();
     match failure.state {
         LeaseState::Lost if failure.handler.finished() => tracing::warn!(target: "outbox",
-            event = "outbox.lease_lost", id = %failure.id, kind = failure.kind.as_str(),
+            event = events::LEASE_LOST, id = %failure.id, kind = failure.kind.as_str(),
             name = %failure.name, operation, confirmed_lost = failure.confirmed_lost,
             handler = failure.handler.as_str(), error = %failure.error,
             "outbox claim lost after the handler finished; its result is not settled and the \
              message will be delivered again"),
-        LeaseState::Lost => tracing::warn!(target: "outbox", event = "outbox.lease_lost",
+        LeaseState::Lost => tracing::warn!(target: "outbox", event = events::LEASE_LOST,
             id = %failure.id, kind = failure.kind.as_str(), name = %failure.name, operation,
             confirmed_lost = failure.confirmed_lost, handler = failure.handler.as_str(),
             error = %failure.error, "outbox claim lost; delivery aborted, nothing settled"),
         LeaseState::Recovered => tracing::info!(target: "outbox",
-            event = "outbox.renewal_recovered", id = %failure.id, kind = failure.kind.as_str(),
+            event = events::RENEWAL_RECOVERED, id = %failure.id, kind = failure.kind.as_str(),
             name = %failure.name, error = %failure.error, "outbox claim renewal recovered"),
-        LeaseState::Degraded => tracing::warn!(target: "outbox", event = "outbox.renewal_degraded",
+        LeaseState::Degraded => tracing::warn!(target: "outbox", event = events::RENEWAL_DEGRADED,
             id = %failure.id, kind = failure.kind.as_str(), name = %failure.name, error = %failure.error,
             "outbox claim renewal failed; settling under the last confirmed lease"),
     }
-    metrics::lease(failure);
+    metrics::lease_failure(failure);
 }
 
 /// A delivery actor stopped before reporting: its claim is as good as lost.
 /// Runs in a drop guard, maybe while unwinding, so it only logs and counts.
 pub(crate) fn delivery_died(failure: &LeaseLost) {
-    tracing::error!(target: "outbox", event = "outbox.lease_lost", id = %failure.id,
+    tracing::error!(target: "outbox", event = events::LEASE_LOST, id = %failure.id,
         kind = failure.kind.as_str(), name = %failure.name, confirmed_lost = false,
         "outbox delivery actor died; its message is claimable again after its lease");
-    metrics::lease(failure);
+    metrics::lease_failure(failure);
+}
+
+/// A settlement write failed transiently at `attempt`, with attempts left
+/// or not: logged attempt by attempt, so that a settlement that ends badly
+/// can be read back. Call inside the delivery's span.
+pub(crate) fn settlement_attempt_failed(
+    message: &ClaimedMessage,
+    attempt: u32,
+    error: &outbox::Error,
+) {
+    tracing::debug!(target: "outbox", id = %message.id, attempt, %error,
+        "outbox settlement attempt failed");
 }
 
 pub(crate) fn settlement_failed(failure: &SettlementFailed) {
-    tracing::error!(target: "outbox", event = "outbox.settlement_failed", id = %failure.id,
+    tracing::error!(target: "outbox", event = events::SETTLEMENT_FAILED, id = %failure.id,
         kind = failure.kind.as_str(), name = %failure.name,
         delivery_succeeded = failure.delivery_succeeded, claim_lost = failure.claim_lost,
         error = %failure.error, "outbox settlement failed");
@@ -194,7 +197,7 @@ pub(crate) fn released(message: &ClaimedMessage, given_back: Option<GiveBack>) {
         Some(GiveBack::Stale { .. }) => "it waited too long for a free slot",
         Some(GiveBack::Shutdown) | None => "the drain is shutting down",
     };
-    tracing::info!(target: "outbox", event = "outbox.released", id = %message.id,
+    tracing::info!(target: "outbox", event = events::RELEASED, id = %message.id,
         name = %message.name, "outbox claim released undelivered: {why}");
     metrics::released(message);
 }
@@ -204,11 +207,11 @@ pub(crate) fn released(message: &ClaimedMessage, given_back: Option<GiveBack>) {
 pub(crate) fn giving_back(message: &ClaimedMessage, given_back: GiveBack) {
     match given_back {
         GiveBack::Late { took, left } => tracing::warn!(target: "outbox",
-            event = "outbox.claim_too_late", id = %message.id, name = %message.name,
+            event = events::CLAIM_TOO_LATE, id = %message.id, name = %message.name,
             took_ms = took.as_millis() as u64, lease_left_ms = left.as_millis() as u64,
             "outbox claim took longer than the lease it left; giving it back undelivered"),
         GiveBack::Stale { waited, left } => tracing::warn!(target: "outbox",
-            event = "outbox.prefetch_stale", id = %message.id, name = %message.name,
+            event = events::PREFETCH_STALE, id = %message.id, name = %message.name,
             waited_ms = waited.as_millis() as u64, lease_left_ms = left.as_millis() as u64,
             "outbox message waited for a free slot until too little of its lease was left; \
              giving it back undelivered"),
@@ -221,10 +224,10 @@ pub(crate) fn giving_back(message: &ClaimedMessage, given_back: GiveBack) {
 /// delivery's span.
 pub(crate) fn release_failed(message: &ClaimedMessage, error: Option<&outbox::Error>) {
     match error {
-        Some(error) => tracing::warn!(target: "outbox", event = "outbox.release_failed",
+        Some(error) => tracing::warn!(target: "outbox", event = events::RELEASE_FAILED,
             id = %message.id, %error,
             "could not release outbox claim; it is claimable after its lease"),
-        None => tracing::warn!(target: "outbox", event = "outbox.release_failed",
+        None => tracing::warn!(target: "outbox", event = events::RELEASE_FAILED,
             id = %message.id,
             "outbox claim release timed out; it is claimable after its lease"),
     }
@@ -233,7 +236,7 @@ pub(crate) fn release_failed(message: &ClaimedMessage, error: Option<&outbox::Er
 
 /// A claim failed (the store failed or did not answer); the pass stops claiming.
 pub(crate) fn claim_failed(error: &Error) {
-    tracing::warn!(target: "outbox", event = "outbox.claim_failed", %error,
+    tracing::warn!(target: "outbox", event = events::CLAIM_FAILED, %error,
         "outbox claim failed; this pass stops claiming");
     metrics::claim_failed();
 }
@@ -242,24 +245,24 @@ pub(crate) fn claim_failed(error: &Error) {
 /// drain opens them as it needs them, and a store that is down is reported
 /// by the first claim.
 pub(crate) fn warm_up_failed(error: &outbox::Error) {
-    tracing::debug!(target: "outbox", event = "outbox.warm_up_failed", %error,
+    tracing::debug!(target: "outbox", event = events::WARM_UP_FAILED, %error,
         "outbox could not prepare the store's connections ahead of the first claim");
 }
 
 /// Arming the store's wake-ups failed; the coordinator claims again after
 /// a heartbeat interval rather than wait for a wake-up that may not come.
 pub(crate) fn arming_failed(error: &Error) {
-    tracing::warn!(target: "outbox", event = "outbox.arming_failed", %error,
+    tracing::warn!(target: "outbox", event = events::ARMING_FAILED, %error,
         "outbox could not ask the store for a wake-up; claiming again soon");
 }
 
 /// A retention run deleted `deleted` messages of `status` older than `horizon`.
 pub(crate) fn retention_deleted(status: MessageStatus, deleted: u64, horizon: Duration) {
     if deleted > 0 {
-        tracing::info!(target: "outbox", event = "outbox.retention", status = status.as_str(),
+        tracing::info!(target: "outbox", event = events::RETENTION, status = status.as_str(),
             deleted, horizon_s = horizon.as_secs(), "outbox retention deleted settled messages");
     } else {
-        tracing::debug!(target: "outbox", event = "outbox.retention", status = status.as_str(),
+        tracing::debug!(target: "outbox", event = events::RETENTION, status = status.as_str(),
             deleted, horizon_s = horizon.as_secs(), "outbox retention found nothing to delete");
     }
     metrics::retention_deleted(status, deleted);
@@ -274,32 +277,32 @@ pub(crate) fn deleted_at_delivery() {
 
 /// A retention run vacuumed the store after `deleted` rows went.
 pub(crate) fn retention_vacuumed(deleted: u64) {
-    tracing::debug!(target: "outbox", event = "outbox.retention_vacuum", deleted,
+    tracing::debug!(target: "outbox", event = events::RETENTION_VACUUM, deleted,
         "outbox retention vacuumed the table");
 }
 
 /// The vacuum after a retention run failed; the next run tries again.
 pub(crate) fn retention_vacuum_failed(error: &outbox::Error) {
-    tracing::warn!(target: "outbox", event = "outbox.retention_vacuum_failed", %error,
+    tracing::warn!(target: "outbox", event = events::RETENTION_VACUUM_FAILED, %error,
         "outbox retention could not vacuum the table; retrying at the next run");
 }
 
 /// A retention batch failed; the run stops, the next one tries again.
 pub(crate) fn retention_failed(status: MessageStatus, error: &outbox::Error) {
-    tracing::warn!(target: "outbox", event = "outbox.retention_failed",
+    tracing::warn!(target: "outbox", event = events::RETENTION_FAILED,
         status = status.as_str(), %error, "outbox retention failed; retrying at the next run");
 }
 
 /// A delivery's store call failed for the store's sake (or a claim came
 /// back too late): the pass claims again after `pause`.
 pub(crate) fn claiming_paused(pause: Duration) {
-    tracing::debug!(target: "outbox", event = "outbox.claiming_paused",
+    tracing::debug!(target: "outbox", event = events::CLAIMING_PAUSED,
         pause_ms = pause.as_millis() as u64, "outbox store faults; claiming paused");
 }
 
 /// A claim returned more messages than asked; the pass stops claiming.
 pub(crate) fn claim_broke_contract(error: &Error) {
-    tracing::error!(target: "outbox", event = "outbox.claim_failed", %error);
+    tracing::error!(target: "outbox", event = events::CLAIM_FAILED, %error);
     metrics::claim_failed();
 }
 
@@ -320,7 +323,7 @@ pub(crate) fn pass_finished(
     report: &DrainReport,
     last_sample: &mut Option<Instant>,
 ) {
-    tracing::debug!(target: "outbox", event = "outbox.pass_finished", claimed = report.claimed,
+    tracing::debug!(target: "outbox", event = events::PASS_FINISHED, claimed = report.claimed,
         delivered = report.delivered, retried = report.retried, dead_lettered = report.dead_lettered,
         settlement_failed = report.settlement_failed, lease_lost = report.lease_lost,
         "outbox drain pass finished");

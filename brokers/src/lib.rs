@@ -8,9 +8,34 @@
 //! on what it publishes, for the broker or the consumers to deduplicate on;
 //! each transport's docs say which, and over what window.
 //!
+//! ```
+//! # #[cfg(feature = "nats")]
+//! # async fn relay() -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_brokers::{NameMap, NatsConfig, NatsTransport};
+//!
+//! // `orders.placed` is published to the subject `events.orders.placed`, on
+//! // the stream `EVENTS`; the transport is then the drain's event bus.
+//! let names = NameMap::new("events.");
+//! let nats = NatsTransport::connect("nats://127.0.0.1:4222", NatsConfig::new("EVENTS", names)).await?;
+//! # let _ = nats;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! What every transport shares lives here: how a message name becomes a
 //! destination ([`NameMap`]), the headers a published message carries
 //! ([`headers`]), and how broker failures are classified ([`BrokerError`]).
+//!
+//! The guide's page on [publishing to a broker](https://github.com/outbox-rs/outbox/blob/main/docs/src/brokers.md) covers the
+//! relay, deduplication per broker and what consumers must do.
+//!
+//! # Layout
+//!
+//! - `lib.rs` (this file): the headers every transport sets.
+//! - `naming`: [`NameMap`], message names to destinations.
+//! - `error`: [`BrokerError`] and its [`FailureClass`], retried or not.
+//! - `nats`, `amqp`, `redis`: one transport each, behind a feature of the
+//!   same name, with its configuration.
 
 #[cfg(feature = "amqp")]
 pub mod amqp;

@@ -5,34 +5,34 @@ use std::io::{BufRead, IsTerminal, Write};
 use chrono::{DateTime, Utc};
 use outbox::kit::check;
 use outbox::{
-    BlockedKey, Clock, ListCursor, ListMessages, MessagePage, OutboxAdmin, OutboxMessage,
-    OutboxStats, PurgeMessages, RequeueDeadLetters, SkipDeadLetter, SystemClock, UnreadableMessage,
+    AnyOutbox, BlockedKey, Clock, ListCursor, ListMessages, MessagePage, OutboxAdmin,
+    OutboxMessage, OutboxStats, PurgeMessages, RequeueDeadLetters, SkipDeadLetter, SystemClock,
+    UnreadableMessage,
 };
 use serde::Serialize;
 
 use crate::cli::{ListArgs, PurgeArgs, RequeueArgs, ShowArgs, SkipArgs, StatusArgs};
+use crate::fail::Failure;
+use crate::output::{Table, age, pretty, pretty_json, relative, relative_short, time, truncate};
 
 /// Most blocked keys `status` prints.
 const BLOCKED_SHOWN: usize = 20;
-use crate::db::Store;
-use crate::fail::Failure;
-use crate::output::{Table, age, pretty, pretty_json, relative, relative_short, time, truncate};
 
 type Outcome = Result<(), Failure>;
 
 /// `migrate`: create or upgrade the table and say which migrations ran.
-pub(crate) async fn migrate(store: &Store) -> Outcome {
+pub(crate) async fn migrate(store: &AnyOutbox) -> Outcome {
     let table = store.table().to_string();
     let existed = store.table_exists().await?;
     let before = store.applied_migrations().await?;
     store.setup().await?;
     let after = store.applied_migrations().await?;
-    let known = store.known_migrations();
+    let known = store.migrator();
     let describe = |version: i64| {
         let description = known
             .iter()
-            .find(|(v, _)| *v == version)
-            .map_or("", |(_, d)| d.as_str());
+            .find(|migration| migration.version == version)
+            .map_or("", |migration| &*migration.description);
         format!("{version:04} {description}").trim_end().to_owned()
     };
     let applied: Vec<i64> = after
@@ -44,7 +44,7 @@ pub(crate) async fn migrate(store: &Store) -> Outcome {
         outln!(
             "table {table} is up to date: {} of {} migrations applied earlier; nothing to do",
             after.len(),
-            known.len()
+            known.iter().count()
         );
         return Ok(());
     }
@@ -61,7 +61,7 @@ pub(crate) async fn migrate(store: &Store) -> Outcome {
 }
 
 /// `status`: counts per status and the health figures.
-pub(crate) async fn status(store: &Store, args: StatusArgs) -> Outcome {
+pub(crate) async fn status(store: &AnyOutbox, args: StatusArgs) -> Outcome {
     let now = SystemClock.now();
     let stats = store.stats(now).await?;
     let blocked = if stats.blocked_keys > 0 {
@@ -194,7 +194,7 @@ struct UnreadableDocument<'a> {
 type ListedRow<'a> = (Option<DateTime<Utc>>, &'a str, Vec<String>);
 
 /// `list`: one page, oldest first, and how to get the next.
-pub(crate) async fn list(store: &Store, table_flag: Option<&str>, args: ListArgs) -> Outcome {
+pub(crate) async fn list(store: &AnyOutbox, table_flag: Option<&str>, args: ListArgs) -> Outcome {
     let after = args.after.as_deref().map(decode_cursor).transpose()?;
     let page = store
         .list_messages(ListMessages {
@@ -339,7 +339,7 @@ fn effective(message: &OutboxMessage, drain_cap: u32) -> OutboxMessage {
 }
 
 /// `show`: every field of one message.
-pub(crate) async fn show(store: &Store, args: ShowArgs) -> Outcome {
+pub(crate) async fn show(store: &AnyOutbox, args: ShowArgs) -> Outcome {
     let message = match store.get_message(&args.id).await {
         Err(outbox::Error::Unreadable(row)) => {
             if args.json {
@@ -483,7 +483,7 @@ fn indent(text: &str) -> String {
 }
 
 /// `requeue`: one dead letter by id, or all of them (of one name).
-pub(crate) async fn requeue(store: &Store, args: RequeueArgs) -> Outcome {
+pub(crate) async fn requeue(store: &AnyOutbox, args: RequeueArgs) -> Outcome {
     let requeued = store
         .requeue_dead_letters(RequeueDeadLetters {
             id: args.id.clone(),
@@ -513,7 +513,7 @@ pub(crate) async fn requeue(store: &Store, args: RequeueArgs) -> Outcome {
 }
 
 /// `skip`: a dead letter stops holding its ordering key.
-pub(crate) async fn skip(store: &Store, args: SkipArgs) -> Outcome {
+pub(crate) async fn skip(store: &AnyOutbox, args: SkipArgs) -> Outcome {
     store
         .skip_dead_letter(SkipDeadLetter {
             id: args.id.clone(),
@@ -536,7 +536,7 @@ pub(crate) async fn skip(store: &Store, args: SkipArgs) -> Outcome {
 }
 
 /// `purge`: delete terminal messages older than the horizon, after confirmation.
-pub(crate) async fn purge(store: &Store, args: PurgeArgs) -> Outcome {
+pub(crate) async fn purge(store: &AnyOutbox, args: PurgeArgs) -> Outcome {
     let now = SystemClock.now();
     let span = chrono::Duration::from_std(args.older_than)
         .map_err(|_| Failure::usage("`--older-than` is too long"))?;

@@ -16,8 +16,8 @@ use actix::Addr;
 use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
 use outbox::{
-    Armed, ConfigError, DeliveryContext, DeliveryResult, DrainConfig, EventBus, InProcessBus,
-    InProcessJobs, JobDispatcher, MessageKind, OutboxStore, Payload, RawMessage, Registry,
+    AnyOutbox, ArmOutcome, ConfigError, DeliveryContext, DeliveryResult, DrainConfig, EventBus,
+    InProcessBus, InProcessJobs, JobDispatcher, MessageKind, Payload, RawMessage, Registry,
     RetentionConfig, RetryPolicy, SystemClock, TraceCarrier, Wakeups,
 };
 use outbox_actors::{Drain, DrainCoordinator, DrainReport, GetStatus, Shutdown};
@@ -25,7 +25,6 @@ use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
 use crate::cli::{DrainArgs, RunArgs};
-use crate::db::Store;
 use crate::fail::Failure;
 use crate::output::time;
 
@@ -39,7 +38,7 @@ enum Deliver {
 }
 
 /// `drain --once` or `drain --every`.
-pub(crate) async fn drain(store: &Store, args: DrainArgs) -> Result<(), Failure> {
+pub(crate) async fn drain(store: &AnyOutbox, args: DrainArgs) -> Result<(), Failure> {
     let deliver = match (&args.exec, args.print) {
         (Some(command), _) => Deliver::Exec(Arc::from(command.as_str())),
         (None, true) => Deliver::Print,
@@ -75,7 +74,7 @@ pub(crate) struct Defaults {
 /// (`--once`) or every interval until Ctrl-C or SIGTERM, reporting each pass
 /// and the totals at the end.
 pub(crate) async fn run_passes(
-    store: &Store,
+    store: &AnyOutbox,
     args: &RunArgs,
     defaults: Defaults,
     bus: impl EventBus,
@@ -90,11 +89,9 @@ pub(crate) async fn run_passes(
     if every.is_some_and(|every| every.is_zero()) {
         return Err(Failure::usage("`--every` must be longer than zero"));
     }
-    let wakeups = match (every, store) {
-        // Only PostgreSQL can tell another process about a commit.
-        (Some(_), Store::Postgres(store)) => OutboxStore::wakeups(store),
-        _ => None,
-    };
+    // This process enqueues nothing: only wake-ups from the application's
+    // processes are any use.
+    let wakeups = every.and_then(|_| store.cross_process_wakeups());
     let coordinator = start(store, config, bus, jobs)?;
     let stop = pin!(stop_signal()?);
     match every {
@@ -166,7 +163,7 @@ fn flag(field: &str) -> String {
 }
 
 fn start(
-    store: &Store,
+    store: &AnyOutbox,
     config: DrainConfig,
     bus: impl EventBus,
     jobs: impl JobDispatcher,
@@ -175,11 +172,7 @@ fn start(
         .any(MessageKind::Event)
         .any(MessageKind::Job)
         .build()?;
-    let builder = match store {
-        Store::Sqlite(store) => DrainCoordinator::builder(store.clone()),
-        Store::Postgres(store) => DrainCoordinator::builder(store.clone()),
-    };
-    Ok(builder
+    Ok(DrainCoordinator::builder(store.clone())
         .registry(registry)
         .event_bus(bus)
         .job_dispatcher(jobs)
@@ -417,7 +410,7 @@ fn mailbox(error: actix::MailboxError) -> Failure {
 /// what commits after wakes the command; a wake-up uses the arming up.
 #[derive(Default)]
 struct Arming {
-    /// Armed, and no wake-up since.
+    /// ArmOutcome, and no wake-up since.
     armed: bool,
     /// When arming last failed or found an enqueue in flight (so not
     /// armed): the next pass comes this soon, since no wake-up will.
@@ -441,11 +434,11 @@ impl Arming {
             return;
         }
         match arm.arm().await {
-            Ok(Armed::Yes) => {
+            Ok(ArmOutcome::Armed) => {
                 self.armed = true;
                 self.retry_in = None;
             }
-            Ok(Armed::Busy) => {
+            Ok(ArmOutcome::EnqueueInFlight) => {
                 let wait = self
                     .retry_in
                     .map_or(Self::FIRST_RETRY, |wait| (wait * 2).min(Self::MAX_RETRY));
@@ -543,7 +536,6 @@ pub(crate) fn reported(
         .boxed_local()
 }
 
-/// A message as `--print` writes it.
 /// How a failed delivery names its message on stderr.
 fn label(context: &DeliveryContext) -> String {
     let claimed = context.message();
@@ -553,6 +545,7 @@ fn label(context: &DeliveryContext) -> String {
     )
 }
 
+/// A message as `--print` writes it.
 #[derive(Serialize)]
 struct Printed<'a> {
     id: &'a str,

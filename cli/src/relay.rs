@@ -9,16 +9,15 @@ use std::sync::Arc;
 
 use futures_util::future::LocalBoxFuture;
 use outbox::kit::redact_url;
-use outbox::{Delivery, DeliveryResult, EventBus, JobDispatcher};
+use outbox::{AnyOutbox, Delivery, DeliveryResult, EventBus, JobDispatcher};
 use outbox_brokers::{BrokerError, NameMap};
 
 use crate::cli::RelayArgs;
-use crate::db::Store;
 use crate::drain::{self, Defaults};
 use crate::fail::Failure;
 
 /// `relay --once` or `relay` until Ctrl-C or SIGTERM.
-pub(crate) async fn relay(store: &Store, args: RelayArgs) -> Result<(), Failure> {
+pub(crate) async fn relay(store: &AnyOutbox, args: RelayArgs) -> Result<(), Failure> {
     let (broker, doing) = connect(&args).await?;
     let relay = Relay(broker);
     // A broker's acknowledgement takes milliseconds, so slots are refilled

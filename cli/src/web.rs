@@ -3,10 +3,10 @@
 use std::net::SocketAddr;
 
 use actix_web::{App, HttpServer};
+use outbox::AnyOutbox;
 use outbox_web::WebConfig;
 
 use crate::cli::WebArgs;
-use crate::db::Store;
 use crate::fail::Failure;
 
 /// The address to listen on, refused when it would expose an unauthenticated
@@ -36,7 +36,11 @@ pub(crate) fn bind_address(args: &WebArgs) -> Result<SocketAddr, Failure> {
 }
 
 /// Serve until Ctrl-C or SIGTERM.
-pub(crate) async fn serve(store: &Store, args: WebArgs, addr: SocketAddr) -> Result<(), Failure> {
+pub(crate) async fn serve(
+    store: &AnyOutbox,
+    args: WebArgs,
+    addr: SocketAddr,
+) -> Result<(), Failure> {
     let mut config = WebConfig::default()
         .read_only(args.read_only)
         .max_attempts(args.max_attempts);

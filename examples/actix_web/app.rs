@@ -9,7 +9,7 @@ use actix::prelude::*;
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpResponse, HttpServer, error, web};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use outbox::{AnyOutbox, Backend, Clock, OutboxAdmin, SqlValue, SystemClock};
+use outbox::{AnyOutbox, Clock, DatabaseKind, OutboxAdmin, SqlValue, SystemClock};
 use outbox_actors::prelude::*;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -211,9 +211,9 @@ impl Running {
 }
 
 /// The orders table, in each database's words for a generated key.
-fn orders_table(backend: Backend) -> &'static str {
+fn orders_table(backend: DatabaseKind) -> &'static str {
     match backend {
-        Backend::Postgres => {
+        DatabaseKind::Postgres => {
             "CREATE TABLE IF NOT EXISTS orders (
                 id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
                 customer TEXT NOT NULL, items TEXT NOT NULL)"
@@ -234,8 +234,8 @@ pub(crate) async fn start(
     shipped: mpsc::UnboundedSender<i64>,
 ) -> Result<Running, Box<dyn std::error::Error>> {
     let outbox = AnyOutbox::connect(database_url).await?;
-    outbox.execute(orders_table(outbox.backend()), &[]).await?;
-    tracing::info!(backend = %outbox.backend(), "outbox ready");
+    outbox.execute(orders_table(outbox.kind()), &[]).await?;
+    tracing::info!(backend = %outbox.kind(), "outbox ready");
 
     // Install the recorder before anything records: figures recorded
     // before it exists go nowhere.

@@ -11,15 +11,23 @@
 //!
 //! The enum has one variant per enabled store feature, so a build with only
 //! `sqlite` carries no PostgreSQL code, and the reverse.
+//!
+//! Two child modules add what a tool that inspects an outbox needs, beside
+//! an application: `open` opens a given table without setting it up, and
+//! read-only on SQLite ([`AnyOutboxOptions`]); `schema` answers whether the
+//! table exists and which of its migrations ran.
 
 use chrono::{DateTime, Utc};
 
 use super::connect;
-use crate::error::{Backend, Error, Result, UrlError};
+use super::kit::redact_url;
+use crate::database::DatabaseKind;
+use crate::error::{Error, Result, UrlError};
 use crate::message::{Enqueued, NewMessage, OutboxMessage};
 use crate::payload::{Event, Job};
 #[cfg(feature = "postgres")]
 use crate::store::postgres::PostgresOutbox;
+use crate::store::sql::TableName;
 #[cfg(feature = "sqlite")]
 use crate::store::sqlite::SqliteOutbox;
 use crate::store::{
@@ -235,23 +243,65 @@ fn failed(operation: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
     }
 }
 
+/// The database `url` names by its scheme. A store whose feature is not
+/// enabled is still named: its URL then goes to the other store, whose
+/// check refuses it with the error that names the missing feature.
+fn backend_for(url: &str) -> Result<DatabaseKind> {
+    match connect::scheme(url).as_deref() {
+        Some("sqlite") => Ok(DatabaseKind::Sqlite),
+        Some("postgres" | "postgresql") => Ok(DatabaseKind::Postgres),
+        _ => Err(UrlError::UnsupportedScheme {
+            url: redact_url(url),
+        }
+        .into()),
+    }
+}
+
+// After the macros and helpers above, which they use.
+mod open;
+mod schema;
+
+pub use open::{AnyOutboxOptions, OpenMode};
+
 impl AnyOutbox {
     /// Connect to `url` and set up the default table: `sqlite:…` through
-    /// [`SqliteOutbox::connect`](crate::SqliteOutbox::connect),
-    /// `postgres://…`/`postgresql://…` through
-    /// [`PostgresOutbox::connect`](crate::PostgresOutbox::connect). A URL of
+    /// `SqliteOutbox::connect`, `postgres://…`/`postgresql://…` through
+    /// `PostgresOutbox::connect` (each with its store's feature). A URL of
     /// another database, or without a scheme, is refused with
     /// [`UrlError::UnsupportedScheme`]; one whose store feature is not
     /// enabled with the error that names the feature.
+    ///
+    /// To open another table, only read a SQLite file, or open without
+    /// setting anything up, use [`AnyOutbox::options`].
     pub async fn connect(url: &str) -> Result<Self> {
-        match connect::scheme(url).as_deref() {
-            Some("sqlite") => Self::sqlite(url).await,
-            Some("postgres" | "postgresql") => Self::postgres(url).await,
-            _ => Err(UrlError::UnsupportedScheme {
-                url: super::kit::redact_url(url),
-            }
-            .into()),
+        match backend_for(url)? {
+            DatabaseKind::Sqlite => Self::sqlite(url).await,
+            DatabaseKind::Postgres => Self::postgres(url).await,
         }
+    }
+
+    /// Settings to open an outbox by URL with: which table, whether a
+    /// SQLite file may be created or changed, the pools' settings. See
+    /// [`AnyOutboxOptions`].
+    pub fn options() -> AnyOutboxOptions {
+        AnyOutboxOptions::default()
+    }
+
+    /// The scheme of a database URL, lowercased, as [`AnyOutbox::connect`]
+    /// and [`AnyOutboxOptions::open`] read it to pick the database
+    /// (`sqlite`, `postgres`, `postgresql`, or another database's, which
+    /// they refuse); `None` when the URL has none, as a bare file path. For
+    /// a program that reports a URL it cannot use in its own words.
+    ///
+    /// ```
+    /// use outbox::AnyOutbox;
+    ///
+    /// assert_eq!(AnyOutbox::scheme("PostgreSQL://app@db/app").as_deref(), Some("postgresql"));
+    /// assert_eq!(AnyOutbox::scheme("mysql://app@db/app").as_deref(), Some("mysql"));
+    /// assert_eq!(AnyOutbox::scheme("app.db"), None);
+    /// ```
+    pub fn scheme(url: &str) -> Option<String> {
+        connect::scheme(url)
     }
 
     #[cfg(feature = "sqlite")]
@@ -277,12 +327,39 @@ impl AnyOutbox {
     }
 
     /// Which database this is.
-    pub fn backend(&self) -> Backend {
+    pub fn kind(&self) -> DatabaseKind {
         match self {
             #[cfg(feature = "sqlite")]
-            AnyOutbox::Sqlite(_) => Backend::Sqlite,
+            AnyOutbox::Sqlite(_) => DatabaseKind::Sqlite,
             #[cfg(feature = "postgres")]
-            AnyOutbox::Postgres(_) => Backend::Postgres,
+            AnyOutbox::Postgres(_) => DatabaseKind::Postgres,
+        }
+    }
+
+    /// The table the outbox uses.
+    pub fn table(&self) -> &TableName {
+        on_backend!(self, AnyOutbox, |store| store.table())
+    }
+
+    /// Close the pool: wait until every connection is back, then close
+    /// them all. Call it before the async runtime stops, when a task may
+    /// still hold a connection: one dropped after the runtime is gone
+    /// cannot be returned. Clones share the pool, so it closes theirs too.
+    pub async fn close(&self) {
+        on_backend!(self, AnyOutbox, |store| store.pool().close().await)
+    }
+
+    /// Wake-ups on inserts committed by any process, where the database
+    /// tells every connection about them: PostgreSQL (`LISTEN`/`NOTIFY`).
+    /// `None` on SQLite, whose wake-ups ([`OutboxStore::wakeups`]) come from
+    /// this process's own commits only, so a drain in a process that does
+    /// not enqueue must poll.
+    pub fn cross_process_wakeups(&self) -> Option<Wakeups> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            AnyOutbox::Sqlite(_) => None,
+            #[cfg(feature = "postgres")]
+            AnyOutbox::Postgres(store) => store.wakeups(),
         }
     }
 
@@ -359,8 +436,8 @@ impl AnyOutbox {
                 format!(
                     "a {} transaction cannot enqueue into a {} outbox; begin it with this \
                      outbox's `begin()`",
-                    tx.backend(),
-                    store.backend()
+                    tx.kind(),
+                    store.kind()
                 ),
             )),
         }
@@ -430,12 +507,12 @@ impl From<PostgresOutbox> for AnyOutbox {
 
 impl AnyTransaction {
     /// Which database the transaction is on.
-    pub fn backend(&self) -> Backend {
+    pub fn kind(&self) -> DatabaseKind {
         match self {
             #[cfg(feature = "sqlite")]
-            AnyTransaction::Sqlite(_) => Backend::Sqlite,
+            AnyTransaction::Sqlite(_) => DatabaseKind::Sqlite,
             #[cfg(feature = "postgres")]
-            AnyTransaction::Postgres(_) => Backend::Postgres,
+            AnyTransaction::Postgres(_) => DatabaseKind::Postgres,
         }
     }
 
@@ -470,7 +547,7 @@ impl AnyTransaction {
     /// Write placeholders as `$1, $2, …`: PostgreSQL's form, which SQLite
     /// reads too; `args` bind to them in order. Keep to SQL both databases
     /// share (`RETURNING`, `ON CONFLICT … DO NOTHING`, `BIGINT`, `TEXT`), or
-    /// branch on [`backend`](AnyTransaction::backend).
+    /// branch on [`kind`](AnyTransaction::kind).
     pub async fn execute(&mut self, sql: impl sqlx::SqlSafeStr, args: &[SqlValue]) -> Result<u64> {
         let sql = sql.into_sql_str();
         on_backend!(self, AnyTransaction, |tx| {

@@ -6,7 +6,8 @@
 //! timed out.
 
 use super::kit::redact_url;
-use crate::error::{Backend, Error, UrlError};
+use crate::database::DatabaseKind;
+use crate::error::{Error, UrlError};
 
 /// The scheme of `url`, lowercased, if it has one.
 pub(crate) fn scheme(url: &str) -> Option<String> {
@@ -70,10 +71,10 @@ pub(crate) fn check_postgres_url(url: &str) -> Result<(), Error> {
 }
 
 /// A URL the driver could not parse.
-pub(crate) fn malformed(url: &str, backend: Backend, error: impl std::fmt::Display) -> Error {
+pub(crate) fn malformed(url: &str, backend: DatabaseKind, error: impl std::fmt::Display) -> Error {
     UrlError::Malformed {
         url: redact_url(url),
-        backend,
+        database: backend,
         reason: error.to_string(),
     }
     .into()
@@ -81,7 +82,7 @@ pub(crate) fn malformed(url: &str, backend: Backend, error: impl std::fmt::Displ
 
 /// A failure to open or reach the database, with the driver's (and the
 /// operating system's) reason and what to check.
-pub(crate) fn connect_failed(url: &str, error: &sqlx::Error, backend: Backend) -> Error {
+pub(crate) fn connect_failed(url: &str, error: &sqlx::Error, backend: DatabaseKind) -> Error {
     let reason = match error {
         // The I/O error is the operating system's, e.g. "Connection refused
         // (os error 111)"; sqlx's wrapper adds nothing.
@@ -91,7 +92,7 @@ pub(crate) fn connect_failed(url: &str, error: &sqlx::Error, backend: Backend) -
     Error::Connect {
         url: redact_url(url),
         reason,
-        backend,
+        database: backend,
     }
 }
 

@@ -9,9 +9,12 @@
 //! ([`SettlementMode::Batched`]); both go through the same statement, so they
 //! decide every row the same way.
 //!
-//! The public switch keeps the name [`SettlementMode`] (and the builders their
-//! `settlement` setter): settlements are most of these writes, and the names
-//! also appear in configuration errors (`settlement.max_rows`).
+//! The public switch, [`SettlementMode`], is defined here, with the writer it
+//! configures, so this module sits below the SQL stores' shared half
+//! (`sql/`), which builds a writer for each store and re-exports the switch.
+//! It keeps the name `SettlementMode` (and the builders their `settlement`
+//! setter): settlements are most of these writes, and the names also appear
+//! in configuration errors (`settlement.max_rows`).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -23,9 +26,59 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::kit::{check, lease_end};
-use super::sql::SettlementMode;
 use super::{MarkDelivered, MarkFailed, ReleaseClaim, RenewClaim};
 use crate::error::{Error, Result};
+
+/// How settlements (renewals, `mark_delivered`, `mark_failed`,
+/// `release_claim`) reach the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettlementMode {
+    /// One statement per call.
+    PerMessage,
+    /// Concurrent calls share one statement of up to `max_rows` rows. Calls
+    /// made while a statement runs go out together as soon as it ends; a
+    /// call with no statement ahead of it goes out once no other ready
+    /// caller joins, and a steady stream of calls is cut every `window`.
+    /// Each row is still fenced by its own claim token and lease and gets its
+    /// own result: a row whose claim was lost gets [`Error::Claim`], the
+    /// others succeed. Under load this turns many commits into one; a call
+    /// waits at most `window` plus the statement ahead of it.
+    Batched {
+        /// The longest a batch keeps gathering after its first call.
+        window: std::time::Duration,
+        /// Most rows per statement; at least 1.
+        max_rows: usize,
+    },
+}
+
+impl SettlementMode {
+    /// Batched, up to 1 ms or 128 rows per statement.
+    pub const DEFAULT_BATCHED: SettlementMode = SettlementMode::Batched {
+        window: std::time::Duration::from_millis(1),
+        max_rows: 128,
+    };
+
+    pub(crate) fn validate(self) -> Result<Self> {
+        if let SettlementMode::Batched { window, max_rows } = self {
+            if max_rows == 0 {
+                return Err(Error::invalid("settlement.max_rows", "must be at least 1"));
+            }
+            if window > std::time::Duration::from_secs(1) {
+                return Err(Error::invalid(
+                    "settlement.window",
+                    "must be at most 1s; every settlement waits up to this long",
+                ));
+            }
+        }
+        Ok(self)
+    }
+}
+
+impl Default for SettlementMode {
+    fn default() -> Self {
+        Self::DEFAULT_BATCHED
+    }
+}
 
 /// What a fenced write does to a message its token still owns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,7 +236,8 @@ pub(crate) trait FencedBackend: Send + Sync + 'static {
     fn apply(&self, rows: &[FencedWrite]) -> impl Future<Output = Result<Vec<Result<()>>>> + Send;
 }
 
-struct Pending {
+/// A call's fenced write waiting for a batch, and where its answer goes.
+struct QueuedWrite {
     row: FencedWrite,
     reply: oneshot::Sender<Result<()>>,
     /// When the call was made: its wait for a batch counts from here.
@@ -196,7 +250,7 @@ pub(crate) struct FencedWriter<B> {
     mode: SettlementMode,
     /// Most batched statements in flight at once.
     statements: usize,
-    queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
+    queue: Mutex<Option<mpsc::UnboundedSender<QueuedWrite>>>,
 }
 
 impl<B> std::fmt::Debug for FencedWriter<B> {
@@ -241,7 +295,7 @@ impl<B: FencedBackend> FencedWriter<B> {
             });
         };
         let (reply, answer) = oneshot::channel();
-        let mut pending = Pending {
+        let mut pending = QueuedWrite {
             row,
             reply,
             arrived: tokio::time::Instant::now(),
@@ -262,11 +316,11 @@ impl<B: FencedBackend> FencedWriter<B> {
         Err(batch_lost(operation))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<mpsc::UnboundedSender<Pending>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<mpsc::UnboundedSender<QueuedWrite>>> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn queue(&self, window: Duration, max_rows: usize) -> mpsc::UnboundedSender<Pending> {
+    fn queue(&self, window: Duration, max_rows: usize) -> mpsc::UnboundedSender<QueuedWrite> {
         let mut queue = self.lock();
         if let Some(sender) = queue.as_ref().filter(|s| !s.is_closed()) {
             return sender.clone();
@@ -300,7 +354,7 @@ impl<B: FencedBackend> FencedWriter<B> {
 /// in call order.
 async fn batch_loop<B: FencedBackend>(
     backend: Arc<B>,
-    mut queue: mpsc::UnboundedReceiver<Pending>,
+    mut queue: mpsc::UnboundedReceiver<QueuedWrite>,
     window: Duration,
     max_rows: usize,
     statements: usize,
@@ -308,7 +362,7 @@ async fn batch_loop<B: FencedBackend>(
     /// How many times the batch lets other tasks run without any of them
     /// adding a row before it decides nobody else is coming.
     const QUIET_YIELDS: u32 = 2;
-    let mut carried: Option<Pending> = None;
+    let mut carried: Option<QueuedWrite> = None;
     let mut running = InFlight::default();
     loop {
         let first = match carried.take() {
@@ -429,7 +483,7 @@ impl InFlight {
     }
 }
 
-async fn flush<B: FencedBackend>(backend: &B, batch: Vec<Pending>) {
+async fn flush<B: FencedBackend>(backend: &B, batch: Vec<QueuedWrite>) {
     let (rows, replies): (Vec<FencedWrite>, Vec<_>) =
         batch.into_iter().map(|p| (p.row, p.reply)).unzip();
     match backend.apply(&rows).await {
@@ -474,276 +528,4 @@ fn batch_lost(operation: &'static str) -> Error {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Mutex;
-
-    use futures_util::future::join_all;
-
-    use super::*;
-    use crate::error::{ClaimError, ClaimLoss};
-
-    /// Records each batch; refuses rows whose token is `lost`, fails whole
-    /// batches that contain the id `broken`.
-    #[derive(Default)]
-    struct Recorder {
-        batches: Mutex<Vec<Vec<String>>>,
-        /// How long each statement takes.
-        delay: Duration,
-    }
-
-    impl FencedBackend for Recorder {
-        async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
-            self.batches
-                .lock()
-                .unwrap()
-                .push(rows.iter().map(|r| r.id.clone()).collect());
-            tokio::time::sleep(self.delay).await;
-            if rows.iter().any(|r| r.id == "broken") {
-                return Err(Error::store(
-                    "settle",
-                    std::io::Error::other("connection reset"),
-                ));
-            }
-            Ok(rows
-                .iter()
-                .map(|r| match r.claim_token.as_str() {
-                    "lost" => Err(ClaimError::new(&r.id, ClaimLoss::TokenMismatch).into()),
-                    _ => Ok(()),
-                })
-                .collect())
-        }
-    }
-
-    fn row(id: &str, token: &str) -> FencedWrite {
-        FencedWrite {
-            op: FencedOp::Deliver,
-            id: id.into(),
-            claim_token: token.into(),
-            now: DateTime::UNIX_EPOCH,
-            error: None,
-        }
-    }
-
-    fn batched(window_ms: u64, max_rows: usize) -> (Arc<Recorder>, FencedWriter<Recorder>) {
-        let recorder = Arc::new(Recorder::default());
-        let mode = SettlementMode::Batched {
-            window: Duration::from_millis(window_ms),
-            max_rows,
-        };
-        (recorder.clone(), FencedWriter::new(recorder, mode, 1))
-    }
-
-    fn outcome(result: &Result<()>) -> &'static str {
-        match result {
-            Ok(()) => "ok",
-            Err(Error::Claim(_)) => "lost",
-            Err(Error::Store {
-                operation: "mark_delivered",
-                ..
-            }) => "store",
-            Err(_) => "other",
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn concurrent_calls_share_one_statement_with_a_result_each() {
-        let (recorder, writer) = batched(1, 128);
-        let rows = [row("a", "t"), row("b", "lost"), row("c", "t")];
-        let results = join_all(rows.map(|r| writer.run(r))).await;
-        assert_eq!(
-            results.iter().map(outcome).collect::<Vec<_>>(),
-            ["ok", "lost", "ok"]
-        );
-        assert_eq!(*recorder.batches.lock().unwrap(), [["a", "b", "c"]]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn batches_close_at_max_rows_and_at_a_repeated_id() {
-        let (recorder, writer) = batched(1, 2);
-        let rows = [row("a", "t"), row("b", "t"), row("c", "t")];
-        join_all(rows.map(|r| writer.run(r))).await;
-        assert_eq!(
-            *recorder.batches.lock().unwrap(),
-            [vec!["a", "b"], vec!["c"]]
-        );
-
-        let (recorder, writer) = batched(1, 128);
-        let rows = [row("a", "t"), row("a", "lost"), row("b", "t")];
-        let results = join_all(rows.map(|r| writer.run(r))).await;
-        assert_eq!(
-            results.iter().map(outcome).collect::<Vec<_>>(),
-            ["ok", "lost", "ok"]
-        );
-        // The second write to `a` waits for the next statement, in call order.
-        assert_eq!(
-            *recorder.batches.lock().unwrap(),
-            [vec!["a"], vec!["a", "b"]]
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_lone_call_does_not_wait_for_the_window() {
-        let (recorder, writer) = batched(50, 128);
-        let start = tokio::time::Instant::now();
-        writer.run(row("a", "t")).await.unwrap();
-        assert_eq!(start.elapsed(), Duration::ZERO);
-        assert_eq!(*recorder.batches.lock().unwrap(), [["a"]]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn calls_made_while_a_statement_runs_share_the_next_one() {
-        let recorder = Arc::new(Recorder {
-            delay: Duration::from_millis(5),
-            ..Recorder::default()
-        });
-        let mode = SettlementMode::Batched {
-            window: Duration::from_millis(1),
-            max_rows: 128,
-        };
-        let writer = Arc::new(FencedWriter::new(recorder.clone(), mode, 1));
-        let start = tokio::time::Instant::now();
-        let calls = ["a", "b", "c"].into_iter().enumerate().map(|(i, id)| {
-            let writer = writer.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(2 * i as u64)).await;
-                writer.run(row(id, "t")).await.unwrap();
-                tokio::time::Instant::now()
-            })
-        });
-        let finished: Vec<_> = join_all(calls)
-            .await
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
-        // `a` goes alone; `b` and `c` arrive while it runs (past their
-        // window) and go out together as soon as it ends.
-        assert_eq!(
-            *recorder.batches.lock().unwrap(),
-            [vec!["a"], vec!["b", "c"]]
-        );
-        let ms = |at: tokio::time::Instant| (at - start).as_millis();
-        assert_eq!(
-            finished.into_iter().map(ms).collect::<Vec<_>>(),
-            [5, 10, 10]
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn statements_overlap_but_never_on_one_message() {
-        let recorder = Arc::new(Recorder {
-            delay: Duration::from_millis(5),
-            ..Recorder::default()
-        });
-        let mode = SettlementMode::Batched {
-            window: Duration::from_millis(1),
-            max_rows: 128,
-        };
-        let writer = Arc::new(FencedWriter::new(recorder.clone(), mode, 3));
-        let start = tokio::time::Instant::now();
-        // `a`, `b`, `c` together; `d` while their statement runs; a second
-        // write to `a` a moment later.
-        let calls = [(0, "a"), (0, "b"), (0, "c"), (1, "d"), (2, "a")].map(|(at, id)| {
-            let writer = writer.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(at)).await;
-                writer.run(row(id, "t")).await.unwrap();
-                tokio::time::Instant::now()
-            })
-        });
-        let finished: Vec<_> = join_all(calls)
-            .await
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
-        // `d` does not wait for the statement in flight; the second write
-        // to `a` does, and goes after it, in call order.
-        assert_eq!(
-            *recorder.batches.lock().unwrap(),
-            [vec!["a", "b", "c"], vec!["d"], vec!["a"]]
-        );
-        let ms = |at: tokio::time::Instant| (at - start).as_millis();
-        assert_eq!(
-            finished.into_iter().map(ms).collect::<Vec<_>>(),
-            [5, 5, 5, 6, 10]
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn calls_wait_for_a_free_statement_slot_and_share_it() {
-        let recorder = Arc::new(Recorder {
-            delay: Duration::from_millis(5),
-            ..Recorder::default()
-        });
-        let mode = SettlementMode::Batched {
-            window: Duration::from_millis(1),
-            max_rows: 128,
-        };
-        let writer = Arc::new(FencedWriter::new(recorder.clone(), mode, 2));
-        let start = tokio::time::Instant::now();
-        let calls = [(0, "a"), (1, "b"), (2, "c"), (3, "d")].map(|(at, id)| {
-            let writer = writer.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(at)).await;
-                writer.run(row(id, "t")).await.unwrap();
-                tokio::time::Instant::now()
-            })
-        });
-        let finished: Vec<_> = join_all(calls)
-            .await
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
-        // Two statements run at once; `c` and `d` arrive while both slots
-        // are taken and share the next statement, once `a`'s ends.
-        assert_eq!(
-            *recorder.batches.lock().unwrap(),
-            [vec!["a"], vec!["b"], vec!["c", "d"]]
-        );
-        let ms = |at: tokio::time::Instant| (at - start).as_millis();
-        assert_eq!(
-            finished.into_iter().map(ms).collect::<Vec<_>>(),
-            [5, 6, 10, 10]
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failed_statement_fails_every_row_as_its_own_operation() {
-        let (_, writer) = batched(1, 128);
-        let rows = [row("a", "t"), row("broken", "t")];
-        let results = join_all(rows.map(|r| writer.run(r))).await;
-        assert_eq!(
-            results.iter().map(outcome).collect::<Vec<_>>(),
-            ["store", "store"]
-        );
-    }
-
-    #[tokio::test]
-    async fn per_message_mode_sends_each_call_alone() {
-        let recorder = Arc::new(Recorder::default());
-        let writer = FencedWriter::new(recorder.clone(), SettlementMode::PerMessage, 1);
-        let rows = [row("a", "t"), row("b", "lost")];
-        let results = join_all(rows.map(|r| writer.run(r))).await;
-        assert_eq!(
-            results.iter().map(outcome).collect::<Vec<_>>(),
-            ["ok", "lost"]
-        );
-        assert_eq!(*recorder.batches.lock().unwrap(), [["a"], ["b"]]);
-    }
-
-    #[test]
-    fn a_batch_outlives_the_runtime_that_started_it() {
-        let recorder = Arc::new(Recorder::default());
-        let writer = FencedWriter::new(recorder.clone(), SettlementMode::DEFAULT_BATCHED, 1);
-        for _ in 0..2 {
-            // Each runtime shuts down after its call, taking the batch task
-            // with it; the next call starts a new one.
-            tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .unwrap()
-                .block_on(writer.run(row("a", "t")))
-                .unwrap();
-        }
-        assert_eq!(recorder.batches.lock().unwrap().len(), 2);
-    }
-}
+mod tests;

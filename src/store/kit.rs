@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{MessagePage, WakeupArm, Wakeups};
+use super::{ArmWakeups, MessagePage, Wakeups};
 use crate::error::{Error, Result};
 use crate::message::OutboxMessage;
 pub use crate::message::{new_claim_token, new_message_id};
@@ -49,7 +49,7 @@ impl WakeupSender {
 
     /// A new receiver for a store that wakes only drains that asked, each
     /// asking through `arm`; see [`Wakeups::arm`].
-    pub fn subscribe_armed(&self, arm: WakeupArm) -> Wakeups {
+    pub fn subscribe_armed(&self, arm: ArmWakeups) -> Wakeups {
         Wakeups::new(self.0.subscribe(), Some(arm))
     }
 

@@ -19,26 +19,31 @@
 //!
 //! # Layout
 //!
+//! Leaves first: each file imports only files listed before it (and the
+//! port, which every store builds on).
+//!
 //! - `mod.rs` (this module): the port, [`OutboxStore`] and [`OutboxAdmin`],
 //!   their parameter and result types, [`Wakeups`], [`DynOutboxStore`].
 //! - [`kit`]: the toolkit for implementing a store (input checks, lease
 //!   arithmetic, the wake-up sender, id and token generators).
-//! - [`memory`]: [`MemoryOutbox`](memory::MemoryOutbox), the reference store.
-//! - `sql.rs`: what the SQL stores share, written once: table names and
-//!   migrations rendered per table, [`SettlementMode`](sql::SettlementMode),
-//!   and, behind a private trait, every operation that differs between them
-//!   only in SQL text and time encoding.
-//! - `any.rs`: `AnyOutbox`, either SQL store picked by URL, and
-//!   `AnyTransaction`, a transaction on either database.
 //! - `connect.rs`: checking database URLs before connecting, and naming
 //!   connection failures and a missing table in errors that say what to do.
+//! - [`memory`]: [`MemoryOutbox`](memory::MemoryOutbox), the reference
+//!   store: `index.rs` (its index engine), `mod.rs` (its operations).
 //! - `fenced.rs`: fenced writes (renewals and settlements), sent alone or
-//!   batched into one statement.
-//! - `sqlite/`: `mod.rs` (the store and its claim), `statements.rs` (its SQL
-//!   text), `admin.rs` (its listing).
-//! - `postgres/`: `mod.rs` (the store, its claim and fenced writes),
-//!   `statements.rs` (its SQL text), `listener.rs` (`LISTEN`/`NOTIFY`
-//!   wake-ups), `admin.rs` (its listing).
+//!   batched into one statement, and the switch between the two,
+//!   `SettlementMode`.
+//! - `sql/`: what the SQL stores share, written once, one file per concern:
+//!   table names and migrations rendered per table, and, behind a private
+//!   trait, every operation that differs between them only in SQL text and
+//!   time encoding. Its `mod.rs` lists the files.
+//! - `sqlite/`: `mod.rs` (the store, its builder and core), `statements.rs`
+//!   (its SQL text), `enqueue.rs`, `claim.rs`, `settle.rs` (its fenced
+//!   writes), `admin.rs` (its listing).
+//! - `postgres/`: the same files, and `listener.rs` (`LISTEN`/`NOTIFY`
+//!   wake-ups).
+//! - `any.rs`: `AnyOutbox`, either SQL store picked by URL, and
+//!   `AnyTransaction`, a transaction on either database.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -190,16 +195,16 @@ pub struct ReleaseClaim {
 ///
 /// Most stores signal every insert. A store whose signal costs its writers
 /// something (PostgreSQL's `NOTIFY` serializes their commits) signals only
-/// drains that said they wait for one: its wake-ups carry a [`WakeupArm`],
+/// drains that said they wait for one: its wake-ups carry a [`ArmWakeups`],
 /// and a drain about to wait calls it first (see [`Wakeups::arm`]).
 #[derive(Debug, Clone)]
 pub struct Wakeups {
     changed: tokio::sync::watch::Receiver<u64>,
-    arm: Option<WakeupArm>,
+    arm: Option<ArmWakeups>,
 }
 
 impl Wakeups {
-    pub(crate) fn new(changed: tokio::sync::watch::Receiver<u64>, arm: Option<WakeupArm>) -> Self {
+    pub(crate) fn new(changed: tokio::sync::watch::Receiver<u64>, arm: Option<ArmWakeups>) -> Self {
         Wakeups { changed, arm }
     }
 
@@ -212,49 +217,51 @@ impl Wakeups {
     /// asked; `None` when every insert wakes.
     ///
     /// A drain that uses it arms before a pass's claims, and counts on a
-    /// wake-up only while the last arming answered [`Armed::Yes`] and no
+    /// wake-up only while the last arming answered [`ArmOutcome::Armed`] and no
     /// wake-up came since: the first insert committed after arming wakes
     /// every listener and disarms them all (each arms again before its next
     /// claims). Anything committed before arming, the pass's claims see.
-    pub fn arm(&self) -> Option<WakeupArm> {
+    pub fn arm(&self) -> Option<ArmWakeups> {
         self.arm.clone()
     }
 }
 
-/// What [`WakeupArm::arm`] answers.
+/// What asking for a wake-up ([`ArmWakeups::arm`]) came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Armed {
-    /// The next insert committed from now on wakes every listener.
-    Yes,
+pub enum ArmOutcome {
+    /// Armed: the next insert committed from now on wakes every listener.
+    Armed,
     /// An enqueue was between its insert and its commit, so arming now
     /// could miss it: not armed. Claim again shortly and arm again.
-    Busy,
+    EnqueueInFlight,
 }
 
-/// Asks a store to wake its listeners on the next committed insert; see
-/// [`Wakeups::arm`]. Cheap to clone.
+/// Asks a store to wake its listeners on the next committed insert
+/// ("arming" its wake-ups), for stores whose inserts wake only drains that
+/// asked, such as PostgreSQL, whose `NOTIFY` costs every enqueue a shared
+/// flush; see [`Wakeups::arm`]. Cheap to clone.
 #[derive(Clone)]
-pub struct WakeupArm(Arc<dyn Fn() -> BoxFuture<'static, Result<Armed>> + Send + Sync>);
+pub struct ArmWakeups(Arc<dyn Fn() -> BoxFuture<'static, Result<ArmOutcome>> + Send + Sync>);
 
-impl WakeupArm {
+impl ArmWakeups {
     /// An arm that runs `arm` each time.
     pub fn new<F, Fut>(arm: F) -> Self
     where
         F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Armed>> + Send + 'static,
+        Fut: Future<Output = Result<ArmOutcome>> + Send + 'static,
     {
-        WakeupArm(Arc::new(move || Box::pin(arm())))
+        ArmWakeups(Arc::new(move || Box::pin(arm())))
     }
 
     /// Ask for a wake-up on the next committed insert.
-    pub fn arm(&self) -> BoxFuture<'static, Result<Armed>> {
+    pub fn arm(&self) -> BoxFuture<'static, Result<ArmOutcome>> {
         (self.0)()
     }
 }
 
-impl std::fmt::Debug for WakeupArm {
+impl std::fmt::Debug for ArmWakeups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WakeupArm")
+        f.write_str("ArmWakeups")
     }
 }
 

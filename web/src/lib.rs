@@ -41,7 +41,8 @@
 //!
 //! Actions take the same refusals as the `outbox` CLI: a message under a live
 //! claim is never requeued or retried, and only delivered and dead-lettered
-//! messages are ever purged.
+//! messages are ever purged. The guide's [operating page](https://github.com/outbox-rs/outbox/blob/main/docs/src/operating.md)
+//! shows the dashboard beside the `outbox` command.
 //!
 //! # Layout
 //!

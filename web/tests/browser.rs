@@ -4,7 +4,7 @@
 //! Needs /usr/bin/chromium and /usr/bin/chromedriver; `scripts/install-browser`
 //! installs them (Debian `chromium`, `chromium-driver`) when missing. With
 //! `OUTBOX_WEB_SCREENSHOT=1` it also writes the overview to
-//! `docs/dashboard.png`, the screenshot the README shows.
+//! `docs/src/dashboard.png`, the screenshot the guide shows.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -259,11 +259,11 @@ async fn a_browser_follows_a_dead_letter_requeues_it_and_no_injected_script_runs
 
     if std::env::var("OUTBOX_WEB_SCREENSHOT").as_deref() == Ok("1") {
         let png = client.screenshot().await.unwrap();
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard.png");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src/dashboard.png");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, &png).unwrap();
         println!(
-            "step 4b: wrote the overview to docs/dashboard.png ({} bytes)",
+            "step 4b: wrote the overview to docs/src/dashboard.png ({} bytes)",
             png.len()
         );
     }

@@ -129,7 +129,7 @@ async fn on_postgres_an_order_and_its_event_commit_together_and_ship_on_wake_up(
         format!("{server}/{database}?{query}")
     };
     let shop = shop_on(&shop_url, TempDir(std::env::temp_dir().join(&database))).await;
-    assert_eq!(shop.running.outbox.backend(), outbox::Backend::Postgres);
+    assert_eq!(shop.running.outbox.kind(), outbox::DatabaseKind::Postgres);
     an_order_ships_on_wake_up(shop).await;
 }
 

@@ -12,6 +12,8 @@
 //!   through the [`Harness`] below.
 //! - `telemetry`, and `telemetry_otel` with the `opentelemetry` feature:
 //!   spans, events and metrics.
+//! - `events`: the list of tracing events checked against the code that
+//!   emits them.
 //! - `sqlite` and `postgres`, with the feature of the same name, sharing
 //!   `sql_support`: end to end on real databases.
 //! - `pg_restart`, with the `postgres` feature: PostgreSQL restarted as a
@@ -23,6 +25,7 @@ mod support;
 
 mod budget;
 mod claims;
+mod events;
 mod faults;
 mod lease;
 mod ordering;

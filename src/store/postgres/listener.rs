@@ -1,20 +1,22 @@
 //! Wake-ups over `LISTEN`/`NOTIFY`: one listening connection per store
 //! (shared by its clones) while anyone subscribes.
+//!
+//! It knows the store only by the pool and channel it is given, so the
+//! store builds on it and not the other way round.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 
-use super::PostgresOutbox;
 use crate::store::kit::WakeupSender;
-use crate::store::{WakeupArm, Wakeups};
+use crate::store::{ArmWakeups, Wakeups};
 
 /// The longest wait between attempts to re-establish the wake-up listener.
 const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The wake-up listener's state, shared by the store's clones.
-pub(super) struct ListenerShared {
+pub(super) struct Listener {
     wake: WakeupSender,
     /// Whether a listener task runs. Checked and set under this lock
     /// together with subscribing, so a task never stops while a subscriber
@@ -22,9 +24,9 @@ pub(super) struct ListenerShared {
     running: Mutex<bool>,
 }
 
-impl ListenerShared {
+impl Listener {
     pub(super) fn new() -> Self {
-        ListenerShared {
+        Listener {
             wake: WakeupSender::new(),
             running: Mutex::new(false),
         }
@@ -33,38 +35,33 @@ impl ListenerShared {
     fn lock(&self) -> std::sync::MutexGuard<'_, bool> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
 
-impl PostgresOutbox {
-    /// Listens on [`PostgresOutbox::channel`] while any receiver lives;
-    /// `None` outside a tokio runtime. Enqueues notify only drains that
-    /// armed (see [`Wakeups::arm`]).
-    pub(super) fn subscribe(&self) -> Option<Wakeups> {
+    /// A receiver of the wake-ups on `channel`, which a drain asks for
+    /// through `arm`; while any receiver lives, a task listens on a
+    /// connection made with `pool`'s options. `None` outside a tokio
+    /// runtime.
+    pub(super) fn subscribe(
+        self: &Arc<Self>,
+        arm: ArmWakeups,
+        pool: &PgPool,
+        channel: &str,
+    ) -> Option<Wakeups> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let mut running = self.listener.lock();
-        let core = self.inner.core.clone();
-        let arm = WakeupArm::new(move || {
-            let core = core.clone();
-            async move { core.arm().await }
-        });
-        let wakeups = self.listener.wake.subscribe_armed(arm);
+        let mut running = self.lock();
+        let wakeups = self.wake.subscribe_armed(arm);
         if !*running {
             *running = true;
             // The listener gets a connection of its own, outside the store's
             // pool, so it never takes a connection from claims and settlements.
-            let options = (*self.inner.core.parts.pool.connect_options()).clone();
-            runtime.spawn(listen(
-                options,
-                self.inner.core.channel.clone(),
-                self.listener.clone(),
-            ));
+            let options = (*pool.connect_options()).clone();
+            runtime.spawn(listen(options, channel.to_owned(), self.clone()));
         }
         Some(wakeups)
     }
 }
 
 /// Listen on `channel` until the last subscriber is gone.
-async fn listen(options: PgConnectOptions, channel: String, shared: Arc<ListenerShared>) {
+async fn listen(options: PgConnectOptions, channel: String, shared: Arc<Listener>) {
     let wake = shared.wake.clone();
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -114,7 +111,7 @@ async fn listen(options: PgConnectOptions, channel: String, shared: Arc<Listener
 }
 
 /// `true` (and the task marked stopped) when no subscriber is left.
-fn stop(shared: &ListenerShared) -> bool {
+fn stop(shared: &Listener) -> bool {
     let mut running = shared.lock();
     if shared.wake.has_subscribers() {
         return false;

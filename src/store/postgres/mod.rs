@@ -1,10 +1,20 @@
 //! The PostgreSQL store: one outbox shared by many processes on many machines.
 //!
-//! This file is the store, its claim and its fenced writes; `statements.rs`
-//! holds its SQL text, `listener.rs` the `LISTEN`/`NOTIFY` wake-ups,
-//! `admin.rs` its listing. What it shares with the SQLite store (fenced-write
-//! forwarding, requeue, purge, stats, reading rows) is in
-//! [`crate::store::sql`].
+//! This file is the store, its builder, connecting and setting up, and the
+//! core its parts share. The other files each add one concern, importing
+//! this one and never each other (but `statements.rs`):
+//!
+//! - `statements.rs`: its SQL text, rendered once per table (imports
+//!   nothing of the store).
+//! - `listener.rs`: the `LISTEN`/`NOTIFY` wake-ups (imports nothing of the
+//!   store either; the store hands it a pool and a channel).
+//! - `enqueue.rs`: enqueue, and the input PostgreSQL would refuse.
+//! - `claim.rs`: the claim.
+//! - `settle.rs`: the fenced writes (renewals and settlements).
+//! - `admin.rs`: its listing and activity.
+//!
+//! What it shares with the SQLite store (fenced-write forwarding, requeue,
+//! purge, stats, reading rows) is in [`crate::store::sql`].
 //!
 //! One table (name configurable, see [`TableName`]); times are `timestamptz`,
 //! the payload `jsonb` (so it may come back with its keys reordered).
@@ -35,7 +45,7 @@
 //!   shortly instead. [`OutboxStore::wakeups`](crate::OutboxStore::wakeups)
 //!   listens on a connection of its own, reconnects after errors, wakes
 //!   once after every (re)connect because notifications sent meanwhile are
-//!   lost, and stops when the last [`Wakeups`](crate::Wakeups) is dropped.
+//!   lost, and stops when the last [`Wakeups`] is dropped.
 //!
 //! # Which clock
 //!
@@ -53,42 +63,28 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Column, Row};
+use sqlx::{AssertSqlSafe, Row};
 
 use super::connect;
-use super::fenced::{FencedBackend, FencedOp, FencedWrite};
-use super::kit::{check, lease_end};
-use super::sql::{
-    self, ColumnPositions, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db,
-};
-use super::{Armed, ClaimBatch, ClaimedBatch};
-use crate::error::ErrorRecord;
-use crate::error::{AbandonedClaimError, Backend, Error, Result};
-use crate::message::{Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
-use listener::ListenerShared;
-use statements::{ClaimValues, Statements, channel_of};
-
-/// What a claim did with `row` (see `Statements::claim_first`): read by position,
-/// since a claim's statements all select it first, and without a copy,
-/// since it is read for every row a claim returns.
-fn outcome(row: &PgRow) -> Result<&str> {
-    match row.columns().first() {
-        Some(column) if column.name() == "outcome" => row.try_get(0),
-        _ => row.try_get("outcome"),
-    }
-    .map_err(db("claim_batch"))
-}
-
-/// A statement with its binds, as `sqlx::query` makes it.
-type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
+use super::{ArmOutcome, ArmWakeups, Wakeups};
+use crate::database::DatabaseKind;
+use crate::error::{Error, Result};
+use listener::Listener;
+#[cfg(feature = "inspect-statements")]
+use statements::ClaimValues;
+use statements::{Statements, channel_of};
 
 mod admin;
+mod claim;
+mod enqueue;
 mod listener;
+mod settle;
 mod statements;
 
 /// The shared half over this store's core.
@@ -157,7 +153,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgr
 #[derive(Clone)]
 pub struct PostgresOutbox {
     inner: SqlOutbox<Core>,
-    listener: Arc<ListenerShared>,
+    listener: Arc<Listener>,
 }
 
 impl std::fmt::Debug for PostgresOutbox {
@@ -257,7 +253,7 @@ impl PostgresOutboxBuilder {
                 self.settlement,
                 statements,
             ),
-            listener: Arc::new(ListenerShared::new()),
+            listener: Arc::new(Listener::new()),
         }
     }
 }
@@ -315,14 +311,15 @@ impl PostgresOutbox {
         Self::probe(url, &options, pool.get_acquire_timeout()).await?;
         pool.connect_with(options)
             .await
-            .map_err(|e| connect::connect_failed(url, &e, Backend::Postgres))
+            .map_err(|e| connect::connect_failed(url, &e, DatabaseKind::Postgres))
     }
 
     /// The options `url` gives; a SQLite URL is refused with [`Error::Url`]
-    /// saying to use [`SqliteOutbox`](crate::SqliteOutbox).
+    /// saying to use `SqliteOutbox`.
     pub fn connect_options(url: &str) -> Result<PgConnectOptions> {
         connect::check_postgres_url(url)?;
-        PgConnectOptions::from_str(url).map_err(|e| connect::malformed(url, Backend::Postgres, e))
+        PgConnectOptions::from_str(url)
+            .map_err(|e| connect::malformed(url, DatabaseKind::Postgres, e))
     }
 
     /// Open one connection, and close it: sqlx's pool retries a refused
@@ -335,14 +332,14 @@ impl PostgresOutbox {
                 let _ = conn.close().await;
                 Ok(())
             }
-            Ok(Err(e)) => Err(connect::connect_failed(url, &e, Backend::Postgres)),
+            Ok(Err(e)) => Err(connect::connect_failed(url, &e, DatabaseKind::Postgres)),
             Err(_) => Err(Error::Connect {
                 url: super::kit::redact_url(url),
                 reason: format!(
                     "no connection within {}",
                     humantime::format_duration(timeout)
                 ),
-                backend: Backend::Postgres,
+                database: DatabaseKind::Postgres,
             }),
         }
     }
@@ -411,53 +408,21 @@ impl PostgresOutbox {
         self.inner.core.sql.key_heads(limit, true, values)
     }
 
-    /// Enqueue on the caller's connection, inside the caller's transaction
-    /// when there is one (`&mut *tx`): rolled back, the message is gone;
-    /// committed, the next claim sees it and listeners are notified.
-    ///
-    /// A taken id answers [`Enqueued::AlreadyExists`] and leaves the
-    /// transaction usable (`ON CONFLICT DO NOTHING`: no error is raised in
-    /// it), so the rows written before and after it still commit. Input
-    /// PostgreSQL would refuse (a NUL character in the id or name, `\u0000`
-    /// or a lone surrogate escape in the payload, a time before 4713 BC) is
-    /// refused here with [`Error::InvalidInput`] before anything is sent,
-    /// so it does not abort the transaction either.
-    pub async fn enqueue_in(
-        &self,
-        conn: &mut PgConnection,
-        message: NewMessage,
-    ) -> Result<Enqueued> {
-        message.validate()?;
-        storable(&message)?;
-        self.inner.core.insert(conn, message).await
-    }
-
-    /// Enqueue through the store's pool, in a transaction of its own.
-    async fn enqueue_now(&self, message: NewMessage) -> Result<Enqueued> {
-        message.validate()?;
-        storable(&message)?;
-        let mut conn = self
-            .inner
-            .core
-            .parts
-            .pool
-            .acquire()
-            .await
-            .map_err(db("enqueue"))?;
-        self.inner.core.insert(&mut conn, message).await
+    /// Listens on [`PostgresOutbox::channel`] while any receiver lives;
+    /// `None` outside a tokio runtime. Enqueues notify only drains that
+    /// armed (see [`Wakeups::arm`]).
+    fn subscribe(&self) -> Option<Wakeups> {
+        let core = self.inner.core.clone();
+        let arm = ArmWakeups::new(move || {
+            let core = core.clone();
+            async move { core.arm().await }
+        });
+        self.listener
+            .subscribe(arm, &self.inner.core.parts.pool, &self.inner.core.channel)
     }
 }
 
 sql::sql_store!(PostgresOutbox, PostgresOutboxBuilder, PgPool, PgConnection);
-
-/// How many claims after a short first pass look keys' heads up without
-/// one. A first pass is cheap when the keyed backlog thins out again; one
-/// that comes back short costs a commit for nothing.
-const FIRST_PASSES_SKIPPED: u32 = 15;
-
-/// Rows claimed before the first new [plan generation](Core::planned);
-/// each later one waits for sixteen times as many.
-const FIRST_REPLAN_AT: u64 = 1024;
 
 /// What the store and its settlement batch share.
 struct Core {
@@ -468,7 +433,7 @@ struct Core {
     server_clock: bool,
     sql: Statements,
     /// Claims still to go straight to the key lookup; see
-    /// [`FIRST_PASSES_SKIPPED`].
+    /// `FIRST_PASSES_SKIPPED` in `claim.rs`.
     skip_first_passes: AtomicU32,
     /// Rows this store has claimed; see [`Core::planned`].
     claimed_rows: AtomicU64,
@@ -502,103 +467,23 @@ impl Core {
         }
     }
 
-    /// Insert unless the id is taken. A taken id is not a unique violation
-    /// (`ON CONFLICT DO NOTHING`), which would abort the caller's
-    /// transaction; the statement returns a row only when it inserted.
-    async fn insert(&self, conn: &mut PgConnection, message: NewMessage) -> Result<Enqueued> {
-        let id = message.resolve_id();
-        let message = NewMessage {
-            id: Some(id.clone()),
-            ..message
-        };
-        let sql = self.sql.insert.clone();
-        Shared::insert_idempotent(&self.parts, conn, &message, id, |conn| {
-            let (_, mut query) = Shared::insert(&sql, &message, self.server_clock);
-            if self.notify {
-                query = query.bind(self.channel.clone());
-            }
-            Box::pin(async move {
-                Ok(query
-                    .fetch_optional(conn)
-                    .await
-                    .map_err(enqueue_error)?
-                    .is_some())
-            })
-        })
-        .await
-    }
-
     /// Ask for a wake-up on the next committed insert; see
     /// `Statements::arm`.
-    async fn arm(&self) -> Result<Armed> {
+    async fn arm(&self) -> Result<ArmOutcome> {
         let armed = sqlx::query(AssertSqlSafe(self.sql.arm.clone()))
             .fetch_optional(&self.parts.pool)
             .await
             .map_err(db("arm_wakeups"))?;
         Ok(if armed.is_some() {
-            Armed::Yes
+            ArmOutcome::Armed
         } else {
-            Armed::Busy
+            ArmOutcome::EnqueueInFlight
         })
     }
 
-    /// The server's time, when the store judges leases by it, to name why
-    /// a fenced write missed; `None` on the caller's clock, or when it
-    /// cannot be read (the reason is then judged on the caller's clock).
-    async fn server_now(&self) -> Option<DateTime<Utc>> {
-        if !self.server_clock {
-            return None;
-        }
-        sqlx::query_scalar("SELECT statement_timestamp()")
-            .fetch_one(&self.parts.pool)
-            .await
-            .ok()
-    }
-
-    /// `statement`, a claim statement sent as text (after a short first
-    /// pass), marked with a plan generation that steps when the rows this
-    /// store has claimed reach [`FIRST_REPLAN_AT`], and again at each
-    /// sixteenfold of that.
-    ///
-    /// A connection keeps the plan of a prepared statement until the
-    /// table's statistics change, and a plan made while the table was
-    /// nearly empty reads the whole table (a scan is then cheaper than an
-    /// index). An outbox that fills faster than autovacuum analyzes it (it
-    /// looks once a minute) would scan a growing table on every such claim.
-    /// A new text is prepared, and planned for the table as it is now, on
-    /// each connection. Planning a claim costs more than running a small
-    /// one, so generations are few: five by a billion rows. A plan made once
-    /// the table holds a thousand rows or so already reads it by index and
-    /// address, and keeps doing so as it grows. (The first pass and the
-    /// fenced writes, which run far more often, are functions whose plans
-    /// price sequential scans out instead: see
-    /// `migrations/postgres/0012_claim_function.sql`.)
-    fn planned(&self, mut statement: String) -> String {
-        let claimed = self.claimed_rows.load(Ordering::Relaxed);
-        let generation = (u64::BITS - (claimed / FIRST_REPLAN_AT).leading_zeros()).div_ceil(4);
-        if generation > 0 {
-            use std::fmt::Write;
-            let _ = write!(statement, " -- plan {generation}");
-        }
-        statement
-    }
-
-    /// A claim's first pass: see `Statements::claim_first`.
-    fn claim_first(
-        &self,
-        limit: usize,
-        now: Option<DateTime<Utc>>,
-        lease_micros: i64,
-        cap: u32,
-        block: bool,
-    ) -> PgQuery<'static> {
-        sqlx::query(AssertSqlSafe(self.sql.claim_first.clone()))
-            .bind(i32::try_from(limit).unwrap_or(i32::MAX))
-            .bind(i32::try_from(sql::keyed_walk(limit)).unwrap_or(i32::MAX))
-            .bind(now)
-            .bind(lease_micros)
-            .bind(i64::from(cap))
-            .bind(block)
+    /// The `now` to bind: the caller's, or NULL for the database's.
+    fn bound_now(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        (!self.server_clock).then_some(now)
     }
 
     /// Open up to `claims` connections plus one per settlement statement,
@@ -632,401 +517,6 @@ impl Core {
             }
         }
         Ok(())
-    }
-
-    /// A batch of fenced writes; `deletions_only` when every row is a
-    /// deletion, which then sends no ops and none of the columns they would
-    /// write (where delivered messages are deleted, most batches are).
-    fn settle<'q>(
-        &self,
-        rows: &'q [FencedWrite],
-        deletions_only: bool,
-    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, String, sqlx::postgres::PgArguments> {
-        let mut ids = Vec::with_capacity(rows.len());
-        let mut tokens = Vec::with_capacity(rows.len());
-        let mut nows = Vec::with_capacity(rows.len());
-        for row in rows {
-            ids.push(row.id.as_str());
-            tokens.push(row.claim_token.as_str());
-            nows.push(self.bound_now(row.now));
-        }
-        let (mut ops, mut leases, mut availables, mut errors) = (None, None, None, None);
-        if !deletions_only {
-            ops = Some(rows.iter().map(|row| row.op.code()).collect::<Vec<_>>());
-            leases = Some(
-                rows.iter()
-                    .map(|row| row.op.lease_micros())
-                    .collect::<Vec<_>>(),
-            );
-            availables = Some(
-                rows.iter()
-                    .map(|row| row.op.available_at())
-                    .collect::<Vec<_>>(),
-            );
-            errors = Some(
-                rows.iter()
-                    .map(|row| row.error.as_deref())
-                    .collect::<Vec<_>>(),
-            );
-        }
-        sqlx::query_scalar(AssertSqlSafe(self.sql.settle.clone()))
-            .bind(ops)
-            .bind(ids)
-            .bind(tokens)
-            .bind(nows)
-            .bind(leases)
-            .bind(availables)
-            .bind(errors)
-    }
-
-    /// The `now` to bind: the caller's, or NULL for the database's.
-    fn bound_now(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        (!self.server_clock).then_some(now)
-    }
-
-    /// `query` with the claim's `now` bound as `$1` when the store runs on
-    /// the caller's clock (see [`Statements::claim_locked`]).
-    fn with_now<'q>(&self, query: PgQuery<'q>, now: DateTime<Utc>) -> PgQuery<'q> {
-        if self.server_clock {
-            query
-        } else {
-            query.bind(now)
-        }
-    }
-
-    async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
-        check::claim_batch(&params)?;
-        let ClaimBatch {
-            on_dead_letter,
-            limit,
-            now,
-            lease,
-            max_attempts: cap,
-        } = params;
-        let locked_until = lease_end(now, lease)?;
-        let lease_micros = i64::try_from(lease.as_micros())
-            .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
-        let block = on_dead_letter == OnDeadLetter::Block;
-        let values = ClaimValues {
-            lease_micros,
-            cap,
-            caller_now: !self.server_clock,
-        };
-        let mut claimed = Vec::with_capacity(limit);
-        let mut abandoned = Vec::new();
-        // After a short first pass, the next few claims go straight to the
-        // key lookup: the backlog that made it short is likely still there,
-        // and a first pass that comes back short costs a commit for nothing.
-        let lookup = self
-            .skip_first_passes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok();
-        let mut short = lookup;
-        if !lookup {
-            let rows = self
-                .claim_first(limit, self.bound_now(now), lease_micros, cap, block)
-                .fetch_all(&self.parts.pool)
-                .await
-                .map_err(db("claim_batch"))?;
-            // The heads the first pass left to the second, with the hashes
-            // of their keys; and whether it claimed nothing for a head its
-            // walk may have missed.
-            let mut heads = Vec::new();
-            for row in &rows {
-                match outcome(row)? {
-                    "keyed" => {
-                        let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
-                        let id: String = row.try_get("id").map_err(db("claim_batch"))?;
-                        heads.push((hash, id));
-                    }
-                    "short" => short = true,
-                    _ => {}
-                }
-            }
-            self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
-                .await?;
-            if short {
-                self.skip_first_passes
-                    .store(FIRST_PASSES_SKIPPED, Ordering::Relaxed);
-            } else if !heads.is_empty() {
-                // One round trip locks their keys and claims those still
-                // heads (`migrations/postgres/0009_claim_heads.sql`).
-                let (hashes, ids) = lock_order(heads);
-                let rows = sqlx::query(AssertSqlSafe(self.sql.claim_heads.clone()))
-                    .bind(&hashes)
-                    .bind(&ids)
-                    .bind(self.bound_now(now))
-                    .bind(lease_micros)
-                    .bind(i64::from(cap))
-                    .bind(block)
-                    .fetch_all(&self.parts.pool)
-                    .await
-                    .map_err(db("claim_batch"))?;
-                self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
-                    .await?;
-            }
-        }
-        if short {
-            // Claim with the heads of the keys looked up one by one, their
-            // keys locked. JIT off for this transaction only: the lookup is
-            // priced above `jit_above_cost` though it runs in milliseconds.
-            // Its commit does not wait for the disk, as every claim's
-            // (`statements::NO_FLUSH`).
-            let mut tx = self
-                .parts
-                .pool
-                .begin_with("BEGIN; SET LOCAL jit = off; SET LOCAL synchronous_commit = off")
-                .await
-                .map_err(db("claim_batch"))?;
-            let lookup_sql = self.planned(self.sql.key_heads(limit, block, values));
-            let mut lookup = sqlx::query_as(AssertSqlSafe(lookup_sql));
-            if values.caller_now {
-                lookup = lookup.bind(now);
-            }
-            let keys: Vec<(String, i64)> = lookup
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db("claim_batch"))?;
-            let (hashes, keys) = lock_order(keys.into_iter().map(|(key, hash)| (hash, key)));
-            sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
-                .bind(&hashes)
-                .execute(&mut *tx)
-                .await
-                .map_err(db("claim_batch"))?;
-            let claim = self.planned(self.sql.claim_locked(limit, block, values));
-            let rows = self
-                .with_now(sqlx::query(AssertSqlSafe(claim)), now)
-                .bind(&keys)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db("claim_batch"))?;
-            tx.commit().await.map_err(db("claim_batch"))?;
-            self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
-                .await?;
-        }
-        claimed.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
-        self.claimed_rows
-            .fetch_add(claimed.len() as u64, Ordering::Relaxed);
-        let mut batch = ClaimedBatch {
-            claimed: claimed.into_iter().map(|(_, m)| m).collect(),
-            dead_lettered: Vec::new(),
-        };
-        if !abandoned.is_empty() {
-            batch.dead_lettered = self.dead_letter_abandoned(abandoned, now, cap).await?;
-        }
-        Ok(batch)
-    }
-
-    /// Sort the rows of one pass into claimed and abandoned, quarantining
-    /// unreadable ones; rows left for the second pass are skipped.
-    async fn read_claimed(
-        &self,
-        rows: &[PgRow],
-        now: DateTime<Utc>,
-        locked_until: DateTime<Utc>,
-        cap: u32,
-        claimed: &mut Vec<(i64, crate::ClaimedMessage)>,
-        abandoned: &mut Vec<(i64, OutboxMessage)>,
-    ) -> Result<()> {
-        // Every row of a result has the same columns: found once.
-        let Some(at) = rows.first().map(ColumnPositions::of) else {
-            return Ok(());
-        };
-        for row in rows {
-            let outcome = outcome(row)?;
-            if outcome == "keyed" || outcome == "short" {
-                continue;
-            }
-            let decoded = Shared::decode_at(row, &at).and_then(|r| Ok((r.seq, r.into_message()?)));
-            match decoded {
-                Ok((seq, message)) if outcome == "abandoned" => abandoned.push((seq, message)),
-                Ok((seq, message)) => {
-                    let mut message = sql::claimed_view(message, cap)?;
-                    if self.server_clock {
-                        // The lease began on the server no earlier than
-                        // the caller read `now`, so it ends no earlier than
-                        // `now + lease` on the caller's clock, whatever the
-                        // skew between the two: a deadline the caller can
-                        // keep with its own clock. The row keeps the
-                        // server's times.
-                        message.claimed_at = now;
-                        message.locked_until = locked_until;
-                    }
-                    claimed.push((seq, message));
-                }
-                Err(unreadable) => self.quarantine(row, unreadable, now).await?,
-            }
-        }
-        Ok(())
-    }
-
-    /// Dead-letter the rows a claim found out of attempts, if they still are.
-    async fn dead_letter_abandoned(
-        &self,
-        abandoned: Vec<(i64, OutboxMessage)>,
-        now: DateTime<Utc>,
-        cap: u32,
-    ) -> Result<Vec<OutboxMessage>> {
-        let mut ids = Vec::with_capacity(abandoned.len());
-        let mut attempts = Vec::with_capacity(abandoned.len());
-        let mut errors = Vec::with_capacity(abandoned.len());
-        for (_, message) in &abandoned {
-            ids.push(message.id.clone());
-            attempts.push(i64::from(message.attempts));
-            errors.push(
-                ErrorRecord::from_error(&AbandonedClaimError {
-                    id: message.id.clone(),
-                    attempts: message.attempts,
-                    max_attempts: message.effective_max_attempts(cap),
-                })
-                .to_json(),
-            );
-        }
-        let rows = sqlx::query(AssertSqlSafe(self.sql.abandoned.clone()))
-            .bind(self.bound_now(now))
-            .bind(ids)
-            .bind(attempts)
-            .bind(errors)
-            .bind(i64::from(cap))
-            .fetch_all(&self.parts.pool)
-            .await
-            .map_err(db("claim_batch"))?;
-        let mut dead = rows
-            .iter()
-            .map(|row| {
-                let row = Shared::decode(row)?;
-                Ok((row.seq, row.into_message()?))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        dead.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
-        Ok(dead.into_iter().map(|(_, m)| m).collect())
-    }
-
-    /// Dead-letter a row a claim selected but cannot read, so it does not
-    /// stop every claim after it; an operator finds the reason in `last_error`.
-    async fn quarantine(&self, row: &PgRow, unreadable: Error, now: DateTime<Utc>) -> Result<()> {
-        let seq: i64 = row.try_get("seq").map_err(db("claim_batch"))?;
-        let token: Option<String> = row.try_get("claim_token").map_err(db("claim_batch"))?;
-        tracing::error!(table = %self.parts.table, seq, error = %unreadable,
-            "outbox row is unreadable; dead-lettered");
-        sqlx::query(AssertSqlSafe(self.sql.quarantine.clone()))
-            .bind(ErrorRecord::from_error(&unreadable).to_json())
-            .bind(self.bound_now(now))
-            .bind(seq)
-            .bind(token)
-            .execute(&self.parts.pool)
-            .await
-            .map_err(db("claim_batch"))?;
-        Ok(())
-    }
-}
-
-/// The key hashes of `keys` (hash, a key or a head's id) in the one order
-/// every claimer takes their locks, each once (two keys may share a hash;
-/// one lock serves both), and the keys or ids.
-fn lock_order(keys: impl IntoIterator<Item = (i64, String)>) -> (Vec<i64>, Vec<String>) {
-    let mut keys: Vec<(i64, String)> = keys.into_iter().collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let (mut hashes, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
-    hashes.dedup();
-    (hashes, keys)
-}
-
-/// The earliest time a `timestamptz` holds: 4714-11-24 BC (year -4713).
-fn earliest_timestamptz() -> DateTime<Utc> {
-    use chrono::TimeZone;
-    Utc.with_ymd_and_hms(-4713, 11, 24, 0, 0, 0)
-        .single()
-        .expect("a valid date")
-}
-
-/// Refuse what PostgreSQL would refuse, before it is sent: a refused
-/// statement aborts the caller's transaction, and its commit then rolls
-/// back everything else the transaction wrote.
-fn storable(message: &NewMessage) -> Result<()> {
-    let nul = "contains a NUL character (\\0), which PostgreSQL cannot store in text; remove it";
-    if message.id.as_deref().is_some_and(|id| id.contains('\0')) {
-        return Err(Error::invalid("id", nul));
-    }
-    if message.name.contains('\0') {
-        return Err(Error::invalid("name", nul));
-    }
-    if let Some(reason) = jsonb_refuses(message.payload.as_str()) {
-        return Err(Error::invalid("payload", reason));
-    }
-    let earliest = earliest_timestamptz();
-    if message.now < earliest {
-        return Err(Error::invalid(
-            "now",
-            "is before 4713 BC, which PostgreSQL cannot store; use a real enqueue time",
-        ));
-    }
-    if message.available_at.is_some_and(|at| at < earliest) {
-        return Err(Error::invalid(
-            "available_at",
-            "is before 4713 BC, which PostgreSQL cannot store; leave it unset to make the \
-             message available now",
-        ));
-    }
-    Ok(())
-}
-
-/// Why `jsonb` would refuse this JSON text, if it would: `\u0000` in a
-/// string (jsonb strings cannot hold NUL), or a `\u` escape of half a
-/// surrogate pair.
-fn jsonb_refuses(json: &str) -> Option<&'static str> {
-    let bytes = json.as_bytes();
-    let hex = |at: usize| -> Option<u32> {
-        let digits = std::str::from_utf8(bytes.get(at..at + 4)?).ok()?;
-        u32::from_str_radix(digits, 16).ok()
-    };
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            0 => return Some(NUL_IN_JSON),
-            b'\\' if bytes.get(i + 1) == Some(&b'u') => {
-                let unit = hex(i + 2)?;
-                match unit {
-                    0 => return Some(NUL_IN_JSON),
-                    0xD800..=0xDBFF => {
-                        let low = (bytes.get(i + 6..i + 8) == Some(b"\\u"))
-                            .then(|| hex(i + 8))
-                            .flatten();
-                        if !matches!(low, Some(0xDC00..=0xDFFF)) {
-                            return Some(LONE_SURROGATE);
-                        }
-                        i += 12;
-                    }
-                    0xDC00..=0xDFFF => return Some(LONE_SURROGATE),
-                    _ => i += 6,
-                }
-            }
-            // Any other escape is two bytes; skipping both keeps an escaped
-            // backslash from being read as the start of an escape.
-            b'\\' => i += 2,
-            _ => i += 1,
-        }
-    }
-    None
-}
-
-const NUL_IN_JSON: &str = "contains \"\\u0000\" (a NUL character), which PostgreSQL's jsonb cannot \
-     store; remove it or encode the bytes (for example as base64)";
-const LONE_SURROGATE: &str = "contains a \"\\u\" escape of half a UTF-16 surrogate pair, which \
-     PostgreSQL's jsonb refuses; send the whole pair or the character itself";
-
-fn enqueue_error(e: sqlx::Error) -> Error {
-    let Some(database) = e.as_database_error() else {
-        return Error::store("enqueue", e);
-    };
-    match database.code().as_deref() {
-        // Text PostgreSQL cannot store: a NUL character, or "\u0000" in jsonb.
-        Some("22021" | "22P05" | "22P02") => Error::invalid(
-            "message",
-            format!("PostgreSQL cannot store it: {}", database.message()),
-        ),
-        _ => Error::store("enqueue", e),
     }
 }
 
@@ -1084,43 +574,5 @@ impl SqlBackend for Core {
                 (column.name().to_owned(), text)
             })
             .collect()
-    }
-}
-
-impl FencedBackend for Core {
-    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
-        let deletions_only = rows.iter().all(|row| row.op == FencedOp::Delete);
-        let lost = self
-            .settle(rows, deletions_only)
-            .fetch_all(&self.parts.pool)
-            .await
-            .map_err(db("settle"))?;
-        if lost.is_empty() {
-            return Ok(rows.iter().map(|_| Ok(())).collect());
-        }
-        let lost_ids: std::collections::HashSet<String> = lost.iter().cloned().collect();
-        let fences = Shared::fences(&self.parts, &self.sql.fences, lost).await;
-        let server_now = self.server_now().await;
-        Ok(rows
-            .iter()
-            .map(|row| {
-                if !lost_ids.contains(&row.id) {
-                    return Ok(());
-                }
-                match server_now {
-                    // The write judged the lease by the server's clock:
-                    // name the reason the same way, with the lease moved
-                    // onto the writer's clock.
-                    Some(server_now) => {
-                        let mut fences = fences.clone();
-                        if let Some((_, _, Some(until))) = fences.get_mut(&row.id) {
-                            *until = row.now + (*until - server_now);
-                        }
-                        sql::lost_claim(row, &fences)
-                    }
-                    None => sql::lost_claim(row, &fences),
-                }
-            })
-            .collect())
     }
 }

@@ -19,7 +19,7 @@ const NOW: &str = "coalesce($1::timestamptz, statement_timestamp())";
 
 /// The attempt cap of a row a claim's statements test: its own when set at
 /// enqueue, else the claim's, written out per claim (see
-/// [`Statements::claim`]).
+/// [`ClaimValues::write`]).
 const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE {cap} END)";
 
 /// [`NOW`] in the claim's statements, written out per claim: the caller's

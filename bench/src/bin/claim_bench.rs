@@ -1,0 +1,515 @@
+//! How a claim's cost depends on what else is stored, and the claim
+//! throughput of the in-memory store.
+//!
+//! Enqueues one million pending messages and times a claim of 100 with a
+//! thousand pending, with a million pending, and with a hundred thousand
+//! live claims in front of the due messages: a claim walks an index, not the
+//! whole store, so the three should cost about the same. On the memory store
+//! it also claims and settles 100 000 of them in claims of 100 (claim, then
+//! `mark_delivered` each); the SQL stores' throughput is the `bench`
+//! binary's.
+//!
+//! ```text
+//! cargo run --release -p outbox-bench --bin claim_bench
+//! cargo run --release -p outbox-bench --bin claim_bench -- --store sqlite
+//! WITH_POSTGRES_DURABLE=1 scripts/with-postgres cargo run --release -p outbox-bench \
+//!     --features postgres --bin claim_bench -- --store postgres
+//! ```
+//!
+//! With `--keys N`, it instead compares, in one run, the claim of 100 with a
+//! million pending messages without ordering keys and with a million pending
+//! spread round-robin over `N` ordering keys (so a tenth of them are heads
+//! with `--keys 100000`), and reports the ratio.
+//!
+//! ```text
+//! cargo run --release -p outbox-bench --bin claim_bench -- --store sqlite --keys 100000
+//! ```
+//!
+//! `--pending N` (with `--keys`) puts `N` messages in each store instead of
+//! a million. With `--mixed` (and `--keys`) the keyed store also gets `N`
+//! keyless messages, enqueued after its keyed ones: the run then measures a
+//! claim of 100 that takes each key's head and keyless messages queued
+//! behind a keyed backlog, against the same claim with no keys at all. With
+//! fewer keys than the claim's 100 (`--keys 3`), a keyed claim takes one
+//! head per key: the run then measures a claim that finds few heads in
+//! front of a long backlog.
+//!
+//! SQLite runs on fresh files in the temporary directory, PostgreSQL on
+//! fresh tables in `DATABASE_URL`, removed afterwards. Each timed claim is
+//! the median of 300; each claim's messages are given back before the next.
+//!
+//! # Output
+//!
+//! The last line is one JSON object. Without `--keys`: `store`, `pending`;
+//! on memory `settled`, `claims_per_sec`, `messages_per_sec`; then
+//! `claim100_us_at_1k`, `claim100_us_at_1m` (µs), `ratio_1m_vs_1k`,
+//! `claim100_us_behind_100k_live`. With `--keys`: `store`, `pending`,
+//! `keys`, `mixed`, `claimed_keyed` (messages a keyed claim finds),
+//! `claim100_us_keyless`, `claim100_us_keyed`, `ratio_keyed_vs_keyless`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeZone, Utc};
+use futures_util::future::join_all;
+use outbox::{
+    MarkDelivered, MessageKind, NewMessage, OutboxAdmin, OutboxStore, Payload, ReleaseClaim,
+};
+use outbox_bench::args::{Flags, refuse};
+use outbox_bench::report::print_json;
+use outbox_bench::stats::{median, micros, round};
+use outbox_bench::store::{STORES, check, claim, memory_filled};
+use serde::Serialize;
+
+/// Messages in the large store.
+const PENDING: u64 = 1_000_000;
+/// Messages in the small store.
+const SMALL: u64 = 1_000;
+/// Messages the memory store settles, and live claims put in front.
+const SETTLED: usize = 100_000;
+/// Messages a timed claim asks for.
+const CLAIM: usize = 100;
+const LEASE: Duration = Duration::from_secs(30);
+/// Timed claims per store size; the median is reported.
+const SAMPLES: usize = 300;
+
+fn at(ms: i64) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap() + chrono::Duration::milliseconds(ms)
+}
+
+/// Ordering keys the messages enqueued from now on are spread over; 0 for
+/// none.
+static KEYS: AtomicU64 = AtomicU64::new(0);
+
+/// Messages from this one on get no ordering key (`--mixed`).
+static KEYED_BELOW: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The `i`th message, created `i` milliseconds after the first, with the
+/// ordering key `i % KEYS` when there are keys and `i` is below
+/// `KEYED_BELOW`.
+fn message(i: u64) -> NewMessage {
+    let payload = Payload::from_json(format!(r#"{{"order":{i}}}"#)).expect("valid JSON");
+    let message = NewMessage::new(MessageKind::Event, "order.placed", payload).at(at(i as i64));
+    match KEYS.load(Ordering::Relaxed) {
+        0 => message,
+        _ if i >= KEYED_BELOW.load(Ordering::Relaxed) => message,
+        keys => message.with_ordering_key(format!("order-{}", i % keys)),
+    }
+}
+
+/// The size of the keyed store of a `--keys` run: `pending` keyed messages,
+/// and with `mixed` as many keyless ones after them.
+fn keyed_fill(pending: u64, mixed: bool) -> u64 {
+    if mixed {
+        KEYED_BELOW.store(pending, Ordering::Relaxed);
+        2 * pending
+    } else {
+        pending
+    }
+}
+
+/// Median time of a claim of 100 at `now`, where each claim finds
+/// `expected` messages. Each claim is given back so the store keeps its
+/// size (a released message goes to the back of the queue); the releases
+/// run together, so a SQL store writes them in few statements.
+async fn claim_cost(store: &impl OutboxStore, now: DateTime<Utc>, expected: usize) -> Duration {
+    let mut samples = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        let started = Instant::now();
+        let batch = store
+            .claim_batch(claim(CLAIM, now, LEASE))
+            .await
+            .expect("claim");
+        samples.push(started.elapsed());
+        assert_eq!(batch.claimed.len(), expected, "the store ran dry");
+        let releases = batch.claimed.into_iter().map(|message| {
+            store.release_claim(ReleaseClaim {
+                id: message.id,
+                claim_token: message.claim_token,
+                now,
+            })
+        });
+        for released in join_all(releases).await {
+            released.expect("release");
+        }
+    }
+    median(samples)
+}
+
+/// The command line.
+struct Args {
+    /// The store measured.
+    store: String,
+    /// `--keys N`: compare keyless with keyed claims.
+    keys: Option<u64>,
+    /// Messages in each store of a `--keys` run.
+    pending: u64,
+    /// Keyless messages behind the keyed ones.
+    mixed: bool,
+}
+
+fn parse_args(mut flags: Flags) -> Result<Args, String> {
+    let usage = || {
+        format!(
+            "usage: claim_bench [--store {}] [--keys N [--pending N] [--mixed]]",
+            STORES.join("|")
+        )
+    };
+    let mut args = Args {
+        store: "memory".to_owned(),
+        keys: None,
+        pending: PENDING,
+        mixed: false,
+    };
+    let mut pending_given = false;
+    while let Some(flag) = flags.next_flag() {
+        match flag.as_str() {
+            "--mixed" => args.mixed = true,
+            "--store" => args.store = flags.value(&flag).map_err(|_| usage())?,
+            "--keys" => {
+                let value = flags.value(&flag).map_err(|_| usage())?;
+                match value.parse() {
+                    Ok(n) if n >= 1 => args.keys = Some(n),
+                    _ => {
+                        return Err(format!(
+                            "--keys takes a number of ordering keys, at least 1 ({value:?} given)"
+                        ));
+                    }
+                }
+            }
+            "--pending" => {
+                let value = flags.value(&flag).map_err(|_| usage())?;
+                match value.parse() {
+                    Ok(n) if n >= CLAIM as u64 => {
+                        pending_given = true;
+                        args.pending = n;
+                    }
+                    _ => {
+                        return Err(format!(
+                            "--pending takes a number of messages, at least {CLAIM} ({value:?} given)"
+                        ));
+                    }
+                }
+            }
+            _ => return Err(usage()),
+        }
+    }
+    if pending_given && args.keys.is_none() {
+        return Err("--pending sizes the --keys comparison; give --keys too".into());
+    }
+    if args.mixed && args.keys.is_none() {
+        return Err(
+            "--mixed adds keyless messages to the --keys comparison; give --keys too".into(),
+        );
+    }
+    check(&args.store, STORES)?;
+    Ok(args)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let Args {
+        store,
+        keys,
+        pending,
+        mixed,
+    } = parse_args(Flags::from_env()).unwrap_or_else(|message| refuse(message));
+    match (store.as_str(), keys) {
+        #[cfg(feature = "sqlite")]
+        ("sqlite", None) => sqlite::run().await,
+        #[cfg(feature = "sqlite")]
+        ("sqlite", Some(keys)) => sqlite::run_keys(keys, pending, mixed).await,
+        #[cfg(feature = "postgres")]
+        ("postgres", None) => postgres::run().await,
+        #[cfg(feature = "postgres")]
+        ("postgres", Some(keys)) => postgres::run_keys(keys, pending, mixed).await,
+        (_, None) => {
+            let started = Instant::now();
+            let store = memory_filled(PENDING, message).await;
+            let small = memory_filled(SMALL, message).await;
+            measure("memory", started, store, small, true).await;
+        }
+        (_, Some(keys)) => {
+            let keyless = memory_filled(pending, message).await;
+            KEYS.store(keys, Ordering::Relaxed);
+            let keyed = memory_filled(keyed_fill(pending, mixed), message).await;
+            compare_keys("memory", keys, pending, mixed, &keyless, &keyed).await;
+        }
+    }
+}
+
+/// The JSON line of a `--keys` run.
+#[derive(Serialize)]
+struct KeysSummary<'a> {
+    store: &'a str,
+    pending: u64,
+    keys: u64,
+    mixed: bool,
+    /// Messages a keyed claim finds: one head per key at most, keyless
+    /// messages filling the rest.
+    claimed_keyed: usize,
+    /// Median claim of 100 without ordering keys, µs.
+    claim100_us_keyless: f64,
+    /// The same over the keyed store, µs.
+    claim100_us_keyed: f64,
+    ratio_keyed_vs_keyless: f64,
+}
+
+/// Times the claim of 100 with `pending` messages, without keys and with
+/// them spread over `keys` ordering keys (and, if `mixed`, keyless ones
+/// behind them), and prints both and the ratio.
+async fn compare_keys<S: OutboxStore>(
+    name: &str,
+    keys: u64,
+    pending: u64,
+    mixed: bool,
+    keyless: &S,
+    keyed: &S,
+) {
+    let now = at(2 * pending as i64 + 1_000);
+    // One head per key at most; keyless messages fill the rest.
+    let keyed_claim = if mixed {
+        CLAIM
+    } else {
+        CLAIM.min(keys as usize)
+    };
+    // Alternating, so neither side gets a warmer machine.
+    let mut keyless_cost = Vec::new();
+    let mut keyed_cost = Vec::new();
+    for _ in 0..3 {
+        keyless_cost.push(claim_cost(keyless, now, CLAIM).await);
+        keyed_cost.push(claim_cost(keyed, now, keyed_claim).await);
+    }
+    let (keyless_cost, keyed_cost) = (median(keyless_cost), median(keyed_cost));
+    let ratio = keyed_cost.as_secs_f64() / keyless_cost.as_secs_f64();
+    println!(
+        "{name}: claim of {CLAIM} with {pending} pending: {:.2} µs without ordering keys, \
+         {:.2} µs over {keys} keys{}, {keyed_claim} a claim ({ratio:.2}x)",
+        micros(keyless_cost),
+        micros(keyed_cost),
+        if mixed {
+            " with as many keyless behind"
+        } else {
+            ""
+        }
+    );
+    print_json(&KeysSummary {
+        store: name,
+        pending,
+        keys,
+        mixed,
+        claimed_keyed: keyed_claim,
+        claim100_us_keyless: micros(keyless_cost),
+        claim100_us_keyed: micros(keyed_cost),
+        ratio_keyed_vs_keyless: round(ratio, 2),
+    });
+}
+
+/// The JSON line of a run without `--keys`.
+#[derive(Serialize)]
+struct Summary<'a> {
+    store: &'a str,
+    pending: u64,
+    /// The memory store's claim-and-settle figures.
+    #[serde(flatten)]
+    throughput: Option<Throughput>,
+    /// Median claim of 100 with a thousand pending, µs.
+    claim100_us_at_1k: f64,
+    /// With a million pending, µs.
+    claim100_us_at_1m: f64,
+    ratio_1m_vs_1k: f64,
+    /// With a hundred thousand live claims in front of the due messages, µs.
+    claim100_us_behind_100k_live: f64,
+}
+
+/// Claims of 100, each message settled, until 100 000 were.
+#[derive(Serialize)]
+struct Throughput {
+    settled: usize,
+    claims_per_sec: u64,
+    messages_per_sec: u64,
+}
+
+/// Times the claims on `store` (a million pending) and `small` (a
+/// thousand), filled since `started`; settles 100 000 first if `settle`.
+async fn measure<S: OutboxStore + OutboxAdmin>(
+    name: &str,
+    started: Instant,
+    store: S,
+    small: S,
+    settle: bool,
+) {
+    let enqueue_secs = started.elapsed().as_secs_f64();
+    println!(
+        "enqueued {} messages in {enqueue_secs:.2} s ({:.0} messages/s)",
+        PENDING + SMALL,
+        (PENDING + SMALL) as f64 / enqueue_secs
+    );
+    // Every message is due from here on.
+    let now = at((PENDING + SMALL) as i64);
+
+    let at_1m = claim_cost(&store, now, CLAIM).await;
+    let at_1k = claim_cost(&small, now, CLAIM).await;
+    println!(
+        "{name}: claim of {CLAIM}: {:.2} µs with 1 000 pending, {:.2} µs with 1 000 000 pending",
+        micros(at_1k),
+        micros(at_1m)
+    );
+
+    let throughput = if settle {
+        Some(settle_all(&store, now).await)
+    } else {
+        None
+    };
+
+    // Live claims sit in front of every due message; a claim must not walk them.
+    let mut held = 0usize;
+    while held < SETTLED {
+        held += store
+            .claim_batch(claim(CLAIM, now, Duration::from_secs(3_600)))
+            .await
+            .expect("claim")
+            .claimed
+            .len();
+    }
+    let behind_live = claim_cost(&store, now, CLAIM).await;
+    println!(
+        "claim of {CLAIM} behind {held} live claims: {:.2} µs",
+        micros(behind_live)
+    );
+    let stats = store.stats(now).await.expect("stats");
+    println!(
+        "store now: {} pending, {} claimed, {} delivered",
+        stats.pending, stats.claimed, stats.delivered
+    );
+
+    print_json(&Summary {
+        store: name,
+        pending: PENDING,
+        throughput,
+        claim100_us_at_1k: micros(at_1k),
+        claim100_us_at_1m: micros(at_1m),
+        ratio_1m_vs_1k: round(at_1m.as_secs_f64() / at_1k.as_secs_f64(), 2),
+        claim100_us_behind_100k_live: micros(behind_live),
+    });
+}
+
+/// Claims 100 at a time and marks each delivered, until 100 000 are.
+async fn settle_all(store: &impl OutboxStore, now: DateTime<Utc>) -> Throughput {
+    let started = Instant::now();
+    let mut claims = 0usize;
+    let mut settled = 0usize;
+    while settled < SETTLED {
+        let batch = store
+            .claim_batch(claim(CLAIM, now, LEASE))
+            .await
+            .expect("claim");
+        claims += 1;
+        assert_eq!(batch.claimed.len(), CLAIM, "the store ran dry");
+        for message in batch.claimed {
+            let delivered = MarkDelivered {
+                delete: false,
+                id: message.id,
+                claim_token: message.claim_token,
+                now,
+            };
+            store.mark_delivered(delivered).await.expect("deliver");
+            settled += 1;
+        }
+    }
+    let settle_secs = started.elapsed().as_secs_f64();
+    let claims_per_sec = claims as f64 / settle_secs;
+    let messages_per_sec = settled as f64 / settle_secs;
+    println!(
+        "claimed and delivered {settled} messages in {claims} claims in {settle_secs:.2} s \
+         ({claims_per_sec:.0} claims/s, {messages_per_sec:.0} messages/s)"
+    );
+    Throughput {
+        settled,
+        claims_per_sec: claims_per_sec.round() as u64,
+        messages_per_sec: messages_per_sec.round() as u64,
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    //! Fresh database files in the temporary directory.
+
+    use outbox::SqliteOutbox;
+    use outbox_bench::store::sqlite::TempDatabase;
+    use outbox_bench::store::{FILL_CHUNK, fill};
+
+    use super::*;
+
+    /// A file holding `count` messages.
+    async fn filled(count: u64) -> (TempDatabase, SqliteOutbox) {
+        let database = TempDatabase::new("claim-bench");
+        let store = database.open().await;
+        fill(&store, 0..count, FILL_CHUNK, message).await;
+        (database, store)
+    }
+
+    pub(super) async fn run() {
+        let started = Instant::now();
+        let (_large, store) = filled(PENDING).await;
+        let (_small, small) = filled(SMALL).await;
+        measure("sqlite", started, store, small, false).await;
+    }
+
+    pub(super) async fn run_keys(keys: u64, pending: u64, mixed: bool) {
+        let (_keyless_file, keyless) = filled(pending).await;
+        KEYS.store(keys, Ordering::Relaxed);
+        let (_keyed_file, keyed) = filled(keyed_fill(pending, mixed)).await;
+        compare_keys("sqlite", keys, pending, mixed, &keyless, &keyed).await;
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    //! Fresh tables in `DATABASE_URL`, dropped afterwards.
+
+    use outbox::PostgresOutbox;
+    use outbox_bench::store::postgres::{analyze, database_url, drop_tables, fresh};
+    use outbox_bench::store::{FILL_CHUNK, fill};
+    use sqlx::postgres::PgPoolOptions;
+
+    use super::*;
+
+    /// A table `claim_bench_<pid>_<tag>_<count>` holding `count` messages.
+    async fn filled(url: &str, count: u64, tag: &str) -> PostgresOutbox {
+        let table = format!("claim_bench_{}_{tag}_{count}", std::process::id());
+        let store = fresh(url, &table, PgPoolOptions::new(), false).await;
+        fill(&store, 0..count, FILL_CHUNK, message).await;
+        analyze(&store).await;
+        store
+    }
+
+    /// Drops each store's table.
+    async fn drop_all(url: &str, stores: &[&PostgresOutbox]) {
+        for store in stores {
+            drop_tables(url, &store.table().to_string()).await;
+        }
+    }
+
+    fn url() -> String {
+        database_url().unwrap_or_else(|message| refuse(message))
+    }
+
+    pub(super) async fn run() {
+        let url = url();
+        let started = Instant::now();
+        let store = filled(&url, PENDING, "plain").await;
+        let small = filled(&url, SMALL, "plain").await;
+        measure("postgres", started, store.clone(), small.clone(), false).await;
+        drop_all(&url, &[&store, &small]).await;
+    }
+
+    pub(super) async fn run_keys(keys: u64, pending: u64, mixed: bool) {
+        let url = url();
+        let keyless = filled(&url, pending, "plain").await;
+        KEYS.store(keys, Ordering::Relaxed);
+        let keyed = filled(&url, keyed_fill(pending, mixed), "keyed").await;
+        compare_keys("postgres", keys, pending, mixed, &keyless, &keyed).await;
+        drop_all(&url, &[&keyless, &keyed]).await;
+    }
+}

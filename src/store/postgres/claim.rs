@@ -1,0 +1,338 @@
+//! The PostgreSQL store's claim: a first pass through the table's `claim`
+//! function, the heads of ordering keys it left claimed in a second round
+//! trip under their keys' locks, and, after a short first pass, a claim
+//! with each key's head looked up; then the rows out of attempts
+//! dead-lettered and unreadable rows quarantined.
+
+use std::sync::atomic::Ordering;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{AssertSqlSafe, Column, Row};
+
+use super::statements::ClaimValues;
+use super::{Core, Shared};
+use crate::error::{AbandonedClaimError, Error, ErrorRecord, Result};
+use crate::message::{ClaimedMessage, OnDeadLetter, OutboxMessage};
+use crate::store::kit::{check, lease_end};
+use crate::store::sql::{self, ColumnPositions, db};
+use crate::store::{ClaimBatch, ClaimedBatch};
+
+/// How many claims after a short first pass look keys' heads up without
+/// one. A first pass is cheap when the keyed backlog thins out again; one
+/// that comes back short costs a commit for nothing.
+const FIRST_PASSES_SKIPPED: u32 = 15;
+
+/// Rows claimed before the first new [plan generation](Core::planned);
+/// each later one waits for sixteen times as many.
+const FIRST_REPLAN_AT: u64 = 1024;
+
+/// What a claim did with `row` (see `Statements::claim_first`): read by position,
+/// since a claim's statements all select it first, and without a copy,
+/// since it is read for every row a claim returns.
+fn claim_outcome(row: &PgRow) -> Result<&str> {
+    match row.columns().first() {
+        Some(column) if column.name() == "outcome" => row.try_get(0),
+        _ => row.try_get("outcome"),
+    }
+    .map_err(db("claim_batch"))
+}
+
+/// A statement with its binds, as `sqlx::query` makes it.
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+impl Core {
+    /// `statement`, a claim statement sent as text (after a short first
+    /// pass), marked with a plan generation that steps when the rows this
+    /// store has claimed reach [`FIRST_REPLAN_AT`], and again at each
+    /// sixteenfold of that.
+    ///
+    /// A connection keeps the plan of a prepared statement until the
+    /// table's statistics change, and a plan made while the table was
+    /// nearly empty reads the whole table (a scan is then cheaper than an
+    /// index). An outbox that fills faster than autovacuum analyzes it (it
+    /// looks once a minute) would scan a growing table on every such claim.
+    /// A new text is prepared, and planned for the table as it is now, on
+    /// each connection. Planning a claim costs more than running a small
+    /// one, so generations are few: five by a billion rows. A plan made once
+    /// the table holds a thousand rows or so already reads it by index and
+    /// address, and keeps doing so as it grows. (The first pass and the
+    /// fenced writes, which run far more often, are functions whose plans
+    /// price sequential scans out instead: see
+    /// `migrations/postgres/0012_claim_function.sql`.)
+    pub(super) fn planned(&self, mut statement: String) -> String {
+        let claimed = self.claimed_rows.load(Ordering::Relaxed);
+        let generation = (u64::BITS - (claimed / FIRST_REPLAN_AT).leading_zeros()).div_ceil(4);
+        if generation > 0 {
+            use std::fmt::Write;
+            let _ = write!(statement, " -- plan {generation}");
+        }
+        statement
+    }
+
+    /// A claim's first pass: see `Statements::claim_first`.
+    pub(super) fn claim_first(
+        &self,
+        limit: usize,
+        now: Option<DateTime<Utc>>,
+        lease_micros: i64,
+        cap: u32,
+        block: bool,
+    ) -> PgQuery<'static> {
+        sqlx::query(AssertSqlSafe(self.sql.claim_first.clone()))
+            .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+            .bind(i32::try_from(sql::keyed_walk(limit)).unwrap_or(i32::MAX))
+            .bind(now)
+            .bind(lease_micros)
+            .bind(i64::from(cap))
+            .bind(block)
+    }
+
+    /// `query` with the claim's `now` bound as `$1` when the store runs on
+    /// the caller's clock (see [`Statements::claim_locked`](super::statements::Statements::claim_locked)).
+    fn with_now<'q>(&self, query: PgQuery<'q>, now: DateTime<Utc>) -> PgQuery<'q> {
+        if self.server_clock {
+            query
+        } else {
+            query.bind(now)
+        }
+    }
+
+    pub(super) async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
+        check::claim_batch(&params)?;
+        let ClaimBatch {
+            on_dead_letter,
+            limit,
+            now,
+            lease,
+            max_attempts: cap,
+        } = params;
+        let locked_until = lease_end(now, lease)?;
+        let lease_micros = i64::try_from(lease.as_micros())
+            .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
+        let block = on_dead_letter == OnDeadLetter::Block;
+        let values = ClaimValues {
+            lease_micros,
+            cap,
+            caller_now: !self.server_clock,
+        };
+        let mut claimed = Vec::with_capacity(limit);
+        let mut abandoned = Vec::new();
+        // After a short first pass, the next few claims go straight to the
+        // key lookup: the backlog that made it short is likely still there,
+        // and a first pass that comes back short costs a commit for nothing.
+        let lookup = self
+            .skip_first_passes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        let mut short = lookup;
+        if !lookup {
+            let rows = self
+                .claim_first(limit, self.bound_now(now), lease_micros, cap, block)
+                .fetch_all(&self.parts.pool)
+                .await
+                .map_err(db("claim_batch"))?;
+            // The heads the first pass left to the second, with the hashes
+            // of their keys; and whether it claimed nothing for a head its
+            // walk may have missed.
+            let mut heads = Vec::new();
+            for row in &rows {
+                match claim_outcome(row)? {
+                    "keyed" => {
+                        let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
+                        let id: String = row.try_get("id").map_err(db("claim_batch"))?;
+                        heads.push((hash, id));
+                    }
+                    "short" => short = true,
+                    _ => {}
+                }
+            }
+            self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
+                .await?;
+            if short {
+                self.skip_first_passes
+                    .store(FIRST_PASSES_SKIPPED, Ordering::Relaxed);
+            } else if !heads.is_empty() {
+                // One round trip locks their keys and claims those still
+                // heads (`migrations/postgres/0009_claim_heads.sql`).
+                let (hashes, ids) = lock_order(heads);
+                let rows = sqlx::query(AssertSqlSafe(self.sql.claim_heads.clone()))
+                    .bind(&hashes)
+                    .bind(&ids)
+                    .bind(self.bound_now(now))
+                    .bind(lease_micros)
+                    .bind(i64::from(cap))
+                    .bind(block)
+                    .fetch_all(&self.parts.pool)
+                    .await
+                    .map_err(db("claim_batch"))?;
+                self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
+                    .await?;
+            }
+        }
+        if short {
+            // Claim with the heads of the keys looked up one by one, their
+            // keys locked. JIT off for this transaction only: the lookup is
+            // priced above `jit_above_cost` though it runs in milliseconds.
+            // Its commit does not wait for the disk, as every claim's
+            // (`statements::NO_FLUSH`).
+            let mut tx = self
+                .parts
+                .pool
+                .begin_with("BEGIN; SET LOCAL jit = off; SET LOCAL synchronous_commit = off")
+                .await
+                .map_err(db("claim_batch"))?;
+            let lookup_sql = self.planned(self.sql.key_heads(limit, block, values));
+            let mut lookup = sqlx::query_as(AssertSqlSafe(lookup_sql));
+            if values.caller_now {
+                lookup = lookup.bind(now);
+            }
+            let keys: Vec<(String, i64)> = lookup
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db("claim_batch"))?;
+            let (hashes, keys) = lock_order(keys.into_iter().map(|(key, hash)| (hash, key)));
+            sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
+                .bind(&hashes)
+                .execute(&mut *tx)
+                .await
+                .map_err(db("claim_batch"))?;
+            let claim = self.planned(self.sql.claim_locked(limit, block, values));
+            let rows = self
+                .with_now(sqlx::query(AssertSqlSafe(claim)), now)
+                .bind(&keys)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db("claim_batch"))?;
+            tx.commit().await.map_err(db("claim_batch"))?;
+            self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
+                .await?;
+        }
+        claimed.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
+        self.claimed_rows
+            .fetch_add(claimed.len() as u64, Ordering::Relaxed);
+        let mut batch = ClaimedBatch {
+            claimed: claimed.into_iter().map(|(_, m)| m).collect(),
+            dead_lettered: Vec::new(),
+        };
+        if !abandoned.is_empty() {
+            batch.dead_lettered = self.dead_letter_abandoned(abandoned, now, cap).await?;
+        }
+        Ok(batch)
+    }
+
+    /// Sort the rows of one pass into claimed and abandoned, quarantining
+    /// unreadable ones; rows left for the second pass are skipped.
+    async fn read_claimed(
+        &self,
+        rows: &[PgRow],
+        now: DateTime<Utc>,
+        locked_until: DateTime<Utc>,
+        cap: u32,
+        claimed: &mut Vec<(i64, ClaimedMessage)>,
+        abandoned: &mut Vec<(i64, OutboxMessage)>,
+    ) -> Result<()> {
+        // Every row of a result has the same columns: found once.
+        let Some(at) = rows.first().map(ColumnPositions::of) else {
+            return Ok(());
+        };
+        for row in rows {
+            let outcome = claim_outcome(row)?;
+            if outcome == "keyed" || outcome == "short" {
+                continue;
+            }
+            let decoded = Shared::decode_at(row, &at).and_then(|r| Ok((r.seq, r.into_message()?)));
+            match decoded {
+                Ok((seq, message)) if outcome == "abandoned" => abandoned.push((seq, message)),
+                Ok((seq, message)) => {
+                    let mut message = sql::claimed_view(message, cap)?;
+                    if self.server_clock {
+                        // The lease began on the server no earlier than
+                        // the caller read `now`, so it ends no earlier than
+                        // `now + lease` on the caller's clock, whatever the
+                        // skew between the two: a deadline the caller can
+                        // keep with its own clock. The row keeps the
+                        // server's times.
+                        message.claimed_at = now;
+                        message.locked_until = locked_until;
+                    }
+                    claimed.push((seq, message));
+                }
+                Err(unreadable) => self.quarantine(row, unreadable, now).await?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Dead-letter the rows a claim found out of attempts, if they still are.
+    async fn dead_letter_abandoned(
+        &self,
+        abandoned: Vec<(i64, OutboxMessage)>,
+        now: DateTime<Utc>,
+        cap: u32,
+    ) -> Result<Vec<OutboxMessage>> {
+        let mut ids = Vec::with_capacity(abandoned.len());
+        let mut attempts = Vec::with_capacity(abandoned.len());
+        let mut errors = Vec::with_capacity(abandoned.len());
+        for (_, message) in &abandoned {
+            ids.push(message.id.clone());
+            attempts.push(i64::from(message.attempts));
+            errors.push(
+                ErrorRecord::from_error(&AbandonedClaimError {
+                    id: message.id.clone(),
+                    attempts: message.attempts,
+                    max_attempts: message.effective_max_attempts(cap),
+                })
+                .to_json(),
+            );
+        }
+        let rows = sqlx::query(AssertSqlSafe(self.sql.abandoned.clone()))
+            .bind(self.bound_now(now))
+            .bind(ids)
+            .bind(attempts)
+            .bind(errors)
+            .bind(i64::from(cap))
+            .fetch_all(&self.parts.pool)
+            .await
+            .map_err(db("claim_batch"))?;
+        let mut dead = rows
+            .iter()
+            .map(|row| {
+                let row = Shared::decode(row)?;
+                Ok((row.seq, row.into_message()?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        dead.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
+        Ok(dead.into_iter().map(|(_, m)| m).collect())
+    }
+
+    /// Dead-letter a row a claim selected but cannot read, so it does not
+    /// stop every claim after it; an operator finds the reason in `last_error`.
+    async fn quarantine(&self, row: &PgRow, unreadable: Error, now: DateTime<Utc>) -> Result<()> {
+        let seq: i64 = row.try_get("seq").map_err(db("claim_batch"))?;
+        let token: Option<String> = row.try_get("claim_token").map_err(db("claim_batch"))?;
+        tracing::error!(table = %self.parts.table, seq, error = %unreadable,
+            "outbox row is unreadable; dead-lettered");
+        sqlx::query(AssertSqlSafe(self.sql.quarantine.clone()))
+            .bind(ErrorRecord::from_error(&unreadable).to_json())
+            .bind(self.bound_now(now))
+            .bind(seq)
+            .bind(token)
+            .execute(&self.parts.pool)
+            .await
+            .map_err(db("claim_batch"))?;
+        Ok(())
+    }
+}
+
+/// The key hashes of `keys` (hash, a key or a head's id) in the one order
+/// every claimer takes their locks, each once (two keys may share a hash;
+/// one lock serves both), and the keys or ids.
+fn lock_order(keys: impl IntoIterator<Item = (i64, String)>) -> (Vec<i64>, Vec<String>) {
+    let mut keys: Vec<(i64, String)> = keys.into_iter().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let (mut hashes, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
+    hashes.dedup();
+    (hashes, keys)
+}

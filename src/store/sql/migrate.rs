@@ -1,0 +1,159 @@
+//! Migrations for a table of any name.
+//!
+//! `sqlx::migrate!` embeds static SQL, so the migration files are written for
+//! the default table, `outbox`, and are valid as they stand: the plain
+//! `MIGRATOR` of each store runs them unchanged. Every identifier that belongs
+//! to the outbox is written double-quoted, `"outbox"` for the table and
+//! `"outbox_<suffix>"` for its indexes, and nothing else in the files is. For
+//! another table, `setup` rewrites exactly those quoted identifiers with the
+//! validated name (see [`TableName`]) and runs the result through sqlx's
+//! migration machinery, tracked per table in `"<table>_migrations"`, so
+//! several outboxes can live in one database and each is migrated once.
+//! No other text is ever spliced into SQL.
+
+use super::table::TableName;
+
+/// How a backend wants the names in its DDL.
+#[derive(Debug, Clone, Copy)]
+// Each variant exists only with its backend's feature.
+#[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) enum Dialect {
+    /// Index names are schema-qualified and the table after `ON` is bare:
+    /// `CREATE INDEX "main"."t_x" ON "t" (...)`.
+    Sqlite,
+    /// Index names are bare (an index lives in its table's schema) and the
+    /// table is qualified everywhere.
+    Postgres,
+}
+
+/// Rewrite the outbox identifiers of a migration written for `"outbox"` so it
+/// creates `table` instead. Only the quoted identifiers `"outbox"` and
+/// `"outbox_<suffix>"` change; for the default table the text is unchanged,
+/// so its checksum matches the embedded migration.
+pub(crate) fn render_migration(sql: &str, table: &TableName, dialect: Dialect) -> String {
+    const MARK: &str = "\"outbox";
+    let mut out = String::with_capacity(sql.len() + 64);
+    let mut rest = sql;
+    while let Some(at) = rest.find(MARK) {
+        let (before, tail) = rest.split_at(at);
+        out.push_str(before);
+        let after_mark = &tail[MARK.len()..];
+        let Some(close) = after_mark.find('"') else {
+            out.push_str(tail);
+            return out;
+        };
+        let inner = &after_mark[..close];
+        let replacement = if inner.is_empty() {
+            let after_on = out
+                .trim_end()
+                .rsplit(|c: char| c.is_whitespace())
+                .next()
+                .is_some_and(|word| word.eq_ignore_ascii_case("ON"));
+            match dialect {
+                Dialect::Sqlite if after_on => Some(table.quoted_bare()),
+                _ => Some(table.quoted()),
+            }
+        } else {
+            // PostgreSQL creates an index in its table's schema and refuses
+            // a qualified index name; anything else named after the table
+            // (a table, a function) is qualified like the table.
+            let index = after_mark[close + 1..]
+                .split_whitespace()
+                .next()
+                .is_some_and(|word| word.eq_ignore_ascii_case("ON"));
+            let qualified = match dialect {
+                Dialect::Sqlite => true,
+                Dialect::Postgres => !index,
+            };
+            inner
+                .strip_prefix('_')
+                .map(|suffix| table.derived(suffix, qualified))
+        };
+        match replacement {
+            Some(replacement) => out.push_str(&replacement),
+            // Some other identifier that happens to start with "outbox".
+            None => {
+                out.push_str(MARK);
+                out.push_str(inner);
+                out.push('"');
+            }
+        }
+        rest = &after_mark[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The embedded migrations rendered for `table`, tracked in
+/// `"<table>_migrations"` (in the table's schema).
+pub(crate) fn migrator_for(
+    embedded: &sqlx::migrate::Migrator,
+    table: &TableName,
+    dialect: Dialect,
+) -> sqlx::migrate::Migrator {
+    use sqlx::SqlSafeStr;
+    let migrations = embedded
+        .iter()
+        .map(|m| {
+            let sql = render_migration(m.sql.as_str(), table, dialect);
+            sqlx::migrate::Migration::new(
+                m.version,
+                m.description.clone(),
+                m.migration_type,
+                sqlx::AssertSqlSafe(sql).into_sql_str(),
+                m.no_tx,
+            )
+        })
+        .collect();
+    let mut migrator = sqlx::migrate::Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name(table.derived("migrations", true));
+    migrator
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendering_the_default_table_changes_nothing() {
+        let sql = "CREATE TABLE \"outbox\" (id text);\n\
+                   CREATE INDEX \"outbox_pending\" ON \"outbox\" (id);";
+        for dialect in [Dialect::Sqlite, Dialect::Postgres] {
+            assert_eq!(render_migration(sql, &TableName::default(), dialect), sql);
+        }
+    }
+
+    #[test]
+    fn rendering_rewrites_only_outbox_identifiers() {
+        let sql = "CREATE TABLE IF NOT EXISTS \"outbox\" (id text, note text DEFAULT 'outbox');\n\
+                   CREATE INDEX IF NOT EXISTS \"outbox_pending\" ON \"outbox\" (id);\n\
+                   SELECT \"outboxed\" FROM \"outbox\";";
+        let table = TableName::parse("app.jobs").unwrap();
+        assert_eq!(
+            render_migration(sql, &table, Dialect::Sqlite),
+            "CREATE TABLE IF NOT EXISTS \"app\".\"jobs\" (id text, note text DEFAULT 'outbox');\n\
+             CREATE INDEX IF NOT EXISTS \"app\".\"jobs_pending\" ON \"jobs\" (id);\n\
+             SELECT \"outboxed\" FROM \"app\".\"jobs\";"
+        );
+        assert_eq!(
+            render_migration(sql, &table, Dialect::Postgres),
+            "CREATE TABLE IF NOT EXISTS \"app\".\"jobs\" (id text, note text DEFAULT 'outbox');\n\
+             CREATE INDEX IF NOT EXISTS \"jobs_pending\" ON \"app\".\"jobs\" (id);\n\
+             SELECT \"outboxed\" FROM \"app\".\"jobs\";"
+        );
+    }
+
+    #[test]
+    fn postgres_qualifies_every_derived_name_but_an_index() {
+        let sql = "CREATE TABLE \"outbox_drains\" (id int);\n\
+                   CREATE INDEX \"outbox_at\"\n  ON \"outbox\" (id);\n\
+                   SELECT \"outbox_wake\"('c'), '\"outbox_drains\"'::regclass;";
+        let table = TableName::parse("app.jobs").unwrap();
+        assert_eq!(
+            render_migration(sql, &table, Dialect::Postgres),
+            "CREATE TABLE \"app\".\"jobs_drains\" (id int);\n\
+             CREATE INDEX \"jobs_at\"\n  ON \"app\".\"jobs\" (id);\n\
+             SELECT \"app\".\"jobs_wake\"('c'), '\"app\".\"jobs_drains\"'::regclass;"
+        );
+    }
+}

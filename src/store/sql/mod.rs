@@ -1,0 +1,70 @@
+//! What the SQL stores share, written once: the validated table name,
+//! migrations rendered for it, settlement modes, turning rows back into
+//! messages, and every operation that differs between SQLite and PostgreSQL
+//! only in its SQL text and in how a time is stored.
+//!
+//! # The shared half
+//!
+//! A SQL store's core implements the private `SqlBackend` trait: its sqlx
+//! database, how it stores a time, its pool, its statements, the lock its own
+//! writes take (if any) and what follows a requeue. `SqlOutbox` builds on
+//! that: the fenced writes (renewals and settlements, through the
+//! `FencedWriter`), `get_message`, `stats`, `pending_count`, requeues with
+//! their refusal, `purge`, and reading rows back. The `sql_store!` macro
+//! then writes the public trait impls, the builder's `settlement` setter and
+//! the typed `enqueue_*_in` methods for each store, forwarding to the shared
+//! half or to the few operations each store does its own way (enqueue, claim,
+//! listing, wake-ups).
+//!
+//! # Layout
+//!
+//! Each file imports only files listed before it; this module only
+//! declares them and re-exports what the stores use, so their paths
+//! (`crate::store::sql::X`) do not depend on the split.
+//!
+//! - `table.rs`: [`TableName`], validated.
+//! - `migrate.rs`: the embedded migrations rendered for any table (how a
+//!   custom table name reaches SQL, and nothing else does).
+//! - `statements.rs`: SQL text both stores render alike (claim parts,
+//!   counts, the shared statements' slots).
+//! - `backend.rs`: the `SqlBackend` trait a store's core implements, the
+//!   parts every core holds, stored times.
+//! - `row.rs`: message rows, their columns and decoding into messages.
+//! - `errors.rs`: database errors, claim losses and admin refusals.
+//! - `store.rs`: `SqlOutbox`, the shared half itself.
+//! - `facade.rs`: the `sql_store!` macro, the public impls of each store.
+//!
+//! The switch for fenced writes, [`SettlementMode`], lives with the writer in
+//! `store/fenced.rs` and is re-exported here.
+
+mod backend;
+mod errors;
+mod facade;
+mod migrate;
+mod row;
+mod statements;
+mod store;
+mod table;
+
+#[cfg(feature = "sqlite")]
+pub(crate) use backend::StoredTime;
+pub(crate) use backend::{SqlBackend, SqlParts};
+pub(crate) use errors::{db, lost_claim};
+pub(crate) use facade::sql_store;
+pub(crate) use migrate::{Dialect, migrator_for};
+#[cfg(feature = "postgres")]
+pub(crate) use row::ColumnPositions;
+#[cfg(any(feature = "postgres", test))]
+pub(crate) use row::MESSAGE_COLUMNS;
+pub(crate) use row::{activity_rows, claimed_view};
+#[cfg(feature = "postgres")]
+pub(crate) use statements::key_fronts_cte;
+#[cfg(feature = "sqlite")]
+pub(crate) use statements::keyed_heads;
+pub(crate) use statements::{
+    SharedStatements, blocked_keys, head_test, keyed_walk, oldest_due, pending_count,
+};
+pub(crate) use store::SqlOutbox;
+pub use table::{MAX_TABLE_NAME_PART, TableName};
+
+pub use super::fenced::SettlementMode;

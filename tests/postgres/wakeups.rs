@@ -1,0 +1,228 @@
+//! Wake-ups over `LISTEN`/`NOTIFY`: sent at commit only, only when a drain
+//! armed, and a listener that reconnects and stops with its last receiver.
+
+use std::time::Duration;
+
+use outbox::{ArmOutcome, OutboxAdmin, OutboxStore, PostgresOutbox, SettlementMode};
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::PgListener;
+
+use crate::sql_support::{event, t0, unique};
+use crate::{backends, database_url, eventually, pool, pool_named, store};
+
+/// NOTIFY goes out when the enqueueing transaction commits, never on
+/// rollback. Notifications reach a listener in commit order, so a marker
+/// sent after the rollback must be the next thing it sees. (A drain waits
+/// for a wake-up: it armed; see the test after this one.)
+#[tokio::test]
+async fn enqueue_notifies_at_commit_only() {
+    let pool = pool().await;
+    let outbox = store(&pool, &unique("notify"), SettlementMode::default()).await;
+    let mut listener = PgListener::connect(&database_url()).await.unwrap();
+    listener.listen(outbox.channel()).await.unwrap();
+    let wakeups = outbox.wakeups().unwrap();
+    let arm = wakeups
+        .arm()
+        .expect("PostgreSQL wakes only drains that armed");
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("a", 1, t0()))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(outbox.channel())
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(listener.recv().await.unwrap().payload(), "marker");
+
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("b", 1, t0()))
+        .await
+        .unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("c", 1, t0()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(outbox.channel())
+        .execute(&pool)
+        .await
+        .unwrap();
+    // One notification for the transaction (PostgreSQL folds duplicates).
+    assert_eq!(listener.recv().await.unwrap().payload(), "");
+    assert_eq!(listener.recv().await.unwrap().payload(), "marker");
+
+    // Turned off, enqueue sends nothing.
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    let quiet = PostgresOutbox::builder(pool.clone())
+        .table(&outbox.table().to_string())
+        .unwrap()
+        .notify(false)
+        .build();
+    quiet.enqueue(event("d", 1, t0())).await.unwrap();
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(outbox.channel())
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(listener.recv().await.unwrap().payload(), "marker");
+}
+
+/// Enqueues notify only when a drain armed, once per arming; a drain
+/// cannot arm while an enqueue is between its insert and its commit; under
+/// REPEATABLE READ and SERIALIZABLE every enqueue notifies, and a flag
+/// changed after the transaction's snapshot fails nothing. On a table in a
+/// schema of its own, whose flag table and function are named after it.
+#[tokio::test]
+async fn enqueues_notify_only_when_a_drain_armed() {
+    let pool = pool().await;
+    let table = format!("{}.events", unique("armed"));
+    let outbox = store(&pool, &table, SettlementMode::default()).await;
+    let mut listener = PgListener::connect(&database_url()).await.unwrap();
+    listener.listen(outbox.channel()).await.unwrap();
+    let wakeups = outbox.wakeups().unwrap();
+    let arm = wakeups.arm().unwrap();
+    let mut n = 0;
+    let mut enqueue = || {
+        n += 1;
+        event(&format!("e{n}"), n, t0())
+    };
+    // What the listener heard up to a marker sent now.
+    let heard = async |listener: &mut PgListener| {
+        sqlx::query("SELECT pg_notify($1, 'marker')")
+            .bind(outbox.channel())
+            .execute(&pool)
+            .await
+            .unwrap();
+        let mut heard = Vec::new();
+        loop {
+            let payload = listener.recv().await.unwrap().payload().to_owned();
+            if payload == "marker" {
+                return heard;
+            }
+            heard.push(payload);
+        }
+    };
+
+    // Nobody armed (the flag's row does not even exist yet): silence.
+    outbox.enqueue(enqueue()).await.unwrap();
+    assert!(heard(&mut listener).await.is_empty());
+
+    // ArmOutcome: the first enqueue notifies, the next ones do not.
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    for _ in 0..5 {
+        outbox.enqueue(enqueue()).await.unwrap();
+    }
+    assert_eq!(heard(&mut listener).await, [""]);
+
+    // An enqueue in flight keeps a drain from arming until it ends.
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::EnqueueInFlight);
+    tx.commit().await.unwrap();
+    assert!(heard(&mut listener).await.is_empty());
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    // A rolled-back enqueue leaves the drain armed.
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
+    tx.rollback().await.unwrap();
+    outbox.enqueue(enqueue()).await.unwrap();
+    assert_eq!(heard(&mut listener).await, [""]);
+
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "SET TRANSACTION ISOLATION LEVEL {level}"
+        )))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        // The snapshot is taken here, while the flag is set; another
+        // enqueue clears it (and notifies) before this one runs.
+        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        outbox.enqueue(enqueue()).await.unwrap();
+        outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
+        outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
+        tx.commit().await.unwrap();
+        // Not armed any more, yet it notified, once for its transaction.
+        assert_eq!(heard(&mut listener).await, ["", ""], "{level}");
+    }
+    assert_eq!(outbox.stats(t0()).await.unwrap().pending, n - 1);
+}
+
+#[tokio::test]
+async fn wakeups_listen_reconnect_and_stop_with_the_last_receiver() {
+    let name = unique("wake");
+    let pool = pool_named(&name).await;
+    let outbox = store(&pool, &name, SettlementMode::default()).await;
+    let bound = Duration::from_secs(10);
+    let mut wakeups = outbox.wakeups().expect("a runtime is running");
+    // Once listening, it wakes once: anything sent before was missed.
+    assert!(
+        tokio::time::timeout(bound, wakeups.changed())
+            .await
+            .unwrap()
+    );
+    let listening = "query LIKE 'LISTEN%'";
+    assert_eq!(backends(&pool, &name, listening).await.len(), 1);
+
+    // A committed enqueue from another process wakes it, once it armed.
+    let arm = wakeups.arm().unwrap();
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    let other_pool = pool_named("outbox-tests-other").await;
+    let other = PostgresOutbox::builder(other_pool)
+        .table(&name)
+        .unwrap()
+        .build();
+    other.enqueue(event("a", 1, t0())).await.unwrap();
+    assert!(
+        tokio::time::timeout(bound, wakeups.changed())
+            .await
+            .unwrap()
+    );
+
+    // The listener's connection is killed: it reconnects and wakes once.
+    for pid in backends(&pool, &name, listening).await {
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    assert!(
+        tokio::time::timeout(bound, wakeups.changed())
+            .await
+            .unwrap()
+    );
+    eventually("the listener listens again", || async {
+        backends(&pool, &name, listening).await.len() == 1
+    })
+    .await;
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    other.enqueue(event("b", 1, t0())).await.unwrap();
+    assert!(
+        tokio::time::timeout(bound, wakeups.changed())
+            .await
+            .unwrap()
+    );
+
+    // A second receiver shares the listener; dropping every receiver stops it.
+    let second = outbox.wakeups().unwrap();
+    assert_eq!(backends(&pool, &name, listening).await.len(), 1);
+    drop(wakeups);
+    drop(second);
+    eventually("the listener has stopped", || async {
+        backends(&pool, &name, listening).await.is_empty()
+    })
+    .await;
+    // Subscribing again starts a new one.
+    let mut again = outbox.wakeups().unwrap();
+    assert!(tokio::time::timeout(bound, again.changed()).await.unwrap());
+}
