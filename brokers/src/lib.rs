@@ -34,8 +34,9 @@
 //! - `lib.rs` (this file): the headers every transport sets.
 //! - `naming`: [`NameMap`], message names to destinations.
 //! - `error`: [`BrokerError`] and its [`FailureClass`], retried or not.
-//! - `nats`, `amqp`, `redis`: one transport each, behind a feature of the
-//!   same name, with its configuration.
+//! - `nats`, `amqp`, `redis`, `kafka`: one transport each, behind a feature
+//!   of the same name, with its configuration (`kafka` is a folder: the
+//!   transport, its configuration, topic names, failure classes).
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
