@@ -23,6 +23,7 @@
 //! | `latency` | enqueue → handler latency at a fixed rate, with wake-ups and no schedule |
 //! | `relay_bench` | relay throughput to NATS, RabbitMQ and Redis against the broker client's own publishing loop |
 //! | `retention_bench` | claim cost and table size over a long stream with retention deleting what settled |
+//! | `scale_bench` | one PostgreSQL backlog drained by 1, 2, 4 and 8 processes: throughput, and the server's CPU per message |
 //! | `crash_worker` | nothing: the drain worker that the crash harness (`tests/crash.rs`) kills and restarts |
 //!
 //! The PostgreSQL runs want the `postgres` feature and a server:

@@ -45,6 +45,8 @@ mod telemetry_otel;
 #[cfg(feature = "sqlite")]
 mod actix_web;
 #[cfg(feature = "postgres")]
+mod failover;
+#[cfg(feature = "postgres")]
 mod pg_restart;
 #[cfg(feature = "postgres")]
 mod postgres;
