@@ -525,7 +525,7 @@ async fn set_up_table(text: &str, name: &TableName) -> Result<(), TestCaseError>
             || object_name.starts_with(&format!("sqlite_autoindex_{table}_"));
         ensure(derived, || format!("{text:?} made {object:?}"))?;
     }
-    for object in before.0.difference(&after.0) {
+    if let Some(object) = before.0.difference(&after.0).next() {
         return Err(TestCaseError::fail(format!("{text:?} removed {object:?}")));
     }
     pool.close().await;
@@ -1398,10 +1398,7 @@ mod postgres {
                     insert = insert.bind(value.clone());
                 }
                 let inserted = insert.execute(&pool).await.is_ok();
-                let id = match &row.0[0].2 {
-                    Some(id) => Some(id.as_str()),
-                    None => None,
-                };
+                let id = row.0[0].2.as_deref();
                 let outcome = if inserted {
                     exercise(&store, id, &good).await
                 } else {

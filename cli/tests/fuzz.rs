@@ -235,7 +235,7 @@ fn table_name() -> impl Strategy<Value = String> {
 
 /// The schema of a SQLite file and its sentinel's rows, through the
 /// `sqlite3`-free way: a read-only connection of the library's driver.
-fn schema(path: &Path) -> (BTreeSet<(String, String)>, Vec<(i64, String)>) {
+fn schema(path: &Path) -> Snapshot {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -258,6 +258,9 @@ fn schema(path: &Path) -> (BTreeSet<(String, String)>, Vec<(i64, String)>) {
             (objects.into_iter().collect(), rows)
         })
 }
+
+/// A database's schema objects (type, name) and its sentinel's rows.
+type Snapshot = (BTreeSet<(String, String)>, Vec<(i64, String)>);
 
 /// A command the binary runs briefly; `drain` and `relay` only once.
 fn command() -> impl Strategy<Value = Vec<String>> {
@@ -377,7 +380,7 @@ fn the_binary_with_hostile_tables() {
                     || name.starts_with(&format!("{bare}_"))
                     || name.starts_with(&format!("sqlite_autoindex_{bare}_"));
                 ensure(
-                    named_after && outbox::TableName::parse(&table).is_ok(),
+                    named_after && outbox::TableName::parse(table).is_ok(),
                     || format!("`outbox {}` made the {kind} {name}", args.join(" ")),
                 )?;
             }

@@ -319,11 +319,16 @@ async fn measure<B: Broker>(
     );
     let rate = |spent: Spent| per_sec(args.messages, spent.elapsed);
     let (relay_rate, raw_rate, drain_rate) = (rate(relayed), rate(raw), rate(drained));
-    let per_message =
-        |spent: Spent| spent.cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / args.messages as f64);
+    let per_message = |spent: Spent| {
+        spent
+            .cpu
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / args.messages as f64)
+    };
     let (relay_cpu, raw_cpu, drain_cpu) =
         (per_message(relayed), per_message(raw), per_message(drained));
-    let cpu_ratio = relay_cpu.zip(raw_cpu).map(|(relay, raw)| round(relay / raw, 2));
+    let cpu_ratio = relay_cpu
+        .zip(raw_cpu)
+        .map(|(relay, raw)| round(relay / raw, 2));
     // `json!` sorts the keys, as every earlier line of this benchmark had them.
     print_json(&serde_json::json!({
             "bench": "relay",
