@@ -410,3 +410,25 @@ fn a_line_break_in_a_nats_header_is_a_permanent_refusal() {
         js.delete_stream(&stream).await.unwrap();
     });
 }
+
+/// Found by `broker_urls`: a URL with credentials but no `//` after its
+/// scheme was shown whole, password included, by the NATS transport's
+/// connect error and by the AMQP client's "invalid URL".
+#[test]
+fn credentials_stay_out_of_connect_errors() {
+    let rt = runtime();
+    rt.block_on(async {
+        let url = "nats:user:secret@127.0.0.1:1";
+        let nats = NatsTransport::connect(url, NatsConfig::new("S", NameMap::new("p.")))
+            .await
+            .err()
+            .expect("nothing listens there");
+        let amqp = AmqpTransport::connect(url, AmqpConfig::new(""))
+            .await
+            .err()
+            .expect("not an AMQP URL");
+        for error in [nats, amqp] {
+            assert!(!error.to_string().contains("secret"), "{error}");
+        }
+    });
+}
