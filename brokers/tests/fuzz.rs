@@ -421,12 +421,10 @@ fn credentials_stay_out_of_connect_errors() {
         let url = "nats:user:secret@127.0.0.1:1";
         let nats = NatsTransport::connect(url, NatsConfig::new("S", NameMap::new("p.")))
             .await
-            .err()
-            .expect("nothing listens there");
+            .expect_err("nothing listens there");
         let amqp = AmqpTransport::connect(url, AmqpConfig::new(""))
             .await
-            .err()
-            .expect("not an AMQP URL");
+            .expect_err("not an AMQP URL");
         for error in [nats, amqp] {
             assert!(!error.to_string().contains("secret"), "{error}");
         }

@@ -280,7 +280,7 @@ fn command() -> impl Strategy<Value = Vec<String>> {
             "--yes"
         ])),
         Just(words(&["drain", "--once", "--print"])),
-        Just(words(&["relay", "--once", "--to", "kafka://127.0.0.1:1"])),
+        Just(words(&["relay", "--once", "--to", "mqtt://127.0.0.1:1"])),
         Just(words(&["web", "--bind", "0.0.0.0:1"])),
         value().prop_map(|id| vec!["show".to_owned(), id]),
         value().prop_map(|id| vec!["skip".to_owned(), id]),
