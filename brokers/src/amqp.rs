@@ -68,6 +68,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ErrorKin
 use outbox::{Delivery, DeliveryResult, EventBus, JobDispatcher};
 use tokio::sync::Mutex;
 
+use crate::error::redact;
 use crate::{BrokerError, FailureClass, NameMap, headers};
 
 const BROKER: &str = "amqp";
@@ -318,9 +319,12 @@ async fn open(url: &str, config: &AmqpConfig, generation: u64) -> Result<Session
 async fn open_now(url: &str, config: &AmqpConfig, generation: u64) -> Result<Session, BrokerError> {
     let properties = ConnectionProperties::default()
         .with_connection_name(LongString::from(config.connection_name.clone()));
-    let connection = Connection::connect(url, properties)
-        .await
-        .map_err(|e| classify("connect", e))?;
+    let connection = Connection::connect(url, properties).await.map_err(|e| {
+        let mut error = classify("connect", e);
+        // The client quotes a URL it cannot parse, password and all.
+        error.reason = error.reason.replace(url, &redact(url));
+        error
+    })?;
     let channel = connection
         .create_channel()
         .await

@@ -75,3 +75,18 @@ impl BrokerError {
         }
     }
 }
+
+/// `url` without its password, for messages. Clients also take credentials
+/// with no `//` after the scheme (`nats:user:pass@host`) or no scheme at
+/// all (`user:pass@host`), and quote a URL they cannot parse: whatever
+/// follows the scheme (or the user name) up to the last `@` is hidden.
+pub(crate) fn redact(url: &str) -> String {
+    let Some(at) = url.rfind('@') else {
+        return url.to_owned();
+    };
+    let start = match url.find("://") {
+        Some(scheme) if scheme < at => scheme + 3,
+        _ => url[..at].find(':').map_or(0, |colon| colon + 1),
+    };
+    format!("{}***{}", &url[..start], &url[at..])
+}

@@ -51,11 +51,12 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
-use async_nats::{Client, ConnectErrorKind, Event, HeaderMap, ServerError};
+use async_nats::{Client, ConnectErrorKind, Event, HeaderMap, HeaderValue, ServerError};
 use bytes::Bytes;
 use futures_util::future::LocalBoxFuture;
 use outbox::{ClaimedMessage, Delivery, DeliveryResult, EventBus, JobDispatcher};
 
+use crate::error::redact;
 use crate::{BrokerError, FailureClass, NameMap, headers};
 
 const BROKER: &str = "nats";
@@ -287,10 +288,29 @@ impl NatsTransport {
                 ),
             ));
         }
+        // The client panics on a header value with a line break, and a
+        // stored id, name or trace carrier can hold one: refuse it here.
+        let value = |header: &str, value: &str| {
+            value.parse::<HeaderValue>().map_err(|_| {
+                BrokerError::new(
+                    BROKER,
+                    "publish",
+                    FailureClass::Permanent,
+                    format!(
+                        "the {header} header of message {:?} would hold a line break, which \
+                         NATS headers cannot carry",
+                        message.id
+                    ),
+                )
+            })
+        };
         let mut map = HeaderMap::new();
-        map.insert(async_nats::header::NATS_MESSAGE_ID, message.id.as_str());
-        for (name, value) in headers(message) {
-            map.insert(name, value);
+        map.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            value("Nats-Msg-Id", &message.id)?,
+        );
+        for (name, text) in headers(message) {
+            map.insert(name, value(name, &text)?);
         }
         let payload = Bytes::copy_from_slice(message.payload.as_str().as_bytes());
         let size = payload.len();
@@ -420,16 +440,6 @@ impl JobDispatcher for NatsTransport {
     }
 }
 
-/// `url` without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
 /// Why `subject` cannot be published to, if it cannot.
 fn valid_subject(subject: &str) -> Result<(), &'static str> {
     if subject.is_empty() {
@@ -527,5 +537,8 @@ mod tests {
     fn passwords_stay_out_of_messages() {
         assert_eq!(redact("nats://u:p@host:4222"), "nats://***@host:4222");
         assert_eq!(redact("nats://host:4222"), "nats://host:4222");
+        // Found by the fuzz test: the client reads these as credentials too.
+        assert_eq!(redact("nats:u:p@host:4222"), "nats:***@host:4222");
+        assert_eq!(redact("u:p@host:4222"), "u:***@host:4222");
     }
 }

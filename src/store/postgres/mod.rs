@@ -71,7 +71,9 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRo
 use sqlx::{AssertSqlSafe, Row};
 
 use super::connect;
-use super::sql::{self, Dialect, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db};
+use super::sql::{
+    self, Dialect, PgTime, SettlementMode, SqlBackend, SqlOutbox, SqlParts, TableName, db,
+};
 use super::{ArmOutcome, ArmWakeups, Wakeups};
 use crate::database::DatabaseKind;
 use crate::error::{Error, Result};
@@ -523,7 +525,7 @@ impl Core {
 impl SqlBackend for Core {
     type Db = sqlx::Postgres;
     /// `timestamptz`.
-    type Time = DateTime<Utc>;
+    type Time = PgTime;
 
     fn parts(&self) -> &SqlParts<sqlx::Postgres> {
         &self.parts
@@ -567,8 +569,8 @@ impl SqlBackend for Core {
                             .map(|v| v.map(|v| v.to_string()))
                     })
                     .or_else(|_| {
-                        row.try_get::<Option<DateTime<Utc>>, _>(i)
-                            .map(|v| v.map(|v| v.to_rfc3339()))
+                        row.try_get::<Option<PgTime>, _>(i)
+                            .map(|v| v.map(|v| v.0.to_rfc3339()))
                     })
                     .unwrap_or_else(|e| Some(format!("<unreadable: {e}>")));
                 (column.name().to_owned(), text)

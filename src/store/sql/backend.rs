@@ -78,15 +78,79 @@ impl StoredTime for i64 {
     }
 }
 
-/// A time the database decodes itself (PostgreSQL's `timestamptz`).
+/// PostgreSQL's `timestamptz`, read without trusting it to fit chrono's
+/// calendar: PostgreSQL's runs to the year 294276 and has `infinity`, and
+/// sqlx's own decoding of a `DateTime` panics past chrono's last year
+/// (262143). A row another writer put there is an unreadable row, not a
+/// crash.
 #[cfg(feature = "postgres")]
-impl StoredTime for DateTime<Utc> {
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PgTime(pub(crate) DateTime<Utc>);
+
+#[cfg(feature = "postgres")]
+impl StoredTime for PgTime {
     fn store(at: DateTime<Utc>) -> Self {
-        at
+        PgTime(at)
     }
 
     fn load(self) -> Result<DateTime<Utc>> {
-        Ok(self)
+        Ok(self.0)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl sqlx::Type<sqlx::Postgres> for PgTime {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <DateTime<Utc> as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <DateTime<Utc> as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Encode<'_, sqlx::Postgres> for PgTime {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> std::result::Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        Encode::<sqlx::Postgres>::encode_by_ref(&self.0, buf)
+    }
+
+    fn size_hint(&self) -> usize {
+        Encode::<sqlx::Postgres>::size_hint(&self.0)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<'r> Decode<'r, sqlx::Postgres> for PgTime {
+    fn decode(
+        value: sqlx::postgres::PgValueRef<'r>,
+    ) -> std::result::Result<Self, sqlx::error::BoxDynError> {
+        /// 2000-01-01, from which PostgreSQL counts its microseconds.
+        const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
+        match value.format() {
+            sqlx::postgres::PgValueFormat::Binary => {
+                let micros: i64 = Decode::<sqlx::Postgres>::decode(value)?;
+                micros
+                    .checked_add(POSTGRES_EPOCH_MICROS)
+                    .and_then(DateTime::from_timestamp_micros)
+                    .map(PgTime)
+                    .ok_or_else(|| {
+                        let shown = match micros {
+                            i64::MAX => "infinity".to_owned(),
+                            i64::MIN => "-infinity".to_owned(),
+                            _ => format!("{micros} µs from 2000-01-01"),
+                        };
+                        format!("the time {shown} is out of range").into()
+                    })
+            }
+            // Text is parsed, never added to: out of range is an error there.
+            sqlx::postgres::PgValueFormat::Text => {
+                Decode::<sqlx::Postgres>::decode(value).map(PgTime)
+            }
+        }
     }
 }
 

@@ -46,6 +46,8 @@ mod statements;
 mod store;
 mod table;
 
+#[cfg(feature = "postgres")]
+pub(crate) use backend::PgTime;
 #[cfg(feature = "sqlite")]
 pub(crate) use backend::StoredTime;
 pub(crate) use backend::{SqlBackend, SqlParts};

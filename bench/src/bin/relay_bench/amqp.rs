@@ -151,7 +151,7 @@ impl Broker for Amqp {
             .expect("the bench exchange")
     }
 
-    async fn raw(&mut self, messages: u64, window: usize) -> Duration {
+    async fn raw(&mut self, messages: u64, window: usize) -> Spent {
         let exchange = self.fresh().await;
         let url = self.url.clone();
         let connect = move || async move { confirm_channel(&url).await };

@@ -117,7 +117,7 @@ impl Broker for Kafka {
             .expect("the bench broker")
     }
 
-    async fn raw(&mut self, messages: u64, window: usize) -> Duration {
+    async fn raw(&mut self, messages: u64, window: usize) -> Spent {
         let prefix = self.fresh().await;
         let topic = format!("{prefix}orders.placed");
         let bootstrap = self.bootstrap.clone();

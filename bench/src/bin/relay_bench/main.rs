@@ -49,6 +49,20 @@
 //! `raw_window`, the three rates `relay_msgs_per_s`, `raw_msgs_per_s` and
 //! `drain_msgs_per_s`, `ratio` (relay over raw), `relay_to_drain`, and
 //! `stream_messages` (what the destination held afterwards).
+//!
+//! And what each part cost this process, in microseconds of user and
+//! system CPU per message: `client_cpu_us_per_msg` (the relay),
+//! `raw_client_cpu_us_per_msg` (the raw loop) and
+//! `drain_client_cpu_us_per_msg` (the drain to nowhere), with `cpu_ratio`,
+//! the relay's over the raw loop's. The parts run one after another and
+//! nothing else in the process works meanwhile, so each figure is that
+//! part's own; the brokers' servers are other processes and count in none.
+//! On a machine whose cores the broker's server shares, the rates say as
+//! much about the machine as about the relay; the CPU per message does not
+//! depend on what the server takes.
+//!
+//! A broker is a module implementing [`Broker`], named in [`BROKERS`] and in
+//! [`run`].
 
 mod amqp;
 mod kafka;
@@ -68,6 +82,7 @@ use outbox_actors::DrainCoordinator;
 use outbox_bench::args::{Flags, refuse};
 use outbox_bench::drain::drain_loop;
 use outbox_bench::report::print_json;
+use outbox_bench::resources::with_user_system_cpu;
 use outbox_bench::stats::{per_sec, round};
 use outbox_bench::store::sqlite::TempDatabase;
 use outbox_bench::store::{FILL_CHUNK, STORES, check, fill, memory_filled};
@@ -182,23 +197,33 @@ trait Broker {
     async fn transport(&mut self) -> Self::Transport;
     /// Publish `messages` payloads like the outbox's to a fresh destination
     /// with `window` acknowledgements awaited at once, on a connection of
-    /// its own ([`raw_on_own_runtime`]); the time it took.
-    async fn raw(&mut self, messages: u64, window: usize) -> Duration;
+    /// its own ([`raw_on_own_runtime`]); the time and the CPU it took.
+    async fn raw(&mut self, messages: u64, window: usize) -> Spent;
     /// How many messages the last transport's destination holds.
     async fn stored(&mut self) -> u64;
     /// Remove every destination this benchmark made.
     async fn clean_up(&mut self);
 }
 
+/// What a timed part took: its wall time, and the user and system time the
+/// process spent meanwhile (`None` off Linux).
+#[derive(Debug, Clone, Copy)]
+struct Spent {
+    elapsed: Duration,
+    cpu: Option<Duration>,
+}
+
 /// Run a raw loop on a multi-threaded runtime of its own, two workers (one
 /// per core of the machine the README's figures come from), apart from the
 /// actor system: `connect` (untimed) makes its client
 /// there, so the client's connection task runs there too, and `publish`
-/// (timed) publishes; the time `publish` took.
+/// (timed) publishes; the time and the CPU `publish` took. The actix
+/// thread waits for the loop without running anything, so the process's
+/// CPU meanwhile is the loop's own.
 fn raw_on_own_runtime<C, P>(
     connect: impl FnOnce() -> C + Send + 'static,
     publish: impl FnOnce(C::Output) -> P + Send + 'static,
-) -> Duration
+) -> Spent
 where
     C: Future,
     P: Future,
@@ -212,8 +237,14 @@ where
         runtime.block_on(async move {
             let client = connect().await;
             let started = Instant::now();
-            publish(client).await;
-            started.elapsed()
+            let ((), cpu) = with_user_system_cpu(async {
+                publish(client).await;
+            })
+            .await;
+            Spent {
+                elapsed: started.elapsed(),
+                cpu,
+            }
         })
     })
     .join()
@@ -263,6 +294,19 @@ async fn drain(
     drain_loop(&coordinator, args.messages).await
 }
 
+/// Drain `store` through `transport` as [`drain`] does, with the user and
+/// system time the process spent meanwhile: the actix thread, the store's
+/// threads and the transport's client, and nothing else, since nothing else
+/// in the process works while a drain runs.
+async fn drain_spent(
+    store: impl OutboxStore + OutboxAdmin + Clone,
+    transport: impl EventBus,
+    args: &Args,
+) -> Spent {
+    let (elapsed, cpu) = with_user_system_cpu(drain(store, transport, args)).await;
+    Spent { elapsed, cpu }
+}
+
 async fn measure<B: Broker>(
     broker: &mut B,
     store_name: &str,
@@ -270,16 +314,26 @@ async fn measure<B: Broker>(
     args: &Args,
 ) {
     let raw = broker.raw(args.messages, args.window).await;
-    let drained = drain(ceiling, Nowhere, args).await;
+    let drained = drain_spent(ceiling, Nowhere, args).await;
     let transport = broker.transport().await;
-    let relayed = drain(store, transport, args).await;
+    let relayed = drain_spent(store, transport, args).await;
     let stored = broker.stored().await;
     assert_eq!(
         stored, args.messages,
         "the destination holds every message once"
     );
-    let rate = |elapsed: Duration| per_sec(args.messages, elapsed);
+    let rate = |spent: Spent| per_sec(args.messages, spent.elapsed);
     let (relay_rate, raw_rate, drain_rate) = (rate(relayed), rate(raw), rate(drained));
+    let per_message = |spent: Spent| {
+        spent
+            .cpu
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / args.messages as f64)
+    };
+    let (relay_cpu, raw_cpu, drain_cpu) =
+        (per_message(relayed), per_message(raw), per_message(drained));
+    let cpu_ratio = relay_cpu
+        .zip(raw_cpu)
+        .map(|(relay, raw)| round(relay / raw, 2));
     // `json!` sorts the keys, as every earlier line of this benchmark had them.
     print_json(&serde_json::json!({
             "bench": "relay",
@@ -296,6 +350,10 @@ async fn measure<B: Broker>(
             "ratio": round(relay_rate / raw_rate, 2),
             "drain_msgs_per_s": drain_rate.round(),
             "relay_to_drain": round(relay_rate / drain_rate, 2),
+            "client_cpu_us_per_msg": relay_cpu.map(|us| round(us, 2)),
+            "raw_client_cpu_us_per_msg": raw_cpu.map(|us| round(us, 2)),
+            "drain_client_cpu_us_per_msg": drain_cpu.map(|us| round(us, 2)),
+            "cpu_ratio": cpu_ratio,
             "stream_messages": stored,
     }));
 }

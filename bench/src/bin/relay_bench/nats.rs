@@ -61,7 +61,7 @@ impl Broker for Nats {
             .expect("the bench stream")
     }
 
-    async fn raw(&mut self, messages: u64, window: usize) -> Duration {
+    async fn raw(&mut self, messages: u64, window: usize) -> Spent {
         let (_, prefix) = self.fresh().await;
         let url = self.url.clone();
         let connect = move || async move {

@@ -103,7 +103,7 @@ impl Broker for Redis {
             .expect("the bench server")
     }
 
-    async fn raw(&mut self, messages: u64, window: usize) -> Duration {
+    async fn raw(&mut self, messages: u64, window: usize) -> Spent {
         let prefix = self.fresh();
         let url = self.url.clone();
         let connect = move || async move {
