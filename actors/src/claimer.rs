@@ -311,6 +311,7 @@ impl Claimer {
                 now: started,
                 lease,
                 max_attempts: drain.config.retry.attempt_cap(),
+                queues: Vec::new(),
             });
             // A claim that outlives a lease is useless even if it succeeds:
             // every lease it took would already be over.

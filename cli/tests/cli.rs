@@ -207,6 +207,7 @@ impl<S: OutboxStore + OutboxAdmin> Fixture<S> {
                 now: at,
                 lease,
                 max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+                queues: Vec::new(),
             })
             .await
             .unwrap();
@@ -325,6 +326,7 @@ async fn skip_unblocks_an_ordering_key_that_status_lists<S: OutboxStore + Outbox
             now: at,
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -386,6 +388,7 @@ async fn skip_unblocks_an_ordering_key_that_status_lists<S: OutboxStore + Outbox
             now: Utc::now(),
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();

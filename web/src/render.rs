@@ -70,6 +70,7 @@ pub(crate) fn status_label(status: MessageStatus) -> &'static str {
         MessageStatus::Claimed => "claimed",
         MessageStatus::Delivered => "delivered",
         MessageStatus::DeadLettered => "dead-lettered",
+        MessageStatus::Cancelled => "cancelled",
     }
 }
 

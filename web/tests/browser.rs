@@ -69,6 +69,7 @@ async fn settle(store: &SqliteOutbox, name: &str, count: usize, minutes_ago: i64
             now: at,
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -126,6 +127,7 @@ async fn seeded(url: &str) -> SqliteOutbox {
             now,
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();

@@ -40,6 +40,7 @@ async fn seeded() -> MemoryOutbox {
             now,
             lease: Duration::from_secs(30),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -292,6 +293,7 @@ async fn retry_now_makes_a_backed_off_message_due_and_refuses_live_claims() {
             now: Utc::now(),
             lease: Duration::from_secs(600),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -514,6 +516,7 @@ async fn blocked_keys_show_on_the_overview_and_lists_filter_by_key() {
             now,
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();

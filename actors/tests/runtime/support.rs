@@ -298,12 +298,13 @@ impl OutboxStore for FaultStore {
             Some(Fault::Panic) => panic!("injected panic in claim_batch"),
             Some(Fault::Delay(delay)) => {
                 tokio::time::sleep(delay).await;
-                (self.inner.claim_batch(params).await, Answer::Ok)
+                (self.inner.claim_batch(params.clone()).await, Answer::Ok)
             }
-            Some(Fault::TransientAfter) => {
-                (self.inner.claim_batch(params).await, Answer::Transient)
-            }
-            _ => (self.inner.claim_batch(params).await, Answer::Ok),
+            Some(Fault::TransientAfter) => (
+                self.inner.claim_batch(params.clone()).await,
+                Answer::Transient,
+            ),
+            _ => (self.inner.claim_batch(params.clone()).await, Answer::Ok),
         };
         let batch = applied?;
         let mut state = self.state.lock().unwrap();
