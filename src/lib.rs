@@ -180,7 +180,7 @@ pub use store::{
 };
 pub use trace::TraceCarrier;
 pub use transport::{
-    Delivery, DeliveryContext, DeliveryResult, EventBus, InProcessBus, InProcessJobs,
+    CancelToken, Delivery, DeliveryContext, DeliveryResult, EventBus, InProcessBus, InProcessJobs,
     JobDispatcher, Registration, ServedNames,
 };
 

@@ -285,9 +285,18 @@ impl OutboxStore for FaultStore {
     async fn claim_batch(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         let fault = self.next_fault(Op::Claim);
         let params = match fault {
+            // One more than asked, overall and from each queue.
             Some(Fault::OverClaim) => ClaimBatch {
                 on_dead_letter: Default::default(),
                 limit: params.limit + 1,
+                queues: params
+                    .queues
+                    .iter()
+                    .map(|queue| outbox::QueueLimit {
+                        limit: queue.limit + 1,
+                        ..queue.clone()
+                    })
+                    .collect(),
                 ..params
             },
             _ => params,
