@@ -93,9 +93,11 @@ DROP FUNCTION IF EXISTS "outbox_settle"(text[], text[], text[], timestamptz[], b
 --
 -- For each served queue that is not paused, its priorities are found one
 -- by one, highest first, each a probe of the pending index (a skip scan:
--- one probe per priority in use, however many rows each has); each
--- priority's due rows are read in claim order up to the queue's limit
--- (keyless ones) or the walk (keyed ones). Within each queue, keyless
+-- one probe per priority in use, however many rows each has), until the
+-- due rows of the priorities found can fill the queue's limit (keyless
+-- rows) or the walk (keyed ones); each priority's due rows are read in
+-- claim order up to that limit or walk. A queue of one priority costs one
+-- probe more than before, and no count. Within each queue, keyless
 -- rows, expired claims and walked keyed rows are taken in claim order
 -- (priority, then due time) up to its limit, walked rows tested for heads
 -- only until then; the queues' rows are then cut to `p_limit` in the same
@@ -134,19 +136,26 @@ BEGIN
         SELECT s.queue, s.lim, s.cap
         FROM unnest(p_queues, p_limits, p_caps) AS s (queue, lim, cap)
         WHERE NOT EXISTS (SELECT 1 FROM "outbox_paused" AS z WHERE z.queue = s.queue)),
-    keyless_levels (queue, lim, cap, priority) AS (
+    keyless_levels (queue, lim, cap, priority, found) AS (
         -- Each served queue's priorities in use by pending keyless rows,
-        -- highest first.
+        -- highest first, with the due rows of those above (each counted up
+        -- to the limit), until they can fill the queue.
         SELECT s.queue, s.lim, s.cap,
-            (SELECT max(m.priority) FROM "outbox" AS m
-              WHERE m.status = 'pending' AND m.ordering_key IS NULL AND m.queue = s.queue)
+            (SELECT m.priority FROM "outbox" AS m
+              WHERE m.status = 'pending' AND m.ordering_key IS NULL AND m.queue = s.queue
+              ORDER BY m.priority DESC LIMIT 1),
+            0::bigint
         FROM served AS s
         UNION ALL
         SELECT l.queue, l.lim, l.cap,
-            (SELECT max(m.priority) FROM "outbox" AS m
+            (SELECT m.priority FROM "outbox" AS m
               WHERE m.status = 'pending' AND m.ordering_key IS NULL AND m.queue = l.queue
-                AND m.priority < l.priority)
-        FROM keyless_levels AS l WHERE l.priority IS NOT NULL),
+                AND m.priority < l.priority
+              ORDER BY m.priority DESC LIMIT 1),
+            l.found + (SELECT count(*) FROM (SELECT 1 FROM "outbox" AS m
+              WHERE m.status = 'pending' AND m.ordering_key IS NULL AND m.queue = l.queue
+                AND m.priority = l.priority AND m.available_at <= v_now LIMIT l.lim) AS d)
+        FROM keyless_levels AS l WHERE l.priority IS NOT NULL AND l.found < l.lim),
     keyless AS (
         -- Each level's due rows in claim order, up to the queue's limit.
         SELECT x.* FROM keyless_levels AS l
@@ -185,18 +194,26 @@ BEGIN
                 AND e.status = 'claimed' AND e.seq > m.seq AND e.locked_until > v_now)))
         ORDER BY m.priority DESC, m.available_at, m.created_at, m.seq LIMIT p_limit
         FOR UPDATE OF m SKIP LOCKED),
-    keyed_levels (queue, priority) AS (
-        -- The same levels, of pending keyed rows.
+    keyed_levels (queue, priority, found) AS (
+        -- The same levels, of pending keyed rows, until they can fill the
+        -- walk: a walk cut short there either finds the queue its heads or
+        -- sends the claim to look each key up.
         SELECT s.queue,
-            (SELECT max(m.priority) FROM "outbox" AS m
-              WHERE m.status = 'pending' AND m.ordering_key IS NOT NULL AND m.queue = s.queue)
+            (SELECT m.priority FROM "outbox" AS m
+              WHERE m.status = 'pending' AND m.ordering_key IS NOT NULL AND m.queue = s.queue
+              ORDER BY m.priority DESC LIMIT 1),
+            0::bigint
         FROM served AS s
         UNION ALL
         SELECT l.queue,
-            (SELECT max(m.priority) FROM "outbox" AS m
+            (SELECT m.priority FROM "outbox" AS m
               WHERE m.status = 'pending' AND m.ordering_key IS NOT NULL AND m.queue = l.queue
-                AND m.priority < l.priority)
-        FROM keyed_levels AS l WHERE l.priority IS NOT NULL),
+                AND m.priority < l.priority
+              ORDER BY m.priority DESC LIMIT 1),
+            l.found + (SELECT count(*) FROM (SELECT 1 FROM "outbox" AS m
+              WHERE m.status = 'pending' AND m.ordering_key IS NOT NULL AND m.queue = l.queue
+                AND m.priority = l.priority AND m.available_at <= v_now LIMIT p_walk) AS d)
+        FROM keyed_levels AS l WHERE l.priority IS NOT NULL AND l.found < p_walk),
     walk AS MATERIALIZED (
         -- Each level's due keyed rows in claim order, untested, at most
         -- `p_walk`.

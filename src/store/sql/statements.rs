@@ -183,29 +183,50 @@ pub(crate) fn head_test(t: &str, block: &str, now: &str, key_order: bool) -> Str
     )
 }
 
-/// A recursive common table expression `name (queue, priority)`: for
-/// each queue of `served` (a common table expression with a `queue`
-/// column), the priorities in use by its pending rows, keyless or keyed as
-/// `keyed` says, highest first, one probe of their partial index each (a
-/// skip scan), ending with a NULL priority. The claim reads each level's
-/// due rows as a prefix of the index, so scheduled rows of any priority
-/// are never walked.
-pub(crate) fn levels_cte(name: &str, t: &str, keyed: bool) -> String {
+/// A recursive common table expression `name (queue, priority, found)`:
+/// for each queue of `served` (a common table expression with `queue` and
+/// `lim` columns), the priorities in use by its pending rows, keyless or
+/// keyed as `keyed` says, highest first, one probe of their partial index
+/// each (a skip scan), ending with a NULL priority. The claim reads each
+/// level's due rows at `now` as a prefix of the index, so scheduled rows of
+/// any priority are never walked.
+///
+/// `found` counts the due rows of the levels above (each counted up to
+/// `bound`); the scan stops once they reach `need` (an expression of `s`,
+/// the served queue), so a claim reads the levels that can fill it and one
+/// more, not every level in use. The count is made only when a lower level
+/// exists: a queue of one priority costs no count.
+pub(crate) fn levels_cte(
+    name: &str,
+    t: &str,
+    keyed: bool,
+    now: &str,
+    bound: &str,
+    need: &str,
+) -> String {
     let key = if keyed { "IS NOT NULL" } else { "IS NULL" };
+    let pending = format!("u.status = 'pending' AND u.ordering_key {key}");
     // `ORDER BY ... LIMIT 1` rather than `max()`: the index's order
     // answers it with one probe, which the aggregate is not sure to.
+    let top = format!(
+        "(SELECT u.priority FROM {t} AS u WHERE {pending} AND u.queue = s.queue \
+           ORDER BY u.priority DESC LIMIT 1)"
+    );
+    let next = format!(
+        "(SELECT u.priority FROM {t} AS u WHERE {pending} AND u.queue = l.queue \
+           AND u.priority < l.priority ORDER BY u.priority DESC LIMIT 1)"
+    );
+    let due = format!(
+        "(SELECT count(*) FROM (SELECT 1 FROM {t} AS u WHERE {pending} AND u.queue = l.queue \
+           AND u.priority = l.priority AND u.available_at <= {now} LIMIT {bound}) AS d)"
+    );
     format!(
-        "{name} (queue, priority) AS ( \
-           SELECT s.queue, (SELECT u.priority FROM {t} AS u \
-             WHERE u.status = 'pending' AND u.ordering_key {key} AND u.queue = s.queue \
-             ORDER BY u.priority DESC LIMIT 1) \
-           FROM served AS s \
+        "{name} (queue, priority, found) AS ( \
+           SELECT s.queue, {top}, CAST(0 AS BIGINT) FROM served AS s \
            UNION ALL \
-           SELECT l.queue, (SELECT u.priority FROM {t} AS u \
-             WHERE u.status = 'pending' AND u.ordering_key {key} AND u.queue = l.queue \
-               AND u.priority < l.priority \
-             ORDER BY u.priority DESC LIMIT 1) \
-           FROM {name} AS l WHERE l.priority IS NOT NULL)"
+           SELECT l.queue, {next}, l.found + {due} \
+           FROM {name} AS l JOIN served AS s ON s.queue = l.queue \
+           WHERE l.priority IS NOT NULL AND l.found < {need})"
     )
 }
 
@@ -228,7 +249,7 @@ pub(crate) fn levels_cte(name: &str, t: &str, keyed: bool) -> String {
 /// on (indexed).
 #[cfg(feature = "sqlite")]
 pub(crate) fn keyed_heads(t: &str, head: &str, now: &str, walk: &str, row: &str) -> String {
-    let levels = levels_cte("keyed_levels", t, true);
+    let levels = levels_cte("keyed_levels", t, true, now, walk, walk);
     let walked = format!(
         "walk AS MATERIALIZED ( \
            SELECT m.id, m.queue, m.priority, m.available_at, m.created_at, m.seq, \

@@ -103,7 +103,7 @@ impl Statements {
         let paused = table.derived("paused", true);
         let head = head(&t, "?4");
         let keyed = keyed_heads(&t, &head, "?1", WALK, "seq");
-        let keyless_levels = levels_cte("keyless_levels", &t, false);
+        let keyless_levels = levels_cte("keyless_levels", &t, false, "?1", LEVEL, "s.lim");
         // The queues served that are not paused; each queue's pending
         // keyless rows, one priority at a time, each a prefix of the
         // index; the expired claims of those queues; the keyed heads of
