@@ -542,7 +542,7 @@ pub(crate) struct RunArgs {
     /// [default N: --concurrency]; repeat for more queues. Without it, the
     /// `default` queue alone is served; with it, only the queues named.
     #[arg(long = "queue", value_name = "NAME[=N]", value_parser = parse_queue)]
-    pub(crate) queues: Vec<(String, Option<usize>)>,
+    pub(crate) queue: Vec<(String, Option<usize>)>,
 
     /// Messages claimed ahead of free delivery slots (at most 4096), so a
     /// slot that frees starts the next message without waiting for a claim

@@ -120,7 +120,7 @@ fn config(args: &RunArgs, defaults: &Defaults) -> Result<DrainConfig, Failure> {
         batch_size: args.batch_size.unwrap_or(defaults.batch_size),
         concurrency,
         queues: args
-            .queues
+            .queue
             .iter()
             .map(|(name, n)| (name.clone(), QueueConfig::new(n.unwrap_or(concurrency))))
             .collect(),
