@@ -96,8 +96,8 @@ DROP FUNCTION IF EXISTS "outbox_settle"(text[], text[], text[], timestamptz[], b
 -- one probe per priority in use, however many rows each has), until the
 -- due rows of the priorities found can fill the queue's limit (keyless
 -- rows) or the walk (keyed ones); each priority's due rows are read in
--- claim order up to that limit or walk. A queue of one priority costs one
--- probe more than before, and no count. Within each queue, keyless
+-- claim order up to that limit or walk. A queue of one priority costs two
+-- probes more than before, and no count. Within each queue, keyless
 -- rows, expired claims and walked keyed rows are taken in claim order
 -- (priority, then due time) up to its limit, walked rows tested for heads
 -- only until then; the queues' rows are then cut to `p_limit` in the same
@@ -155,7 +155,12 @@ BEGIN
             l.found + (SELECT count(*) FROM (SELECT 1 FROM "outbox" AS m
               WHERE m.status = 'pending' AND m.ordering_key IS NULL AND m.queue = l.queue
                 AND m.priority = l.priority AND m.available_at <= v_now LIMIT l.lim) AS d)
-        FROM keyless_levels AS l WHERE l.priority IS NOT NULL AND l.found < l.lim),
+        FROM keyless_levels AS l
+        WHERE l.priority IS NOT NULL AND l.found < l.lim
+          -- A last level is not counted: one priority costs no count.
+          AND EXISTS (SELECT 1 FROM "outbox" AS m
+              WHERE m.status = 'pending' AND m.ordering_key IS NULL AND m.queue = l.queue
+                AND m.priority < l.priority)),
     keyless AS (
         -- Each level's due rows in claim order, up to the queue's limit.
         SELECT x.* FROM keyless_levels AS l
@@ -213,7 +218,11 @@ BEGIN
             l.found + (SELECT count(*) FROM (SELECT 1 FROM "outbox" AS m
               WHERE m.status = 'pending' AND m.ordering_key IS NOT NULL AND m.queue = l.queue
                 AND m.priority = l.priority AND m.available_at <= v_now LIMIT p_walk) AS d)
-        FROM keyed_levels AS l WHERE l.priority IS NOT NULL AND l.found < p_walk),
+        FROM keyed_levels AS l
+        WHERE l.priority IS NOT NULL AND l.found < p_walk
+          AND EXISTS (SELECT 1 FROM "outbox" AS m
+              WHERE m.status = 'pending' AND m.ordering_key IS NOT NULL AND m.queue = l.queue
+                AND m.priority < l.priority)),
     walk AS MATERIALIZED (
         -- Each level's due keyed rows in claim order, untested, at most
         -- `p_walk`.

@@ -194,8 +194,8 @@ pub(crate) fn head_test(t: &str, block: &str, now: &str, key_order: bool) -> Str
 /// `found` counts the due rows of the levels above (each counted up to
 /// `bound`); the scan stops once they reach `need` (an expression of `s`,
 /// the served queue), so a claim reads the levels that can fill it and one
-/// more, not every level in use. The count is made only when a lower level
-/// exists: a queue of one priority costs no count.
+/// more, not every level in use. A level is counted only when a lower one
+/// exists: a queue of one priority costs two probes and no count.
 pub(crate) fn levels_cte(
     name: &str,
     t: &str,
@@ -226,7 +226,7 @@ pub(crate) fn levels_cte(
            UNION ALL \
            SELECT l.queue, {next}, l.found + {due} \
            FROM {name} AS l JOIN served AS s ON s.queue = l.queue \
-           WHERE l.priority IS NOT NULL AND l.found < {need})"
+           WHERE l.priority IS NOT NULL AND l.found < {need} AND {next} IS NOT NULL)"
     )
 }
 
@@ -254,12 +254,12 @@ pub(crate) fn keyed_heads(t: &str, head: &str, now: &str, walk: &str, row: &str)
         "walk AS MATERIALIZED ( \
            SELECT m.id, m.queue, m.priority, m.available_at, m.created_at, m.seq, \
              {head} AS head \
-           FROM keyed_levels AS l JOIN {t} AS m ON m.seq IN ( \
+           FROM keyed_levels AS l CROSS JOIN {t} AS m \
+           WHERE l.priority IS NOT NULL AND m.seq IN ( \
              SELECT u.seq FROM {t} AS u \
              WHERE u.status = 'pending' AND u.ordering_key IS NOT NULL AND u.queue = l.queue \
                AND u.priority = l.priority AND u.available_at <= {now} \
-             ORDER BY u.available_at, u.created_at, u.seq LIMIT {walk}) \
-           WHERE l.priority IS NOT NULL)"
+             ORDER BY u.available_at, u.created_at, u.seq LIMIT {walk}))"
     );
     let gate = format!(
         "EXISTS (SELECT 1 FROM ( \
@@ -270,7 +270,7 @@ pub(crate) fn keyed_heads(t: &str, head: &str, now: &str, walk: &str, row: &str)
     let fronts = key_fronts_cte(t, row, &gate);
     format!(
         "{levels}, {walked}, {fronts}, \
-         keyed AS ( \
+         keyed AS MATERIALIZED ( \
            SELECT id, queue, priority, available_at, created_at, seq FROM walk WHERE head \
            UNION \
            SELECT m.id, m.queue, m.priority, m.available_at, m.created_at, m.seq \

@@ -109,7 +109,10 @@ impl Statements {
         // index; the expired claims of those queues; the keyed heads of
         // `keyed_heads`. Each queue's rows are cut to its limit in claim
         // order (higher priority first), then all to the claim's limit.
-        // The head test reads the state before the claim, so a claim
+        // Each arm is materialized: pushed into the arms, the join of the
+        // ranking with the queues served made some versions of SQLite
+        // index the whole table by queue for every claim. The head test
+        // reads the state before the claim, so a claim
         // takes at most one message per ordering key.
         let ctes = format!(
             "WITH RECURSIVE \
@@ -117,18 +120,19 @@ impl Statements {
                SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?5) \
                WHERE NOT EXISTS (SELECT 1 FROM {paused} AS z WHERE z.queue = value ->> 0)), \
              {keyless_levels}, \
-             keyless AS ( \
+             keyless AS MATERIALIZED ( \
                SELECT m.seq, m.queue, m.priority, m.available_at, m.created_at \
-               FROM keyless_levels AS l JOIN {t} AS m ON m.seq IN ( \
+               FROM keyless_levels AS l CROSS JOIN {t} AS m \
+               WHERE l.priority IS NOT NULL AND m.seq IN ( \
                  SELECT u.seq FROM {t} AS u \
                  WHERE u.status = 'pending' AND u.ordering_key IS NULL AND u.queue = l.queue \
                    AND u.priority = l.priority AND u.available_at <= ?1 \
-                 ORDER BY u.available_at, u.created_at, u.seq LIMIT {LEVEL}) \
-               WHERE l.priority IS NOT NULL), \
-             expired AS ( \
+                 ORDER BY u.available_at, u.created_at, u.seq LIMIT {LEVEL})), \
+             expired AS MATERIALIZED ( \
                SELECT m.seq, m.queue, m.priority, m.available_at, m.created_at \
-               FROM {t} AS m JOIN served AS s ON s.queue = m.queue \
-               WHERE m.status = 'claimed' AND m.locked_until <= ?1 AND {head} \
+               FROM {t} AS m CROSS JOIN served AS s \
+               WHERE m.status = 'claimed' AND m.locked_until <= ?1 AND s.queue = m.queue \
+                 AND {head} \
                ORDER BY m.priority DESC, m.available_at, m.created_at, m.seq LIMIT {LIMIT}), \
              {keyed}, \
              ranked AS ( \
