@@ -4,6 +4,7 @@
 //! `"5m"`, `"1h 30m"`). [`DrainConfig::validate`] reports every broken rule
 //! at once, each naming its field.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ConfigError, ConfigViolation};
 use crate::limits::{MAX_DURATION, MIN_LEASE};
 use crate::message::OnDeadLetter;
+use crate::queue::{DEFAULT_QUEUE, QueueConfig, check_queue_name};
 use crate::retry::RetryPolicy;
 
 /// The most messages [`DrainConfig::prefetch`] may hold: each is a claimed
@@ -83,6 +85,15 @@ pub struct DrainConfig {
     /// How long settled messages are kept. Default: for ever (nothing is
     /// deleted; `outbox purge` still can).
     pub retention: RetentionConfig,
+    /// The queues this drain serves, each with its own concurrency (and,
+    /// optionally, retry policy). Empty (the default): the `default` queue
+    /// alone, with `concurrency` handlers and the drain's `retry`. Naming
+    /// any queue serves exactly the queues named, so name `default` too
+    /// to keep serving it; `concurrency` then bounds nothing, and the
+    /// queues' concurrencies together must not exceed `batch_size`.
+    /// `prefetch` is shared among the queues in proportion to their
+    /// concurrency.
+    pub queues: BTreeMap<String, QueueConfig>,
 }
 
 /// How ordering keys behave (see
@@ -116,8 +127,9 @@ pub struct OrderingConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetentionConfig {
-    /// Delete delivered messages this long after they were delivered.
-    /// Default: keep them.
+    /// Delete delivered messages this long after they were delivered, and
+    /// cancelled ones this long after they were cancelled. Default: keep
+    /// them.
     #[serde(with = "humantime_serde")]
     pub delivered: Option<Duration>,
     /// Delete dead-lettered messages this long after they were
@@ -230,6 +242,7 @@ impl Default for DrainConfig {
             delivery_arbiters: 0,
             ordering: OrderingConfig::default(),
             retention: RetentionConfig::default(),
+            queues: BTreeMap::new(),
         }
     }
 }
@@ -259,6 +272,26 @@ impl DrainConfig {
     pub fn heartbeat(&self) -> Duration {
         self.heartbeat
             .unwrap_or_else(|| (self.lease / 3).max(Duration::from_millis(1)))
+    }
+
+    /// The queues served, by name, with their concurrency and retry policy:
+    /// those of [`DrainConfig::queues`], or when it names none, the
+    /// `default` queue with [`DrainConfig::concurrency`].
+    pub fn served_queues(&self) -> BTreeMap<String, QueueConfig> {
+        if self.queues.is_empty() {
+            BTreeMap::from([(DEFAULT_QUEUE.to_owned(), QueueConfig::new(self.concurrency))])
+        } else {
+            self.queues.clone()
+        }
+    }
+
+    /// Handlers running at once over every queue served.
+    pub fn total_concurrency(&self) -> usize {
+        if self.queues.is_empty() {
+            self.concurrency
+        } else {
+            self.queues.values().map(|queue| queue.concurrency).sum()
+        }
     }
 
     /// Check every rule; the error lists all violations, each naming its field.
@@ -363,11 +396,49 @@ impl DrainConfig {
         }
         self.retry.check(&mut out);
         self.retention.check(&mut out);
+        self.check_queues(&mut out);
 
         if out.is_empty() {
             Ok(())
         } else {
             Err(ConfigError { violations: out })
+        }
+    }
+
+    /// The rules of [`DrainConfig::queues`]: valid names, at least one
+    /// handler each, no more handlers in all than a pass claims.
+    fn check_queues(&self, out: &mut Vec<ConfigViolation>) {
+        let mut bad = |field, rule: String| out.push(ConfigViolation { field, rule });
+        for (name, queue) in &self.queues {
+            if let Err(error) = check_queue_name("queues", name) {
+                bad("queues", error.to_string());
+            }
+            if queue.concurrency == 0 {
+                bad(
+                    "queues.concurrency",
+                    format!("must be at least 1 (0 given for queue {name:?})"),
+                );
+            }
+            if let Some(retry) = &queue.retry {
+                let mut rules = Vec::new();
+                retry.check(&mut rules);
+                for rule in rules {
+                    bad(
+                        "queues.retry",
+                        format!("{} (queue {name:?}): {}", rule.field, rule.rule),
+                    );
+                }
+            }
+        }
+        let total = self.total_concurrency();
+        if !self.queues.is_empty() && total > self.batch_size && self.batch_size > 0 {
+            bad(
+                "queues.concurrency",
+                format!(
+                    "the queues' concurrencies add up to {total}, more than batch_size ({})",
+                    self.batch_size
+                ),
+            );
         }
     }
 }

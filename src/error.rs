@@ -445,9 +445,17 @@ pub enum AdminError {
         /// Its current status.
         status: MessageStatus,
     },
+    /// Only pending and claimed messages can be cancelled.
+    #[error("outbox message {id:?} is {status}; only pending or claimed messages can be cancelled")]
+    NotCancellable {
+        /// The message id.
+        id: String,
+        /// Its current status.
+        status: MessageStatus,
+    },
     /// Purging pending or claimed messages would lose work.
     #[error(
-        "refusing to purge {status} messages: only delivered and dead-lettered messages can be purged"
+        "refusing to purge {status} messages: only delivered, dead-lettered and cancelled messages can be purged"
     )]
     UnsafePurge {
         /// The status that was asked for.

@@ -47,30 +47,47 @@ pub enum MessageStatus {
     Delivered,
     /// Given up on; kept for inspection and requeue. Terminal.
     DeadLettered,
+    /// Cancelled by an operator before it was delivered; kept for the
+    /// record until retention removes it, never delivered. Terminal.
+    Cancelled,
 }
 
 impl MessageStatus {
     /// Every status, in life order.
-    pub const ALL: [MessageStatus; 4] = [
+    pub const ALL: [MessageStatus; 5] = [
         MessageStatus::Pending,
         MessageStatus::Claimed,
         MessageStatus::Delivered,
         MessageStatus::DeadLettered,
+        MessageStatus::Cancelled,
     ];
 
-    /// The stored spelling: `pending`, `claimed`, `delivered`, `dead_lettered`.
+    /// The statuses nothing claims again, which purges and retention delete.
+    pub const TERMINAL: [MessageStatus; 3] = [
+        MessageStatus::Delivered,
+        MessageStatus::DeadLettered,
+        MessageStatus::Cancelled,
+    ];
+
+    /// The stored spelling: `pending`, `claimed`, `delivered`,
+    /// `dead_lettered`, `cancelled`.
     pub fn as_str(self) -> &'static str {
         match self {
             MessageStatus::Pending => "pending",
             MessageStatus::Claimed => "claimed",
             MessageStatus::Delivered => "delivered",
             MessageStatus::DeadLettered => "dead_lettered",
+            MessageStatus::Cancelled => "cancelled",
         }
     }
 
-    /// `true` for `Delivered` and `DeadLettered`: nothing will claim it again.
+    /// `true` for `Delivered`, `DeadLettered` and `Cancelled`: nothing will
+    /// claim it again.
     pub fn is_terminal(self) -> bool {
-        matches!(self, MessageStatus::Delivered | MessageStatus::DeadLettered)
+        matches!(
+            self,
+            MessageStatus::Delivered | MessageStatus::DeadLettered | MessageStatus::Cancelled
+        )
     }
 }
 

@@ -27,7 +27,7 @@
 //! let id = store.enqueue(NewMessage::event(&OrderPlaced { order_id: 7 })?).await?.into_id();
 //!
 //! let batch = store
-//!     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS })
+//!     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS, queues: Vec::new() })
 //!     .await?;
 //! assert_eq!(batch.claimed[0].id, id);
 //! # Ok(())
@@ -61,6 +61,9 @@
 //!   with, [`DeliveryError`], and [`ErrorRecord`], its size-bounded form kept
 //!   in `last_error`.
 //! - `retry`: [`RetryPolicy`], exponential backoff with cap and seedable jitter.
+//! - `queue`: named queues and priorities: [`DEFAULT_QUEUE`], the bounds
+//!   on names and priorities ([`MAX_QUEUE_NAME_LEN`], [`MIN_PRIORITY`],
+//!   [`MAX_PRIORITY`]), and [`QueueConfig`], how a drain serves a queue.
 //! - `payload`: what a message carries: the JSON [`Payload`], the
 //!   [`Event`] and [`Job`] traits payload types implement (a job names its
 //!   retry policy), and the [`RawMessage`] a catch-all decodes into.
@@ -126,6 +129,7 @@ mod kind;
 mod limits;
 mod message;
 mod payload;
+mod queue;
 mod registry;
 mod retry;
 mod store;
@@ -147,6 +151,7 @@ pub use message::{
     OutboxMessage,
 };
 pub use payload::{DecodedPayload, Event, Job, Payload, RawMessage};
+pub use queue::{DEFAULT_QUEUE, MAX_PRIORITY, MAX_QUEUE_NAME_LEN, MIN_PRIORITY, QueueConfig};
 pub use registry::{Registry, RegistryBuilder};
 pub use retry::{RetryPolicy, ShouldRetry};
 /// The sqlx the SQL stores are built on, so an application's transactions
@@ -167,14 +172,15 @@ pub use store::sqlite::{
     DEFAULT_BUSY_TIMEOUT, MIGRATOR as SQLITE_MIGRATOR, SqliteOutbox, SqliteOutboxBuilder,
 };
 pub use store::{
-    ArmOutcome, ArmWakeups, BlockedKey, ClaimBatch, ClaimedBatch, DynOutboxStore, ListCursor,
-    ListMessages, MarkDelivered, MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats,
-    OutboxStore, PurgeBatch, PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow,
-    SharedStore, SkipDeadLetter, Wakeups,
+    ArmOutcome, ArmWakeups, BlockedKey, CancelMessages, CancelReport, ClaimBatch, ClaimedBatch,
+    DynOutboxStore, Lease, ListCursor, ListMessages, MarkDelivered, MarkFailed, MessagePage,
+    MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PauseQueue, PurgeBatch, PurgeMessages,
+    QueueLimit, QueueState, ReleaseClaim, RenewClaim, RequeueDeadLetters, RetryNow, SharedStore,
+    SkipDeadLetter, Wakeups,
 };
 pub use trace::TraceCarrier;
 pub use transport::{
-    Delivery, DeliveryContext, DeliveryResult, EventBus, InProcessBus, InProcessJobs,
+    CancelToken, Delivery, DeliveryContext, DeliveryResult, EventBus, InProcessBus, InProcessJobs,
     JobDispatcher, Registration, ServedNames,
 };
 

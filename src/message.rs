@@ -10,6 +10,7 @@ use crate::error::{Error, RegistryError, Result};
 use crate::kind::{MessageKind, MessageStatus};
 use crate::payload::Payload;
 use crate::payload::{Event, Job};
+use crate::queue::{DEFAULT_QUEUE, check_priority, check_queue_name};
 use crate::retry::RetryPolicy;
 use crate::trace::TraceCarrier;
 
@@ -37,10 +38,12 @@ impl FromStr for MessageStatus {
             "claimed" => Ok(MessageStatus::Claimed),
             "delivered" => Ok(MessageStatus::Delivered),
             "dead_lettered" | "dead-lettered" | "deadlettered" => Ok(MessageStatus::DeadLettered),
+            "cancelled" | "canceled" => Ok(MessageStatus::Cancelled),
             other => Err(Error::invalid(
                 "status",
                 format!(
-                    "{other:?} is not a status; use pending, claimed, delivered or dead_lettered"
+                    "{other:?} is not a status; use pending, claimed, delivered, dead_lettered \
+                     or cancelled"
                 ),
             )),
         }
@@ -95,10 +98,25 @@ pub struct OutboxMessage {
     /// When an operator skipped this dead letter (`outbox skip`), so that
     /// the later messages of its ordering key go on without it.
     pub skipped_at: Option<DateTime<Utc>>,
+    /// The queue it was enqueued in.
+    #[serde(default = "default_queue")]
+    pub queue: String,
+    /// Its priority within its queue: higher is claimed first.
+    #[serde(default)]
+    pub priority: i16,
+    /// When an operator cancelled it while it was claimed: its delivery
+    /// runs on (its handler can see the request), and its settlement
+    /// records it as cancelled unless the handler succeeded.
+    #[serde(default)]
+    pub cancel_requested_at: Option<DateTime<Utc>>,
 }
 
 fn set_by_default() -> bool {
     true
+}
+
+fn default_queue() -> String {
+    DEFAULT_QUEUE.to_owned()
 }
 
 impl OutboxMessage {
@@ -118,7 +136,9 @@ impl OutboxMessage {
         match self.status {
             MessageStatus::Pending => self.available_at <= now,
             MessageStatus::Claimed => self.locked_until.is_none_or(|until| until <= now),
-            MessageStatus::Delivered | MessageStatus::DeadLettered => false,
+            MessageStatus::Delivered | MessageStatus::DeadLettered | MessageStatus::Cancelled => {
+                false
+            }
         }
     }
 
@@ -157,6 +177,12 @@ pub struct ClaimedMessage {
     pub created_at: DateTime<Utc>,
     /// The ordering key the message was enqueued with, if any.
     pub ordering_key: Option<String>,
+    /// The queue it was enqueued in.
+    #[serde(default = "default_queue")]
+    pub queue: String,
+    /// Its priority within its queue.
+    #[serde(default)]
+    pub priority: i16,
     /// The token that fences every write of this claim.
     pub claim_token: String,
     /// When this claim was made.
@@ -261,6 +287,10 @@ pub struct NewMessage {
     /// Deduplicate enqueues by this key within a window; see
     /// [`EnqueueOptions::idempotency_key`].
     pub idempotency: Option<Idempotency>,
+    /// The queue to enqueue in; see [`EnqueueOptions::queue`].
+    pub queue: String,
+    /// The priority within the queue; see [`EnqueueOptions::priority`].
+    pub priority: i16,
 }
 
 /// The longest ordering or idempotency key accepted, in bytes.
@@ -291,6 +321,8 @@ impl NewMessage {
             now: crate::clock::system_now(),
             ordering_key: None,
             idempotency: None,
+            queue: DEFAULT_QUEUE.to_owned(),
+            priority: 0,
         }
     }
 
@@ -357,6 +389,20 @@ impl NewMessage {
         self
     }
 
+    /// Enqueue in `queue` instead of [`DEFAULT_QUEUE`]; see
+    /// [`EnqueueOptions::queue`].
+    pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// Claim before (higher) or after (lower) the other due messages of its
+    /// queue; see [`EnqueueOptions::priority`].
+    pub fn with_priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
     /// Apply `options`: each option that is set replaces what the message
     /// has. A delay counts from the message's `now`.
     pub fn with_options(mut self, options: EnqueueOptions) -> Self {
@@ -379,6 +425,12 @@ impl NewMessage {
         }
         if let Some(max_attempts) = options.max_attempts {
             self.max_attempts = Some(max_attempts);
+        }
+        if let Some(queue) = options.queue {
+            self.queue = queue;
+        }
+        if let Some(priority) = options.priority {
+            self.priority = priority;
         }
         self
     }
@@ -407,6 +459,8 @@ impl NewMessage {
         if let Some(key) = &self.ordering_key {
             check_key("ordering_key", key)?;
         }
+        check_queue_name("queue", &self.queue)?;
+        check_priority(self.priority)?;
         if let Some(idempotency) = &self.idempotency {
             check_key("idempotency_key", &idempotency.key)?;
             if idempotency.window < std::time::Duration::from_millis(1) {
@@ -456,15 +510,17 @@ fn check_key(field: &'static str, key: &str) -> Result<()> {
     Ok(())
 }
 
-/// How to enqueue a message: when it becomes claimable, its ordering key,
-/// its idempotency key and its attempt budget. Every option is unset by
-/// default and every store honours each one.
+/// How to enqueue a message: its queue and priority, when it becomes
+/// claimable, its ordering key, its idempotency key and its attempt budget.
+/// Every option is unset by default and every store honours each one.
 ///
 /// ```
 /// use std::time::Duration;
 /// use outbox::EnqueueOptions;
 ///
 /// let options = EnqueueOptions::new()
+///     .queue("emails")
+///     .priority(10)
 ///     .delay(Duration::from_secs(60))
 ///     .ordering_key("order-7")
 ///     .idempotency_key("order-7-placed", Duration::from_secs(24 * 3600))
@@ -478,6 +534,8 @@ pub struct EnqueueOptions {
     ordering_key: Option<String>,
     idempotency: Option<Idempotency>,
     max_attempts: Option<u32>,
+    queue: Option<String>,
+    priority: Option<i16>,
 }
 
 impl EnqueueOptions {
@@ -529,6 +587,28 @@ impl EnqueueOptions {
     /// Allow this many claims before dead-lettering; at least 1.
     pub fn max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = Some(max_attempts);
+        self
+    }
+
+    /// Enqueue in `queue` (by default [`DEFAULT_QUEUE`]): only drains that
+    /// serve it claim the message, each with the queue's own concurrency,
+    /// and an operator can pause the queue. Queues are created by use; a
+    /// name is 1 to [`MAX_QUEUE_NAME_LEN`](crate::MAX_QUEUE_NAME_LEN) ASCII
+    /// letters, digits, `_`, `-`, `.` or `:`. An ordering key's order holds
+    /// within its queue.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// Claim this message before the due messages of its queue with a
+    /// lower priority (default 0), from
+    /// [`MIN_PRIORITY`](crate::MIN_PRIORITY) to
+    /// [`MAX_PRIORITY`](crate::MAX_PRIORITY). Messages of one priority go
+    /// oldest `available_at` first. A priority never reorders an ordering
+    /// key: its messages still go one at a time, in enqueue order.
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = Some(priority);
         self
     }
 }

@@ -292,6 +292,8 @@ mod tests {
             payload: crate::Payload::from_json("{}".to_string()).unwrap(),
             trace: None,
             ordering_key: None,
+            queue: crate::DEFAULT_QUEUE.into(),
+            priority: 0,
             attempts: 1,
             max_attempts,
             max_attempts_set: set,

@@ -31,12 +31,71 @@ pub type DeliveryResult = Result<(), DeliveryError>;
 pub struct DeliveryContext {
     message: Arc<ClaimedMessage>,
     trace: Option<TraceCarrier>,
+    cancel: CancelToken,
+}
+
+/// Says whether an operator cancelled a message while it was being
+/// delivered. The runtime holds one per delivery and cancels it when a
+/// renewal of the lease reports the request; the handler reads it through
+/// its [`DeliveryContext`]. Cheap to clone; clones share the state.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl CancelToken {
+    /// A token not cancelled.
+    pub fn new() -> Self {
+        CancelToken(Arc::new(tokio::sync::watch::Sender::new(false)))
+    }
+
+    /// Mark it cancelled, waking every [`CancelToken::cancelled`] waiting.
+    pub fn cancel(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// `true` once it was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once it is cancelled; never, if it is not.
+    pub async fn cancelled(&self) {
+        let mut changes = self.0.subscribe();
+        // The sender lives as long as this token, so the wait cannot fail.
+        let _ = changes.wait_for(|cancelled| *cancelled).await;
+    }
 }
 
 impl DeliveryContext {
     /// Context for `message`, with the delivery's own trace context.
     pub fn new(message: Arc<ClaimedMessage>, trace: Option<TraceCarrier>) -> Self {
-        DeliveryContext { message, trace }
+        DeliveryContext {
+            message,
+            trace,
+            cancel: CancelToken::new(),
+        }
+    }
+
+    /// The same context, reporting cancellation through `token`.
+    pub fn with_cancel_token(mut self, token: CancelToken) -> Self {
+        self.cancel = token;
+        self
+    }
+
+    /// `true` once an operator cancelled the message while this delivery
+    /// runs (`outbox cancel`, [`OutboxAdmin::cancel_messages`](crate::OutboxAdmin::cancel_messages)).
+    /// The runtime learns it at the lease's next renewal, so within a
+    /// heartbeat interval. A handler that can stop should: if it then
+    /// fails, the message ends `Cancelled` and never runs again; if it
+    /// succeeds anyway, the message is recorded as delivered.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Resolves once the message is cancelled (see
+    /// [`DeliveryContext::is_cancelled`]); never, if it is not. Race it
+    /// against the handler's work with `tokio::select!` to stop early.
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await
     }
 
     /// The claimed message (its payload as JSON, ids, attempt counts).

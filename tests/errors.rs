@@ -47,6 +47,7 @@ fn claim() -> ClaimBatch {
         now: chrono::Utc::now(),
         lease: Duration::from_secs(30),
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+        queues: Vec::new(),
     }
 }
 

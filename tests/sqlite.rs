@@ -159,6 +159,7 @@ async fn in_memory_database_works_on_one_connection() {
             now: t0(),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -292,21 +293,38 @@ async fn claim_is_answered_from_the_partial_indexes() {
         explain(outbox.claim_statement())
             .bind(0_i64)
             .bind(0_i64)
+            .bind(10_i64)
+            .bind(true)
+            .bind(r#"[["default", 10, 25]]"#)
+            .bind(36_i64)
             .bind(10_i64),
     )
     .await;
     let plan_text = plan.join("\n");
     println!("{plan_text}");
-    // Both pending arms, keyless and keyed, are read in claim order: no
-    // sort of the due rows, however many there are.
+    // Both pending arms, keyless and keyed, are read one priority at a
+    // time, each in claim order: no sort of the due rows, however many
+    // there are, and no scheduled row walked.
     for arm in ["keyless", "keyed"] {
+        let level =
+            format!("INDEX {table}_pending_{arm} (queue=? AND priority=? AND available_at<?)");
         let pending = plan
             .iter()
-            .position(|l| l.contains(&format!("INDEX {table}_pending_{arm} (available_at<?)")))
+            .position(|l| l.contains(&level))
             .unwrap_or_else(|| panic!("{arm} pending arm not from its index:\n{plan_text}"));
         assert!(
             !plan[pending + 1].contains("TEMP B-TREE"),
             "{arm} pending arm is sorted:\n{plan_text}"
+        );
+        // The priorities in use are found in the index, by a probe each.
+        let probe = format!("INDEX {table}_pending_{arm} (queue=? AND priority<?)");
+        let probe = plan
+            .iter()
+            .position(|l| l.contains(&probe))
+            .unwrap_or_else(|| panic!("{arm} priorities not from the index:\n{plan_text}"));
+        assert!(
+            !plan[probe + 1].contains("TEMP B-TREE"),
+            "{arm} priorities are sorted:\n{plan_text}"
         );
     }
     assert!(
@@ -324,8 +342,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
         explain(outbox.claim_take_statement())
             .bind(0_i64)
             .bind(0_i64)
-            .bind("[[1, \"t\"]]")
-            .bind(5_i64),
+            .bind("[[1, \"t\", 5]]"),
     )
     .await;
     let plan_text = plan.join("\n");
@@ -357,6 +374,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
             now: t0(),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -450,6 +468,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
             now: t0(),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -477,6 +496,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
             now: t0(),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap_err();
@@ -511,6 +531,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
             now: t0() + secs(2),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -557,6 +578,7 @@ async fn timestamps_payloads_and_traces_round_trip_exactly() {
             now: now + secs(1),
             lease: Duration::from_micros(1_500_001),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -602,6 +624,7 @@ async fn an_unreadable_row_is_reported_and_does_not_block_claims() {
             now: t0() + secs(2),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -689,6 +712,7 @@ async fn a_claim_takes_readable_rows_and_dead_letters_the_rest_whatever_they_hol
                 now: t0() + secs(at),
                 lease: LEASE,
                 max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+                queues: Vec::new(),
             })
             .await
             .unwrap();
@@ -760,6 +784,7 @@ async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
             now: t0(),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap()
@@ -789,6 +814,7 @@ async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
             now: t0() + LEASE_CHRONO,
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();

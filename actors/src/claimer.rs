@@ -45,6 +45,16 @@
 //! `released`, claimable again at once, the attempt not counted) and
 //! claiming backs off the same way.
 //!
+//! Queues: each queue the drain serves is a lane of slots of its own
+//! (`lanes`), with its own concurrency and its share of the prefetch. A
+//! claim asks every lane that has room for up to that room, in one
+//! statement whatever the number of queues, the claim's limit shared among
+//! them in turn; a message starts only while its own queue has a free
+//! handler, and waits (in claim order) otherwise. A lane whose last claim
+//! found nothing is not asked again until a refill, or until one of its
+//! keyed deliveries ends; the pass goes idle when every lane is. A paused
+//! queue simply yields nothing: the store skips it.
+//!
 //! It reports to its coordinator through recipients of [`Abandoned`],
 //! [`ClaimerDone`] and (handed to each delivery) `DeliveryFinished`.
 
@@ -61,8 +71,11 @@ use crate::error::Error;
 use crate::messages::{
     Abandoned, Arming, ClaimerDone, DeliveryEnded, DeliveryFinished, GiveBack, HandlerReturned,
 };
-use crate::notices::DeadLetter;
+use crate::notices::{CancelledMessage, DeadLetter};
 use crate::telemetry;
+use lanes::Lanes;
+
+mod lanes;
 
 /// New messages may be due (a wake-up, a tick or a `Drain` arrived during
 /// the pass): claim again for free slots, even after an empty claim.
@@ -127,9 +140,13 @@ pub(crate) struct Claimer {
     next_arbiter: usize,
     /// Messages this pass may still select (claimed plus abandoned).
     budget: usize,
-    /// Every live delivery, and whether its handler still runs.
-    active: HashMap<u64, (Addr<DeliveryActor>, bool)>,
-    /// Deliveries whose handler still runs.
+    /// Handlers that may run at once, over every queue served.
+    concurrency: usize,
+    /// The queues served, each with its slots.
+    lanes: Lanes,
+    /// Every live delivery, whether its handler still runs, and its lane.
+    active: HashMap<u64, (Addr<DeliveryActor>, bool, usize)>,
+    /// Deliveries whose handler still runs, over every lane.
     handling: usize,
     /// Prefetched messages waiting for a free slot, in claim order.
     waiting: VecDeque<Waiting>,
@@ -178,6 +195,8 @@ impl Claimer {
     ) -> Self {
         Claimer {
             budget: drain.config.batch_size,
+            concurrency: drain.config.total_concurrency(),
+            lanes: Lanes::new(&drain.config),
             drain,
             coordinator,
             pass,
@@ -264,7 +283,7 @@ impl Claimer {
 
     fn fill(&mut self, ctx: &mut Context<Self>) {
         let config = &self.drain.config;
-        let (concurrency, prefetch) = (config.concurrency, config.prefetch);
+        let (concurrency, prefetch) = (self.concurrency, config.prefetch);
         let in_flight = config.claims_in_flight.max(1);
         let share = (concurrency + prefetch).div_ceil(in_flight);
         while self.claims < in_flight
@@ -291,16 +310,24 @@ impl Claimer {
             if free == 0 || (self.claims > 0 && free < share) {
                 return;
             }
-            self.claim(free.min(share).min(self.budget), ctx);
+            // Each queue is asked for no more than its own room.
+            let asks = self.lanes.share(free.min(share).min(self.budget));
+            if asks.is_empty() {
+                return;
+            }
+            self.claim(asks, ctx);
         }
     }
 
-    /// Claim up to `limit` messages, setting that much budget and as many
-    /// slots aside until the claim comes back.
-    fn claim(&mut self, limit: usize, ctx: &mut Context<Self>) {
+    /// Claim what `asks` asks of each lane, setting that much budget and as
+    /// many slots aside until the claim comes back.
+    fn claim(&mut self, asks: Vec<(usize, usize)>, ctx: &mut Context<Self>) {
+        let limit: usize = asks.iter().map(|&(_, ask)| ask).sum();
         self.claims += 1;
         self.asked += limit;
         self.budget -= limit;
+        self.lanes.ask(&asks, false);
+        let queues = self.lanes.request(&asks);
         let drain = self.drain.clone();
         let claim = async move {
             let lease = drain.config.lease;
@@ -311,6 +338,7 @@ impl Claimer {
                 now: started,
                 lease,
                 max_attempts: drain.config.retry.attempt_cap(),
+                queues,
             });
             // A claim that outlives a lease is useless even if it succeeds:
             // every lease it took would already be over.
@@ -324,30 +352,41 @@ impl Claimer {
             (result, until(started, drain.now()))
         };
         ctx.spawn(claim.into_actor(self).map(move |(result, took), act, ctx| {
-            act.claimed(limit, result, took, ctx);
+            act.claimed(asks, result, took, ctx);
         }));
     }
 
     fn claimed(
         &mut self,
-        limit: usize,
+        asks: Vec<(usize, usize)>,
         result: Result<ClaimedBatch, Error>,
         took: Duration,
         ctx: &mut Context<Self>,
     ) {
+        let limit: usize = asks.iter().map(|&(_, ask)| ask).sum();
         self.claims -= 1;
         self.asked -= limit;
         self.budget += limit;
+        self.lanes.ask(&asks, true);
+        // A store that took more than asked, or from a queue not asked for,
+        // broke its contract.
+        let broken = match &result {
+            Ok(batch) if batch.len() > limit => Some(format!(
+                "claim_batch returned {} messages for a limit of {limit}",
+                batch.len()
+            )),
+            Ok(batch) => self.lane_counts(&asks, batch).err(),
+            Err(_) => None,
+        };
         match result {
             Err(error) => {
                 telemetry::claim_failed(&error);
                 self.stop_claiming(error);
             }
-            Ok(batch) if batch.len() > limit => {
-                let error = Error::from(outbox::Error::StoreContract(format!(
-                    "claim_batch returned {} messages for a limit of {limit}",
-                    batch.len()
-                )));
+            Ok(batch) if broken.is_some() => {
+                let error = Error::from(outbox::Error::StoreContract(
+                    broken.expect("a broken contract has its reason"),
+                ));
                 telemetry::claim_broke_contract(&error);
                 self.stop_claiming(error);
                 // Give back what it took, so those messages need not wait out
@@ -360,36 +399,57 @@ impl Claimer {
                 }));
             }
             Ok(batch) if batch.is_empty() => {
-                if self.phase == Phase::Claiming {
+                for &(lane, _) in &asks {
+                    self.lanes.get_mut(lane).idle = true;
+                }
+                if self.phase == Phase::Claiming && self.lanes.all_idle() {
                     self.phase = Phase::Idle;
                 }
             }
             Ok(batch) => {
                 self.budget -= batch.len();
+                let counts = self
+                    .lane_counts(&asks, &batch)
+                    .expect("checked when the claim came back");
+                for (&(lane, _), &count) in asks.iter().zip(&counts) {
+                    self.lanes.get_mut(lane).idle = count == 0;
+                }
                 let abandoned: Vec<DeadLetter> = batch
                     .dead_lettered
                     .iter()
                     .map(DeadLetter::abandoned)
                     .collect();
-                if !abandoned.is_empty() {
+                let cancelled: Vec<CancelledMessage> = batch
+                    .cancelled
+                    .iter()
+                    .map(CancelledMessage::at_claim)
+                    .collect();
+                if !abandoned.is_empty() || !cancelled.is_empty() {
                     self.coordinator.abandoned.do_send(Abandoned {
                         pass: self.pass,
                         dead_letters: abandoned.clone(),
+                        cancelled: cancelled.clone(),
                     });
                 }
                 // Start deliveries before running abandoned-message observers,
                 // so fresh claims get their heartbeats as early as possible.
                 let returned = tokio::time::Instant::now();
                 for message in batch.claimed {
-                    // Messages still waiting hold every slot (a slot that
-                    // frees starts one of them), so a message starts now
-                    // only when none waits.
-                    if self.handling < self.drain.config.concurrency {
+                    let lane = self
+                        .lanes
+                        .of(&message.queue)
+                        .expect("checked when the claim came back");
+                    // Messages still waiting hold every slot of their queue
+                    // (a slot that frees starts one of them), so a message
+                    // starts now only when none of its queue waits.
+                    if self.lanes.get(lane).has_free_handler() && self.handling < self.concurrency {
                         let late = late_claim(&message, took);
-                        self.start_delivery(message, late, ctx);
+                        self.start_delivery(message, lane, late, ctx);
                     } else {
+                        self.lanes.get_mut(lane).waiting += 1;
                         self.waiting.push_back(Waiting {
                             message,
+                            lane,
                             took,
                             returned,
                         });
@@ -401,6 +461,9 @@ impl Claimer {
                     self.drain.observe("on_dead_letter", |observer| {
                         observer.on_dead_letter(dead_letter)
                     });
+                }
+                for cancelled in &cancelled {
+                    telemetry::cancelled(cancelled);
                 }
                 self.fill(ctx);
             }
@@ -416,28 +479,72 @@ impl Claimer {
         self.error.get_or_insert(error);
     }
 
-    /// Start waiting messages while slots are free; at shutdown, give back
-    /// those left waiting.
+    /// How many messages of each lane `asks` asked of `batch` holds, in
+    /// the order of `asks`; how the store broke its contract when it holds
+    /// a message of a queue it did not ask.
+    fn lane_counts(
+        &self,
+        asks: &[(usize, usize)],
+        batch: &ClaimedBatch,
+    ) -> Result<Vec<usize>, String> {
+        let mut counts = vec![0; asks.len()];
+        let queues = batch
+            .claimed
+            .iter()
+            .map(|m| &m.queue)
+            .chain(batch.dead_lettered.iter().map(|m| &m.queue))
+            .chain(batch.cancelled.iter().map(|m| &m.queue));
+        for queue in queues {
+            let asked = self
+                .lanes
+                .of(queue)
+                .and_then(|lane| asks.iter().position(|&(asked, _)| asked == lane));
+            match asked {
+                Some(i) => counts[i] += 1,
+                None => {
+                    return Err(format!(
+                        "claim_batch returned a message of queue {queue:?}, which it was \
+                         not asked for"
+                    ));
+                }
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Start waiting messages, in claim order, while their queue has a free
+    /// handler; at shutdown, give back those left waiting.
     fn start_waiting(&mut self, ctx: &mut Context<Self>) {
-        while self.handling < self.drain.config.concurrency {
-            let Some(waiting) = self.waiting.pop_front() else {
-                return;
-            };
+        let mut next = 0;
+        while next < self.waiting.len() && self.handling < self.concurrency {
+            let lane = self.waiting[next].lane;
+            if !self.lanes.get(lane).has_free_handler() {
+                next += 1;
+                continue;
+            }
+            let waiting = self
+                .waiting
+                .remove(next)
+                .expect("the index is within the queue");
+            self.lanes.get_mut(lane).waiting -= 1;
             let give_back = waiting.give_back(self.drain.heartbeat);
-            self.start_delivery(waiting.message, give_back, ctx);
+            self.start_delivery(waiting.message, lane, give_back, ctx);
         }
         if matches!(self.phase, Phase::WindingDown | Phase::Aborting) {
             while let Some(waiting) = self.waiting.pop_front() {
-                self.start_delivery(waiting.message, Some(GiveBack::Shutdown), ctx);
+                self.lanes.get_mut(waiting.lane).waiting -= 1;
+                let lane = waiting.lane;
+                self.start_delivery(waiting.message, lane, Some(GiveBack::Shutdown), ctx);
             }
         }
     }
 
-    /// Start the delivery of `message`; or, with `give_back`, give it back
-    /// undelivered.
+    /// Start the delivery of `message` in `lane`; or, with `give_back`,
+    /// give it back undelivered.
     fn start_delivery(
         &mut self,
         message: outbox::ClaimedMessage,
+        lane: usize,
         give_back: Option<GiveBack>,
         ctx: &mut Context<Self>,
     ) {
@@ -472,8 +579,9 @@ impl Claimer {
         if self.phase == Phase::Aborting {
             address.do_send(Abort);
         }
-        self.active.insert(slot, (address, true));
+        self.active.insert(slot, (address, true, lane));
         self.handling += 1;
+        self.lanes.get_mut(lane).handling += 1;
     }
 
     fn finish_if_done(&mut self, ctx: &mut Context<Self>) {
@@ -507,6 +615,8 @@ impl Claimer {
 struct Waiting {
     /// The claimed message, its lease running.
     message: outbox::ClaimedMessage,
+    /// Its queue's lane.
+    lane: usize,
     /// How long its claim took.
     took: Duration,
     /// When its claim returned.
@@ -568,10 +678,11 @@ impl Actor for Claimer {
 }
 
 impl Claimer {
-    /// A slot freed: its handler returned, or its delivery ended.
-    fn slot_freed(&mut self, handler_was_running: bool, ctx: &mut Context<Self>) {
+    /// A slot of `lane` freed: its handler returned, or its delivery ended.
+    fn slot_freed(&mut self, handler_was_running: bool, lane: usize, ctx: &mut Context<Self>) {
         if handler_was_running {
             self.handling -= 1;
+            self.lanes.get_mut(lane).handling -= 1;
         }
         self.start_waiting(ctx);
         // A claim per freed slot would cost a statement per message when
@@ -588,11 +699,12 @@ impl Handler<HandlerReturned> for Claimer {
     type Result = ();
 
     fn handle(&mut self, returned: HandlerReturned, ctx: &mut Context<Self>) {
-        let handler_was_running = self
-            .active
-            .get_mut(&returned.slot)
-            .is_some_and(|(_, handling)| std::mem::replace(handling, false));
-        self.slot_freed(handler_was_running, ctx);
+        let Some((_, handling, lane)) = self.active.get_mut(&returned.slot) else {
+            return;
+        };
+        let handler_was_running = std::mem::replace(handling, false);
+        let lane = *lane;
+        self.slot_freed(handler_was_running, lane, ctx);
     }
 }
 
@@ -600,10 +712,9 @@ impl Handler<DeliveryEnded> for Claimer {
     type Result = ();
 
     fn handle(&mut self, ended: DeliveryEnded, ctx: &mut Context<Self>) {
-        let handler_was_running = self
-            .active
-            .remove(&ended.slot)
-            .is_some_and(|(_, handling)| handling);
+        let Some((_, handler_was_running, lane)) = self.active.remove(&ended.slot) else {
+            return;
+        };
         if ended.store_faulted {
             self.pause(ctx);
         } else {
@@ -613,10 +724,13 @@ impl Handler<DeliveryEnded> for Claimer {
         // pass may have been empty only because of it, so claim again rather
         // than leave the key's next message to the next tick or wake-up
         // (which, on PostgreSQL, only an enqueue sends).
-        if self.keyed.remove(&ended.slot) && self.phase == Phase::Idle {
-            self.phase = Phase::Claiming;
+        if self.keyed.remove(&ended.slot) {
+            self.lanes.get_mut(lane).idle = false;
+            if self.phase == Phase::Idle {
+                self.phase = Phase::Claiming;
+            }
         }
-        self.slot_freed(handler_was_running, ctx);
+        self.slot_freed(handler_was_running, lane, ctx);
     }
 }
 
@@ -640,6 +754,7 @@ impl Handler<Refill> for Claimer {
         // stopped on a store error stays stopped: the next pass retries.
         if matches!(self.phase, Phase::Claiming | Phase::Idle) {
             self.phase = Phase::Claiming;
+            self.lanes.wake();
             self.fill(ctx);
             self.finish_if_done(ctx);
         }
@@ -656,7 +771,7 @@ impl Handler<WindDown> for Claimer {
         self.start_waiting(ctx);
         ctx.run_later(wind_down.grace, |act, _| {
             act.phase = Phase::Aborting;
-            for (delivery, _) in act.active.values() {
+            for (delivery, _, _) in act.active.values() {
                 delivery.do_send(Abort);
             }
         });

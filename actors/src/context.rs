@@ -77,14 +77,21 @@ impl DrainContext {
         self.clock.now()
     }
 
-    /// The policy that governs retries of `message`: the job's own, else the drain's.
+    /// The policy that governs retries of `message`: the job's own, else
+    /// its queue's, else the drain's.
     pub(crate) fn retry_policy(&self, message: &ClaimedMessage) -> &RetryPolicy {
+        let queue = self
+            .config
+            .queues
+            .get(&message.queue)
+            .and_then(|queue| queue.retry.as_ref())
+            .unwrap_or(&self.config.retry);
         match message.kind {
             MessageKind::Job => self
                 .registry
                 .retry_policy(MessageKind::Job, &message.name)
-                .unwrap_or(&self.config.retry),
-            MessageKind::Event => &self.config.retry,
+                .unwrap_or(queue),
+            MessageKind::Event => queue,
         }
     }
 

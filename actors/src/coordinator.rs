@@ -623,7 +623,7 @@ impl Handler<DeliveryFinished> for DrainCoordinator {
             }
             // Given back, so claimable at once (at shutdown no pass follows).
             Outcome::Released => Some(self.drain.now()),
-            Outcome::Delivered | Outcome::DeadLettered => None,
+            Outcome::Delivered | Outcome::DeadLettered | Outcome::Cancelled => None,
         };
         if let Some(at) = due_again {
             self.revisit(at, ctx);
@@ -643,9 +643,15 @@ impl Handler<Abandoned> for DrainCoordinator {
             let count = abandoned.dead_letters.len() as u64;
             pass.report.dead_lettered += count;
             pass.report.abandoned_dead_lettered += count;
+            let cancelled = abandoned.cancelled.len() as u64;
+            pass.report.cancelled += cancelled;
+            pass.report.cancelled_at_claim += cancelled;
         }
         for dead_letter in abandoned.dead_letters {
             self.notify(Notice::Outcome(OutcomeNotice::DeadLettered(dead_letter)));
+        }
+        for cancelled in abandoned.cancelled {
+            self.notify(Notice::Outcome(OutcomeNotice::Cancelled(cancelled)));
         }
     }
 }

@@ -26,7 +26,8 @@ use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
 use outbox::{
-    ClaimedMessage, Delivery, DeliveryContext, DeliveryError, DeliveryResult, MessageKind,
+    CancelToken, ClaimedMessage, Delivery, DeliveryContext, DeliveryError, DeliveryResult,
+    MessageKind,
 };
 use tracing::Instrument;
 
@@ -39,8 +40,8 @@ use crate::error::{LeaseLostError, MaxActiveDurationError};
 use crate::heartbeat::{HeartbeatActor, StopAndHandOver, StopHeartbeat};
 use crate::lease;
 use crate::messages::{
-    DeliveryEnded, DeliveryFinished, GiveBack, HandOver, HandlerReturned, HeartbeatLoss,
-    LeaseHandedOver,
+    CancelRequested, DeliveryEnded, DeliveryFinished, GiveBack, HandOver, HandlerReturned,
+    HeartbeatLoss, LeaseHandedOver,
 };
 use crate::notices::{HandlerResult, LeaseLost, LeaseOperation, LeaseState, Notice};
 use crate::report::Outcome;
@@ -202,6 +203,9 @@ pub(crate) struct DeliveryActor {
     started: tokio::time::Instant,
     /// Set for a message given back undelivered, and why.
     give_back: Option<GiveBack>,
+    /// Tells the handler, through its context, that an operator cancelled
+    /// the message; cancelled when a renewal reports it.
+    cancel: CancelToken,
 }
 
 impl DeliveryActor {
@@ -224,6 +228,7 @@ impl DeliveryActor {
             result: None,
             started: now,
             give_back: None,
+            cancel: CancelToken::new(),
         }
     }
 
@@ -350,6 +355,7 @@ impl DeliveryActor {
             self.message.clone(),
             ctx.address().recipient(),
             ctx.address().recipient(),
+            ctx.address().recipient(),
             self.active_until,
         )
         .start();
@@ -437,8 +443,13 @@ impl Actor for DeliveryActor {
         self.started = self
             .span
             .in_scope(|| telemetry::delivery_started(&self.message));
-        let run =
-            deliver(&self.drain, self.message.clone(), &self.span).instrument(self.span.clone());
+        let run = deliver(
+            &self.drain,
+            self.message.clone(),
+            self.cancel.clone(),
+            &self.span,
+        )
+        .instrument(self.span.clone());
         let run = TimerAfterFirstPoll {
             run: run.into_actor(self),
             armed: false,
@@ -498,6 +509,18 @@ impl Handler<HeartbeatLoss> for DeliveryActor {
     }
 }
 
+impl Handler<CancelRequested> for DeliveryActor {
+    type Result = ();
+
+    fn handle(&mut self, _: CancelRequested, _: &mut Context<Self>) {
+        if !self.cancel.is_cancelled() {
+            self.span
+                .in_scope(|| telemetry::cancel_requested(&self.message));
+            self.cancel.cancel();
+        }
+    }
+}
+
 impl Handler<LeaseHandedOver> for DeliveryActor {
     type Result = ();
 
@@ -539,11 +562,13 @@ impl DeliveryActor {
     }
 }
 
-/// Decode and hand the message to its transport. Panics in the transport,
-/// synchronous or inside its future, become delivery errors.
+/// Decode and hand the message to its transport, its context reporting
+/// cancellation through `cancel`. Panics in the transport, synchronous or
+/// inside its future, become delivery errors.
 fn deliver(
     drain: &DrainContext,
     message: Arc<ClaimedMessage>,
+    cancel: CancelToken,
     span: &tracing::Span,
 ) -> LocalBoxFuture<'static, DeliveryResult> {
     let payload = match drain
@@ -556,7 +581,7 @@ fn deliver(
     let trace = telemetry::delivery_trace(&message, span);
     let delivery = Delivery {
         payload,
-        context: DeliveryContext::new(message.clone(), trace),
+        context: DeliveryContext::new(message.clone(), trace).with_cancel_token(cancel),
     };
     let call = std::panic::catch_unwind(AssertUnwindSafe(|| match message.kind {
         MessageKind::Event => drain.events.as_ref().map(|bus| bus.publish(delivery)),

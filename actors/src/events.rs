@@ -114,6 +114,15 @@ events! {
         fields [id, kind, name, delivery_succeeded, claim_lost, error]:
         "A delivery's outcome could not be stored; the message is claimable again after \
          its lease (`claim_lost` when the claim was lost while trying).";
+    CANCEL_REQUESTED = "outbox.cancel_requested" at INFO,
+        fields [id, kind, name, queue, attempt]:
+        "A renewal reported that an operator cancelled the message being delivered: its \
+         handler can see it (`DeliveryContext::is_cancelled`). If the handler then fails, or \
+         the claim is given back, the message ends cancelled; if it succeeds, delivered.";
+    CANCELLED = "outbox.cancelled" at INFO,
+        fields [id, kind, name, queue, attempts, at_claim]:
+        "A message cancelled while claimed ended cancelled and will never run again: its \
+         handler failed after the request, or (`at_claim`) a claim found its lease run out.";
     CLAIM_TOO_LATE = "outbox.claim_too_late" at WARN,
         fields [id, name, took_ms, lease_left_ms]:
         "A claim took longer than the lease it left: its message is given back \
@@ -158,7 +167,8 @@ events! {
         "Preparing the store's connections at start failed: they are opened as needed, \
          and a store that is down is reported by the first claim.";
     PASS_FINISHED = "outbox.pass_finished" at DEBUG,
-        fields [claimed, delivered, retried, dead_lettered, settlement_failed, lease_lost]:
+        fields [claimed, delivered, retried, dead_lettered, settlement_failed, lease_lost,
+            cancelled]:
         "A drain pass ended, with its tally.";
     RETENTION = "outbox.retention" at INFO or DEBUG,
         fields [status, deleted, horizon_s]:

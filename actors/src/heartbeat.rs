@@ -14,6 +14,9 @@
 //! stops. It does not renew once more first: the first settlement write is
 //! fenced on the claim token and a live lease at the moment it is made,
 //! which is all such a renewal would confirm (see the `settlement` module).
+//! A renewal that reports the message's cancellation (an operator asked
+//! for it) tells the parent once, as [`CancelRequested`], and renewing goes
+//! on: the handler decides whether to stop.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +28,7 @@ use outbox::{ClaimedMessage, RenewClaim};
 use crate::context::{DrainContext, until};
 use crate::error::{Error, LeaseLostError};
 use crate::lease::{self, Deadline};
-use crate::messages::{HandOver, HeartbeatLoss, LeaseHandedOver};
+use crate::messages::{CancelRequested, HandOver, HeartbeatLoss, LeaseHandedOver};
 use crate::notices::{LeaseLost, LeaseOperation, LeaseState};
 
 /// Stop renewing, let a renewal in flight finish, then answer
@@ -59,7 +62,9 @@ enum Phase {
 
 /// The result of one renewal bounded by a deadline.
 enum Renewal {
-    Succeeded(DateTime<Utc>),
+    /// Renewed until then; `true` when the message's cancellation was
+    /// requested.
+    Succeeded(DateTime<Utc>, bool),
     Failed(Error),
     Deadline,
 }
@@ -74,7 +79,7 @@ async fn bounded_renewal(
     if remaining.is_zero() {
         return Renewal::Deadline;
     }
-    let call = drain.store.renew_claim(RenewClaim {
+    let call = drain.store.renew_lease(RenewClaim {
         id: message.id.clone(),
         claim_token: message.claim_token.clone(),
         now: renewal_at,
@@ -83,7 +88,8 @@ async fn bounded_renewal(
     match tokio::time::timeout(remaining, call).await {
         Err(_) => Renewal::Deadline,
         Ok(Err(error)) => Renewal::Failed(error.into()),
-        Ok(Ok(locked_until)) => {
+        Ok(Ok(lease)) => {
+            let locked_until = lease.locked_until;
             let completed_at = drain.now();
             if completed_at >= deadline {
                 Renewal::Deadline
@@ -99,7 +105,7 @@ async fn bounded_renewal(
                     .into(),
                 )
             } else {
-                Renewal::Succeeded(locked_until)
+                Renewal::Succeeded(locked_until, lease.cancel_requested)
             }
         }
     }
@@ -115,6 +121,8 @@ pub(crate) struct HeartbeatActor {
     lost: Recipient<HeartbeatLoss>,
     /// Where the answer to [`StopAndHandOver`] goes.
     handed_over: Recipient<LeaseHandedOver>,
+    /// Where a reported cancellation goes, once; `None` once told.
+    cancel: Option<Recipient<CancelRequested>>,
     /// The end of the last lease the claim or a renewal confirmed.
     locked_until: DateTime<Utc>,
     /// The delivery's `max_active` end: no renewal is worth more than that.
@@ -135,6 +143,7 @@ impl HeartbeatActor {
         message: Arc<ClaimedMessage>,
         lost: Recipient<HeartbeatLoss>,
         handed_over: Recipient<LeaseHandedOver>,
+        cancel: Recipient<CancelRequested>,
         active_until: DateTime<Utc>,
     ) -> Self {
         HeartbeatActor {
@@ -143,6 +152,7 @@ impl HeartbeatActor {
             message,
             lost,
             handed_over,
+            cancel: Some(cancel),
             active_until,
             first_error: None,
             phase: Phase::Waiting,
@@ -205,8 +215,11 @@ impl HeartbeatActor {
         let hand_over_due = matches!(self.phase, Phase::HandOverDue);
         // `Ok(delay)`: renew again after `delay` (unless handing over).
         let next = match renewal {
-            Renewal::Succeeded(locked_until) => {
+            Renewal::Succeeded(locked_until, cancel_requested) => {
                 self.locked_until = locked_until;
+                if cancel_requested && let Some(cancel) = self.cancel.take() {
+                    cancel.do_send(CancelRequested);
+                }
                 Ok(lease::renewal_delay(
                     &self.drain,
                     self.locked_until,

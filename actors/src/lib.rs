@@ -108,7 +108,7 @@
 //!   [`DrainObserver`] hooks.
 //! - `notices`: the public notifications: [`LeaseLost`] with
 //!   [`HandlerResult`], [`OutcomeNotice`], [`SettlementFailed`],
-//!   [`DeadLetter`].
+//!   [`DeadLetter`], [`CancelledMessage`].
 //! - `error`: [`Error`], with the errors only a running drain meets
 //!   ([`LeaseLostError`], [`MaxActiveDurationError`]).
 //! - `report`: what a pass did, [`DrainReport`], and the one [`Outcome`] of
@@ -178,8 +178,8 @@ pub use coordinator::{
 };
 pub use error::{Error, LeaseLostError, MaxActiveDurationError, Result};
 pub use notices::{
-    DeadLetter, HandlerResult, LeaseLost, LeaseOperation, LeaseState, OutcomeNotice,
-    SettleOperation, SettlementFailed,
+    CancelledMessage, DeadLetter, HandlerResult, LeaseLost, LeaseOperation, LeaseState,
+    OutcomeNotice, SettleOperation, SettlementFailed,
 };
 pub use recipient::{DeliverEvent, DeliverJob, RecipientBus, RecipientJobs};
 pub use report::{DrainReport, Outcome};

@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | [`LeaseHandedOver`] | heartbeat | delivery |
 //! | [`HeartbeatLoss`] | heartbeat | delivery |
+//! | [`CancelRequested`] | heartbeat | delivery |
 //! | [`HandlerReturned`] | delivery | claimer |
 //! | [`DeliveryEnded`] | delivery | claimer |
 //! | [`DeliveryFinished`] | delivery | coordinator |
@@ -24,7 +25,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::error::Error;
-use crate::notices::{DeadLetter, LeaseLost, Notice};
+use crate::notices::{CancelledMessage, DeadLetter, LeaseLost, Notice};
 use crate::report::Outcome;
 
 /// What the heartbeat knows of the lease when the delivery is done: its
@@ -54,6 +55,12 @@ pub(crate) struct LeaseHandedOver(pub(crate) HandOver);
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub(crate) struct HeartbeatLoss(pub(crate) LeaseLost);
+
+/// A renewal reported that an operator cancelled the message: the
+/// delivery tells its handler.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct CancelRequested;
 
 /// A delivery's handler returned; its settlement is still under way, but
 /// it no longer needs a slot.
@@ -92,7 +99,8 @@ pub(crate) struct DeliveryFinished {
 }
 
 /// Messages a claim of the running pass dead-lettered because their
-/// attempts were used up.
+/// attempts were used up, or cancelled because an operator asked to while
+/// their claim ran out.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub(crate) struct Abandoned {
@@ -100,6 +108,8 @@ pub(crate) struct Abandoned {
     pub(crate) pass: u64,
     /// One per abandoned message.
     pub(crate) dead_letters: Vec<DeadLetter>,
+    /// One per message cancelled at claim.
+    pub(crate) cancelled: Vec<CancelledMessage>,
 }
 
 /// The claimer of a pass stopped: it claimed, and started a delivery for,

@@ -16,6 +16,7 @@
 //! | `outbox_retried_total` | counter | messages | `kind`, `name` | failed and settled for a retry |
 //! | `outbox_dead_lettered_total` | counter | messages | `kind`, `name`, `abandoned` | dead-lettered; `abandoned="true"` when at claim, attempts used up |
 //! | `outbox_settlement_failed_total` | counter | messages | `kind`, `name`, `claim_lost` | the outcome could not be stored |
+//! | `outbox_cancelled_total` | counter | messages | `kind`, `name`, `at_claim` | cancelled while claimed, never to run again: after a failed handler, or at claim (`at_claim="true"`), the lease run out |
 //! | `outbox_released_total` | counter | messages | `kind`, `name` | claims given back unsettled: at shutdown, or because a claim came back with less lease left than it took |
 //! | `outbox_release_failed_total` | counter | messages | `kind`, `name` | claims not given back (the store failed or did not answer); claimable after their lease |
 //! | `outbox_claim_failed_total` | counter | claims | none | claims that failed or broke the store's contract; each stops its pass claiming |
@@ -46,7 +47,7 @@ use metrics::{
 };
 use outbox::{ClaimedMessage, MessageKind};
 
-use crate::notices::{DeadLetter, LeaseLost, LeaseState, SettlementFailed};
+use crate::notices::{CancelledMessage, DeadLetter, LeaseLost, LeaseState, SettlementFailed};
 use crate::report::Outcome;
 
 /// Counter: claims that started a delivery.
@@ -59,6 +60,8 @@ pub const RETRIED: &str = "outbox_retried_total";
 pub const DEAD_LETTERED: &str = "outbox_dead_lettered_total";
 /// Counter: outcomes that could not be stored, label `claim_lost`.
 pub const SETTLEMENT_FAILED: &str = "outbox_settlement_failed_total";
+/// Counter: messages cancelled while claimed, label `at_claim`.
+pub const CANCELLED: &str = "outbox_cancelled_total";
 /// Counter: claims given back unsettled (at shutdown, or claimed too late).
 pub const RELEASED: &str = "outbox_released_total";
 /// Counter: claims not given back.
@@ -110,6 +113,10 @@ pub(crate) fn describe() {
             "Lease notifications: lost, recovered or degraded.",
         ),
         (RETENTION_DELETED, "Settled messages deleted by retention."),
+        (
+            CANCELLED,
+            "Messages cancelled while claimed, after their handler or at claim.",
+        ),
     ];
     for (name, help) in counters {
         describe_counter!(name, Unit::Count, help);
@@ -164,6 +171,12 @@ pub(crate) fn dead_lettered(dead_letter: &DeadLetter) {
     .increment(1);
 }
 
+pub(crate) fn cancelled(cancelled: &CancelledMessage) {
+    counter!(CANCELLED, "kind" => cancelled.kind.as_str(), "name" => name(&cancelled.name),
+        "at_claim" => flag(cancelled.at_claim))
+    .increment(1);
+}
+
 pub(crate) fn settlement_failed(failure: &SettlementFailed) {
     counter!(SETTLEMENT_FAILED, "kind" => failure.kind.as_str(), "name" => name(&failure.name),
         "claim_lost" => flag(failure.claim_lost))
@@ -212,7 +225,10 @@ pub(crate) fn settled(
         Outcome::Delivered => "delivered",
         Outcome::Retried => "retried",
         Outcome::DeadLettered => "dead_lettered",
-        Outcome::SettlementFailed { .. } | Outcome::LeaseLost | Outcome::Released => return,
+        Outcome::SettlementFailed { .. }
+        | Outcome::LeaseLost
+        | Outcome::Released
+        | Outcome::Cancelled => return,
     };
     histogram!(DELIVERY_DURATION, "kind" => kind.as_str(), "name" => name(message_name),
         "outcome" => label)

@@ -251,7 +251,52 @@ impl DeadLetter {
     }
 }
 
-/// Settlement failures and dead letters, for outcome subscribers.
+/// A message an operator cancelled while it was claimed, which ended
+/// cancelled: never delivered, never run again.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct CancelledMessage {
+    /// The message id.
+    pub id: String,
+    /// The message kind.
+    pub kind: MessageKind,
+    /// The message name.
+    pub name: String,
+    /// Its queue.
+    pub queue: String,
+    /// Claims made.
+    pub attempts: u32,
+    /// `true` when a claim found it, its lease run out (its worker gone);
+    /// `false` when its handler failed after the request.
+    pub at_claim: bool,
+}
+
+impl CancelledMessage {
+    pub(crate) fn delivered(message: &ClaimedMessage) -> Self {
+        CancelledMessage {
+            id: message.id.clone(),
+            kind: message.kind,
+            name: message.name.clone(),
+            queue: message.queue.clone(),
+            attempts: message.attempts,
+            at_claim: false,
+        }
+    }
+
+    pub(crate) fn at_claim(message: &OutboxMessage) -> Self {
+        CancelledMessage {
+            id: message.id.clone(),
+            kind: message.kind,
+            name: message.name.clone(),
+            queue: message.queue.clone(),
+            attempts: message.attempts,
+            at_claim: true,
+        }
+    }
+}
+
+/// Settlement failures, dead letters and cancellations, for outcome
+/// subscribers.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 #[non_exhaustive]
@@ -260,6 +305,8 @@ pub enum OutcomeNotice {
     SettlementFailed(SettlementFailed),
     /// A message was dead-lettered.
     DeadLettered(DeadLetter),
+    /// A message cancelled while claimed ended cancelled.
+    Cancelled(CancelledMessage),
 }
 
 /// Something a delivery wants subscribers to hear about.

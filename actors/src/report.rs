@@ -34,12 +34,20 @@ pub struct DrainReport {
     pub lease_lost: u64,
     /// Claims given back unsettled at shutdown.
     pub released: u64,
+    /// Cancelled by an operator while claimed: their handler failed after
+    /// the request, or their claim had run out and a claim found them
+    /// (`cancelled_at_claim`). Never delivered, never run again.
+    pub cancelled: u64,
+    /// Of `cancelled`, those found by a claim, their lease run out: not
+    /// counted in `claimed`.
+    pub cancelled_at_claim: u64,
 }
 
 impl DrainReport {
-    /// Messages the pass touched: claimed plus abandoned.
+    /// Messages the pass touched: claimed plus abandoned plus cancelled at
+    /// claim.
     pub fn selected(&self) -> u64 {
-        self.claimed + self.abandoned_dead_lettered
+        self.claimed + self.abandoned_dead_lettered + self.cancelled_at_claim
     }
 
     pub(crate) fn add(&mut self, outcome: Outcome) {
@@ -55,6 +63,7 @@ impl DrainReport {
             }
             Outcome::LeaseLost => self.lease_lost += 1,
             Outcome::Released => self.released += 1,
+            Outcome::Cancelled => self.cancelled += 1,
         }
     }
 }
@@ -69,6 +78,8 @@ impl std::ops::AddAssign for DrainReport {
         self.settlement_failed += pass.settlement_failed;
         self.lease_lost += pass.lease_lost;
         self.released += pass.released;
+        self.cancelled += pass.cancelled;
+        self.cancelled_at_claim += pass.cancelled_at_claim;
     }
 }
 
@@ -77,7 +88,7 @@ impl fmt::Display for DrainReport {
         write!(
             f,
             "claimed {}, delivered {}, retried {}, dead-lettered {} ({} abandoned), \
-             settlement failed {}, lease lost {}, released {}",
+             settlement failed {}, lease lost {}, released {}, cancelled {} ({} at claim)",
             self.claimed,
             self.delivered,
             self.retried,
@@ -85,7 +96,9 @@ impl fmt::Display for DrainReport {
             self.abandoned_dead_lettered,
             self.settlement_failed,
             self.lease_lost,
-            self.released
+            self.released,
+            self.cancelled,
+            self.cancelled_at_claim
         )
     }
 }
@@ -115,4 +128,7 @@ pub enum Outcome {
     /// the claim took so long that less of its lease was left than the claim
     /// itself had taken (a handler started on it would likely outlive it).
     Released,
+    /// Cancelled by an operator while it was being delivered, and its
+    /// handler failed: stored as cancelled, never to run again.
+    Cancelled,
 }

@@ -21,8 +21,10 @@ pub(crate) const MAX_BATCHES_PER_RUN: usize = 100;
 /// A failing store ends the run; the next one tries again.
 pub(crate) async fn run(drain: &DrainContext) -> u64 {
     let retention: RetentionConfig = drain.config.retention;
+    // Cancelled messages go with delivered ones: both are done with.
     let horizons = [
         (MessageStatus::Delivered, retention.delivered_horizon()),
+        (MessageStatus::Cancelled, retention.delivered_horizon()),
         (MessageStatus::DeadLettered, retention.dead_lettered),
     ];
     let mut total = 0;

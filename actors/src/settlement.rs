@@ -18,9 +18,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
 use outbox::{
     ClaimedMessage, DeliveryError, DeliveryResult, ErrorRecord, MarkDelivered, MarkFailed,
-    ReleaseClaim,
+    MessageStatus, ReleaseClaim,
 };
 
 use crate::context::{DrainContext, after, until};
@@ -89,6 +90,9 @@ pub(crate) enum End {
     },
     /// Stored as dead-lettered.
     DeadLettered(DeadLetter),
+    /// The handler failed after an operator cancelled the message: the
+    /// store recorded the failure as the cancellation.
+    Cancelled,
     /// The outcome could not be stored.
     Unsettled(SettlementFailed),
 }
@@ -114,6 +118,7 @@ impl Settlement {
                 End::Delivered { .. } => Outcome::Delivered,
                 End::Retried { .. } => Outcome::Retried,
                 End::DeadLettered(_) => Outcome::DeadLettered,
+                End::Cancelled => Outcome::Cancelled,
                 End::Unsettled(failure) => Outcome::SettlementFailed {
                     claim_lost: failure.claim_lost,
                 },
@@ -157,51 +162,59 @@ enum Unwritten {
     Failed(outbox::Error),
 }
 
-/// One settlement write under the claim token, bounded by `deadline`.
+/// One settlement write under the claim token, bounded by `deadline`;
+/// answers `true` when the store recorded a failure as the message's
+/// cancellation (an operator asked for it while it was claimed).
 async fn write_once(
     drain: &DrainContext,
     message: &ClaimedMessage,
     write: &Write,
     deadline: DateTime<Utc>,
-) -> Result<(), Unwritten> {
+) -> Result<bool, Unwritten> {
     let now = drain.now();
     let remaining = until(now, deadline);
     if remaining.is_zero() {
         return Err(Unwritten::Expired);
     }
     let delete = drain.config.retention.delete_on_delivery;
-    let call = match write {
-        Write::Delivered => drain.store.mark_delivered(MarkDelivered {
-            id: message.id.clone(),
-            claim_token: message.claim_token.clone(),
-            now,
-            delete,
-        }),
+    let call: BoxFuture<'_, outbox::Result<bool>> = match write {
+        Write::Delivered => {
+            let delivered = drain.store.mark_delivered(MarkDelivered {
+                id: message.id.clone(),
+                claim_token: message.claim_token.clone(),
+                now,
+                delete,
+            });
+            Box::pin(async move { delivered.await.map(|()| false) })
+        }
         Write::Failed {
             error,
             dead_letter,
             retry_at,
             ..
-        } => drain.store.mark_failed(MarkFailed {
-            id: message.id.clone(),
-            claim_token: message.claim_token.clone(),
-            error: error.clone(),
-            dead_letter: *dead_letter,
-            now,
-            retry_at: *retry_at,
-        }),
+        } => {
+            let failed = drain.store.settle_failure(MarkFailed {
+                id: message.id.clone(),
+                claim_token: message.claim_token.clone(),
+                error: error.clone(),
+                dead_letter: *dead_letter,
+                now,
+                retry_at: *retry_at,
+            });
+            Box::pin(async move { Ok(failed.await? == MessageStatus::Cancelled) })
+        }
     };
     match tokio::time::timeout(remaining, call).await {
         Err(_) => Err(Unwritten::Deadline),
         Ok(Err(error)) => Err(Unwritten::Failed(error)),
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(cancelled)) => Ok(cancelled),
     }
 }
 
 /// The settlement attempts after the first write failed with
 /// `first_error`: up to the configured attempts in all, with doubling
 /// delay, each bounded by `deadline`. The errors of the attempts that were
-/// followed by another go to `failed_attempts`.
+/// followed by another go to `failed_attempts`. Answers as [`write_once`].
 async fn retry_settlement(
     drain: &DrainContext,
     message: &ClaimedMessage,
@@ -209,7 +222,7 @@ async fn retry_settlement(
     write: &Write,
     first_error: outbox::Error,
     failed_attempts: &mut Vec<(u32, outbox::Error)>,
-) -> Result<(), Unsettled> {
+) -> Result<bool, Unsettled> {
     let missed_deadline = || Unsettled {
         error: LeaseLostError::new(
             &message.id,
@@ -239,7 +252,7 @@ async fn retry_settlement(
             .saturating_mul(1 << (attempt - 2).min(20));
         tokio::time::sleep(backoff.min(remaining).max(Duration::from_millis(1))).await;
         match write_once(drain, message, write, deadline).await {
-            Ok(()) => return Ok(()),
+            Ok(cancelled) => return Ok(cancelled),
             Err(Unwritten::Expired | Unwritten::Deadline) => return Err(missed_deadline()),
             Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
                 return Err(Unsettled {
@@ -338,12 +351,12 @@ pub(crate) async fn settle_delivery(
     let store_faulted = match &first {
         Err(Unwritten::Deadline) => true,
         Err(Unwritten::Failed(error)) => !error.is_claim_lost(),
-        Ok(()) | Err(Unwritten::Expired) => false,
+        Ok(_) | Err(Unwritten::Expired) => false,
     };
     let (renewal, settled) = match first {
-        Ok(()) => (
+        Ok(cancelled) => (
             renewal_error.map(|error| lease(LeaseState::Recovered, false, error)),
-            Ok(()),
+            Ok(cancelled),
         ),
         Err(Unwritten::Expired) => {
             // Nothing was written: as a final extension found too late.
@@ -434,11 +447,12 @@ pub(crate) async fn settle_delivery(
             error: unsettled.error,
             claim_lost: unsettled.claim_lost,
         }),
-        (Ok(()), Write::Delivered) => End::Delivered {
+        (Ok(_), Write::Delivered) => End::Delivered {
             deleted: drain.config.retention.delete_on_delivery,
         },
+        (Ok(true), Write::Failed { .. }) => End::Cancelled,
         (
-            Ok(()),
+            Ok(false),
             Write::Failed {
                 error,
                 dead_letter: true,
@@ -446,7 +460,7 @@ pub(crate) async fn settle_delivery(
             },
         ) => End::DeadLettered(DeadLetter::delivered(message, error)),
         (
-            Ok(()),
+            Ok(false),
             Write::Failed {
                 error,
                 retry_at,

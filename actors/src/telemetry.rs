@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::events;
 use crate::messages::GiveBack;
 use crate::metrics;
-use crate::notices::{DeadLetter, LeaseLost, LeaseState, SettlementFailed};
+use crate::notices::{CancelledMessage, DeadLetter, LeaseLost, LeaseState, SettlementFailed};
 use crate::report::{DrainReport, Outcome};
 
 /// The span a delivery runs in: `outbox deliver {name}`.
@@ -135,6 +135,21 @@ pub(crate) fn dead_lettered(dead_letter: &DeadLetter) {
             abandoned = dead_letter.abandoned, error = %dead_letter.error, "job dead-lettered");
     }
     metrics::dead_lettered(dead_letter);
+}
+
+/// A renewal reported the message's cancellation; its handler is told.
+pub(crate) fn cancel_requested(message: &ClaimedMessage) {
+    tracing::info!(target: "outbox", event = events::CANCEL_REQUESTED, id = %message.id,
+        kind = message.kind.as_str(), name = %message.name, queue = %message.queue,
+        attempt = message.attempts, "outbox message cancelled while it is delivered");
+}
+
+pub(crate) fn cancelled(cancelled: &CancelledMessage) {
+    tracing::info!(target: "outbox", event = events::CANCELLED, id = %cancelled.id,
+        kind = cancelled.kind.as_str(), name = %cancelled.name, queue = %cancelled.queue,
+        attempts = cancelled.attempts, at_claim = cancelled.at_claim,
+        "outbox message cancelled");
+    metrics::cancelled(cancelled);
 }
 
 pub(crate) fn lease_failure(failure: &LeaseLost) {
@@ -326,7 +341,7 @@ pub(crate) fn pass_finished(
     tracing::debug!(target: "outbox", event = events::PASS_FINISHED, claimed = report.claimed,
         delivered = report.delivered, retried = report.retried, dead_lettered = report.dead_lettered,
         settlement_failed = report.settlement_failed, lease_lost = report.lease_lost,
-        "outbox drain pass finished");
+        cancelled = report.cancelled, "outbox drain pass finished");
     if last_sample.is_some_and(|at| at.elapsed() < PENDING_SAMPLE_INTERVAL) {
         return;
     }

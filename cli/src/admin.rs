@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use outbox::kit::check;
 use outbox::{
     AnyOutbox, BlockedKey, Clock, ListCursor, ListMessages, MessagePage, OutboxAdmin,
-    OutboxMessage, OutboxStats, PurgeMessages, RequeueDeadLetters, SkipDeadLetter, SystemClock,
-    UnreadableMessage,
+    OutboxMessage, OutboxStats, PurgeMessages, QueueState, RequeueDeadLetters, SkipDeadLetter,
+    SystemClock, UnreadableMessage,
 };
 use serde::Serialize;
 
@@ -69,6 +69,7 @@ pub(crate) async fn status(store: &AnyOutbox, args: StatusArgs) -> Outcome {
     } else {
         Vec::new()
     };
+    let queues = store.queues().await?;
     let oldest_age = stats
         .oldest_due_at
         .map(|at| (now - at).to_std().unwrap_or_default());
@@ -80,6 +81,7 @@ pub(crate) async fn status(store: &AnyOutbox, args: StatusArgs) -> Outcome {
             stats,
             oldest_due_age_seconds: oldest_age.map(|age| age.as_secs_f64()),
             blocked: &blocked,
+            queues: &queues,
         };
         outln!("{}", pretty(&document));
         return Ok(());
@@ -110,12 +112,46 @@ pub(crate) async fn status(store: &AnyOutbox, args: StatusArgs) -> Outcome {
         String::new(),
     ]);
     table.row(vec![
+        "cancelled".into(),
+        stats.cancelled.to_string(),
+        String::new(),
+    ]);
+    table.row(vec![
         "total".into(),
         stats.total().to_string(),
         String::new(),
     ]);
     outln!("outbox table {}", store.table());
     out!("{}", table.render());
+    // One queue, served, is the usual case: a table of it says nothing.
+    let only_default = matches!(
+        &queues[..],
+        [] | [QueueState {
+            paused_at: None,
+            ..
+        }]
+    ) && queues.iter().all(|q| q.queue == outbox::DEFAULT_QUEUE);
+    if !only_default {
+        outln!("\nqueues:");
+        let mut rows = Table::new(&["QUEUE", "PENDING", "CLAIMED", "STATE"]);
+        for queue in &queues {
+            let state = match queue.paused_at {
+                Some(at) => format!(
+                    "paused since {} (`outbox resume {}`)",
+                    time(at),
+                    queue.queue
+                ),
+                None => "served".to_owned(),
+            };
+            rows.row(vec![
+                queue.queue.clone(),
+                queue.pending.to_string(),
+                queue.claimed.to_string(),
+                state,
+            ]);
+        }
+        out!("{}", rows.render());
+    }
     if !blocked.is_empty() {
         outln!(
             "\n{} ordering key{} held by a dead letter (under ordering.on_dead_letter = \"block\" \
@@ -170,6 +206,8 @@ struct StatusDocument<'a> {
     oldest_due_age_seconds: Option<f64>,
     /// The first blocked ordering keys, by key.
     blocked: &'a [BlockedKey],
+    /// Every queue with pending or claimed messages, and every paused one.
+    queues: &'a [QueueState],
 }
 
 /// What `list --json` prints.
@@ -370,6 +408,11 @@ fn describe(message: &OutboxMessage, now: DateTime<Utc>) -> String {
     field("kind", message.kind.to_string());
     field("name", message.name.clone());
     field("status", message.status.to_string());
+    field("queue", message.queue.clone());
+    field("priority", message.priority.to_string());
+    if let Some(requested) = message.cancel_requested_at {
+        field("cancel requested", when(requested));
+    }
     field(
         "attempts",
         format!(
@@ -556,10 +599,13 @@ pub(crate) async fn purge(store: &AnyOutbox, args: PurgeArgs) -> Outcome {
         humantime::format_duration(args.older_than)
     );
     if !args.yes {
-        confirm(&format!(
-            "Delete {what} from table {}? This cannot be undone.",
-            store.table()
-        ))?;
+        confirm(
+            &format!(
+                "Delete {what} from table {}? This cannot be undone.",
+                store.table()
+            ),
+            "purge",
+        )?;
     }
     let purged = store.purge(params).await?;
     outln!(
@@ -571,14 +617,15 @@ pub(crate) async fn purge(store: &AnyOutbox, args: PurgeArgs) -> Outcome {
     Ok(())
 }
 
-/// Ask on the terminal; refuse when there is none to ask on.
-fn confirm(question: &str) -> Outcome {
+/// Ask on the terminal before `action`; refuse when there is none to ask
+/// on.
+pub(crate) fn confirm(question: &str, action: &str) -> Outcome {
     let stdin = std::io::stdin();
     if !stdin.is_terminal() {
-        return Err(Failure::usage(
-            "refusing to purge without confirmation: standard input is not a terminal",
-        )
-        .hint("pass --yes to purge without being asked"));
+        return Err(Failure::usage(format!(
+            "refusing to {action} without confirmation: standard input is not a terminal"
+        ))
+        .hint(format!("pass --yes to {action} without being asked")));
     }
     eprint!("{question} [y/N] ");
     std::io::stderr().flush().ok();
@@ -590,7 +637,9 @@ fn confirm(question: &str) -> Outcome {
     if matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
         Ok(())
     } else {
-        Err(Failure::operational("purge cancelled; nothing was deleted"))
+        Err(Failure::operational(format!(
+            "{action} called off; nothing was changed"
+        )))
     }
 }
 

@@ -25,6 +25,8 @@ Examples:
   outbox show 0196a1b2-...
   outbox requeue --all-dead-lettered --name order.placed
   outbox purge --status delivered --older-than 7d --yes
+  outbox pause emails
+  outbox cancel 0196a1b2-...
   outbox drain --once --print
   outbox relay --to nats://127.0.0.1:4222 --subject-prefix events. --stream EVENTS
 
@@ -101,9 +103,21 @@ pub(crate) enum Command {
     #[command(after_help = SKIP_AFTER_HELP)]
     Skip(SkipArgs),
 
-    /// Delete delivered or dead-lettered messages that last changed before a horizon.
+    /// Delete delivered, dead-lettered or cancelled messages that last changed before a horizon.
     #[command(after_help = PURGE_AFTER_HELP)]
     Purge(PurgeArgs),
+
+    /// Stop claiming from a queue, in every process, until it is resumed.
+    #[command(after_help = PAUSE_AFTER_HELP)]
+    Pause(QueueArgs),
+
+    /// Claim from a paused queue again, waking idle drains.
+    #[command(after_help = RESUME_AFTER_HELP)]
+    Resume(QueueArgs),
+
+    /// Cancel a pending or scheduled message, or every one matching a filter.
+    #[command(after_help = CANCEL_AFTER_HELP)]
+    Cancel(CancelArgs),
 
     /// Deliver messages: to a shell command per message, or as JSON lines on stdout.
     #[command(after_help = DRAIN_AFTER_HELP)]
@@ -185,6 +199,43 @@ Prints which migrations it applied, or that the table was already up to date.
 Examples:
   outbox --database sqlite://app.db migrate
   outbox --database postgres://app@db/app --table jobs.outbox migrate";
+
+const PAUSE_AFTER_HELP: &str = "\
+The pause is stored with the outbox: every drain, in every process, stops
+claiming from the queue at its next claim, and it stays paused across restarts.
+Messages already claimed finish and settle as usual; other queues are not
+affected. A queue need not hold messages to be paused. `outbox status` lists
+paused queues.
+
+Examples:
+  outbox pause emails
+  outbox resume emails";
+
+const RESUME_AFTER_HELP: &str = "\
+Drains waiting for work are woken, so due messages of the queue are claimed at
+once (a drain in another process on SQLite claims at its next tick).
+
+Examples:
+  outbox resume emails";
+
+const CANCEL_AFTER_HELP: &str = "\
+A pending message (due, or scheduled for later) becomes `cancelled` at once and
+is never delivered; it is kept for the record until purged or removed by
+retention. A message being delivered keeps running: its handler sees the
+cancellation at the lease's next renewal, and if it then fails (or its claim is
+given back) the message ends cancelled instead of being retried; if it succeeds
+anyway, it is recorded as delivered. A delivered, dead-lettered or cancelled
+message is refused with its status (exit 1).
+
+With filters, every pending and claimed message matching all of them is
+cancelled; --dry-run only counts them. On a terminal it asks for confirmation
+unless --yes is given; when standard input is not a terminal, cancelling by
+filter without --yes is refused (exit 2).
+
+Examples:
+  outbox cancel 0196a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b
+  outbox cancel --queue emails --name newsletter.send --dry-run
+  outbox cancel --key order-7 --yes";
 
 const STATUS_AFTER_HELP: &str = "\
 Examples:
@@ -280,7 +331,7 @@ pub(crate) struct StatusArgs {
 /// `list` flags.
 #[derive(Debug, Args)]
 pub(crate) struct ListArgs {
-    /// Only messages in this status: pending, claimed, delivered or dead_lettered.
+    /// Only messages in this status: pending, claimed, delivered, dead_lettered or cancelled.
     #[arg(long, short = 's', value_parser = parse_status)]
     pub(crate) status: Option<MessageStatus>,
 
@@ -327,6 +378,43 @@ pub(crate) struct ShowArgs {
     pub(crate) json: bool,
 }
 
+/// `pause` and `resume` flags.
+#[derive(Debug, Args)]
+pub(crate) struct QueueArgs {
+    /// The queue.
+    pub(crate) queue: String,
+}
+
+/// `cancel` flags.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("which").required(true).multiple(true)
+    .args(["id", "name", "key", "queue"])))]
+pub(crate) struct CancelArgs {
+    /// The message to cancel.
+    #[arg(conflicts_with_all = ["name", "key", "queue"])]
+    pub(crate) id: Option<String>,
+
+    /// Only messages with this name.
+    #[arg(long, short = 'n')]
+    pub(crate) name: Option<String>,
+
+    /// Only messages with this ordering key.
+    #[arg(long, short = 'k')]
+    pub(crate) key: Option<String>,
+
+    /// Only messages in this queue.
+    #[arg(long, short = 'q')]
+    pub(crate) queue: Option<String>,
+
+    /// Count what would be cancelled; change nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub(crate) yes: bool,
+}
+
 /// `skip` flags.
 #[derive(Debug, Args)]
 pub(crate) struct SkipArgs {
@@ -353,7 +441,7 @@ pub(crate) struct RequeueArgs {
 /// `purge` flags.
 #[derive(Debug, Args)]
 pub(crate) struct PurgeArgs {
-    /// Which messages: delivered or dead_lettered.
+    /// Which messages: delivered, dead_lettered or cancelled.
     #[arg(long, short = 's', value_parser = parse_status)]
     pub(crate) status: MessageStatus,
 
@@ -452,6 +540,12 @@ pub(crate) struct RunArgs {
     #[arg(long, short = 'c', value_name = "N")]
     pub(crate) concurrency: Option<usize>,
 
+    /// Serve this queue, with N deliveries of it in flight at once
+    /// [default N: --concurrency]; repeat for more queues. Without it, the
+    /// `default` queue alone is served; with it, only the queues named.
+    #[arg(long = "queue", value_name = "NAME[=N]", value_parser = parse_queue)]
+    pub(crate) queue: Vec<(String, Option<usize>)>,
+
     /// Messages claimed ahead of free delivery slots (at most 4096), so a
     /// slot that frees starts the next message without waiting for a claim
     /// [default: the runtime's `DrainConfig` default for drain, 256 for relay].
@@ -513,8 +607,26 @@ pub(crate) struct RunArgs {
 
 fn parse_status(value: &str) -> Result<MessageStatus, String> {
     value.parse().map_err(|_| {
-        format!("{value:?} is not a status; use pending, claimed, delivered or dead_lettered")
+        format!(
+            "{value:?} is not a status; use pending, claimed, delivered, dead_lettered or cancelled"
+        )
     })
+}
+
+fn parse_queue(value: &str) -> Result<(String, Option<usize>), String> {
+    let (name, concurrency) = match value.split_once('=') {
+        Some((name, n)) => {
+            let n = n.parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                format!("{n:?} is not a number of deliveries; write NAME=N with N at least 1")
+            })?;
+            (name, Some(n))
+        }
+        None => (value, None),
+    };
+    if name.is_empty() {
+        return Err("the queue's name is empty; write NAME or NAME=N".into());
+    }
+    Ok((name.to_owned(), concurrency))
 }
 
 fn parse_duration(value: &str) -> Result<Duration, String> {

@@ -17,8 +17,8 @@ use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
 use outbox::{
     AnyOutbox, ArmOutcome, ConfigError, DeliveryContext, DeliveryResult, DrainConfig, EventBus,
-    InProcessBus, InProcessJobs, JobDispatcher, MessageKind, Payload, RawMessage, Registry,
-    RetentionConfig, RetryPolicy, SystemClock, TraceCarrier, Wakeups,
+    InProcessBus, InProcessJobs, JobDispatcher, MessageKind, Payload, QueueConfig, RawMessage,
+    Registry, RetentionConfig, RetryPolicy, SystemClock, TraceCarrier, Wakeups,
 };
 use outbox_actors::{Drain, DrainCoordinator, DrainReport, GetStatus, Shutdown};
 use serde::Serialize;
@@ -115,9 +115,15 @@ pub(crate) async fn run_passes(
 
 /// The drain settings from the flags, validated; errors name the flag.
 fn config(args: &RunArgs, defaults: &Defaults) -> Result<DrainConfig, Failure> {
+    let concurrency = args.concurrency.unwrap_or(defaults.concurrency);
     let config = DrainConfig {
         batch_size: args.batch_size.unwrap_or(defaults.batch_size),
-        concurrency: args.concurrency.unwrap_or(defaults.concurrency),
+        concurrency,
+        queues: args
+            .queue
+            .iter()
+            .map(|(name, n)| (name.clone(), QueueConfig::new(n.unwrap_or(concurrency))))
+            .collect(),
         prefetch: args.prefetch.unwrap_or(defaults.prefetch),
         lease: args.lease,
         heartbeat: args.heartbeat,
@@ -158,6 +164,7 @@ fn flag(field: &str) -> String {
         "retention.delivered" => "--retain-delivered".to_owned(),
         "retention.dead_lettered" => "--retain-dead-lettered".to_owned(),
         "retention.delete_on_delivery" => "--delete-on-delivery".to_owned(),
+        "queues" | "queues.concurrency" => "--queue".to_owned(),
         field => format!("--{}", field.replace(['_', '.'], "-")),
     }
 }

@@ -12,6 +12,7 @@
 //! - `cli.rs`: the command line as clap sees it, with every `--help` text.
 //! - `open.rs`: opening the outbox the flags name, and its failures.
 //! - `admin.rs`: `migrate`, `status`, `list`, `show`, `requeue`, `skip`, `purge`.
+//! - `queues.rs`: `pause`, `resume`, `cancel`.
 //! - `drain.rs`: `drain`, and the passes `relay` runs too.
 //! - `relay.rs`: `relay`, to a broker of `outbox-brokers`.
 //! - `web.rs`: `web`, the dashboard of `outbox-web`.
@@ -46,6 +47,7 @@ mod drain;
 mod fail;
 mod open;
 mod output;
+mod queues;
 mod relay;
 mod web;
 
@@ -85,6 +87,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Requeue(_)
         | Command::Skip(_)
         | Command::Purge(_)
+        | Command::Pause(_)
+        | Command::Resume(_)
+        | Command::Cancel(_)
         | Command::Drain(_)
         | Command::Relay(_) => OpenMode::Existing,
         Command::Web(ref args) if args.read_only => OpenMode::ReadOnly,
@@ -109,6 +114,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Requeue(args) => admin::requeue(&store, args).await,
         Command::Skip(args) => admin::skip(&store, args).await,
         Command::Purge(args) => admin::purge(&store, args).await,
+        Command::Pause(args) => queues::pause(&store, args).await,
+        Command::Resume(args) => queues::resume(&store, args).await,
+        Command::Cancel(args) => queues::cancel(&store, args).await,
         Command::Drain(args) => drain::drain(&store, args).await,
         Command::Relay(args) => relay::relay(&store, args).await,
         Command::Web(args) => web::serve(&store, args, bind.expect("checked above")).await,

@@ -207,6 +207,7 @@ impl<S: OutboxStore + OutboxAdmin> Fixture<S> {
                 now: at,
                 lease,
                 max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+                queues: Vec::new(),
             })
             .await
             .unwrap();
@@ -300,7 +301,157 @@ on_every_store!(
     drain_once_counts_every_pass_and_exits_3_when_a_delivery_failed,
     skip_unblocks_an_ordering_key_that_status_lists,
     drain_deletes_settled_messages_when_asked,
+    pause_and_resume_a_queue_that_status_lists_and_drains_honour,
+    cancel_one_message_or_a_filtered_set_after_a_count,
 );
+
+/// A pending message named `name` in `queue`.
+async fn queued<S: OutboxStore + OutboxAdmin>(f: &Fixture<S>, name: &str, queue: &str) -> String {
+    let message =
+        NewMessage::new(MessageKind::Event, name, serde_json::json!({}).into()).with_queue(queue);
+    f.store.enqueue(message).await.unwrap().into_id()
+}
+
+async fn pause_and_resume_a_queue_that_status_lists_and_drains_honour<
+    S: OutboxStore + OutboxAdmin,
+>(
+    f: Fixture<S>,
+) {
+    let mail = queued(&f, "mail.send", "emails").await;
+    let paused = f.run(&["pause", "emails"]).ok();
+    assert!(
+        paused.stdout.starts_with("paused queue \"emails\""),
+        "{}",
+        paused.stdout
+    );
+    let again = f.run(&["pause", "emails"]).ok();
+    assert!(again.stdout.contains("already paused"), "{}", again.stdout);
+    f.run(&["pause", "two words"]).code(2);
+
+    let status = f.run(&["status"]).ok();
+    let row = status
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("emails"))
+        .unwrap_or_else(|| panic!("no queue row:\n{}", status.stdout));
+    assert!(row.contains("paused since"), "{row}");
+    let json = f.run(&["status", "--json"]).ok().json();
+    assert_eq!(json["queues"][0]["queue"], "emails");
+    assert_eq!(json["queues"][0]["pending"], 1);
+    assert!(json["queues"][0]["paused_at"].is_string(), "{json}");
+
+    // A drain serving the queue claims nothing from it while it is paused.
+    let run = f
+        .run(&["drain", "--once", "--print", "--queue", "emails=2"])
+        .ok();
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    assert_eq!(f.message(&mail).await.status, MessageStatus::Pending);
+
+    let resumed = f.run(&["resume", "emails"]).ok();
+    assert!(
+        resumed.stdout.starts_with("resumed queue"),
+        "{}",
+        resumed.stdout
+    );
+    let not = f.run(&["resume", "emails"]).ok();
+    assert!(not.stdout.contains("was not paused"), "{}", not.stdout);
+    // A drain that does not serve the queue leaves it alone.
+    let run = f.run(&["drain", "--once", "--print"]).ok();
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    let run = f
+        .run(&["drain", "--once", "--print", "--queue", "emails"])
+        .ok();
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    assert_eq!(f.message(&mail).await.status, MessageStatus::Delivered);
+    f.run(&["drain", "--once", "--print", "--queue", "emails=0"])
+        .code(2);
+}
+
+async fn cancel_one_message_or_a_filtered_set_after_a_count<S: OutboxStore + OutboxAdmin>(
+    f: Fixture<S>,
+) {
+    let one = queued(&f, "order.placed", "default").await;
+    let two = queued(&f, "order.placed", "emails").await;
+    let other = queued(&f, "order.shipped", "emails").await;
+    let done = f.delivered("order.placed", hours_ago(1)).await;
+
+    let cancelled = f.run(&["cancel", &one]).ok();
+    assert!(
+        cancelled.stdout.starts_with(&format!("cancelled {one}")),
+        "{}",
+        cancelled.stdout
+    );
+    assert_eq!(f.message(&one).await.status, MessageStatus::Cancelled);
+    // Settled messages are refused with their status.
+    let refused = f.run(&["cancel", &one]).code(1);
+    assert!(
+        refused.stderr.contains("is cancelled"),
+        "{}",
+        refused.stderr
+    );
+    let refused = f.run(&["cancel", &done]).code(1);
+    assert!(
+        refused.stderr.contains("is delivered"),
+        "{}",
+        refused.stderr
+    );
+    f.run(&["cancel", "no-such-message"]).code(1);
+    // Nothing to cancel by, or an id with a filter: usage errors.
+    f.run(&["cancel"]).code(2);
+    f.run(&["cancel", &two, "--name", "order.placed"]).code(2);
+
+    let dry = f
+        .run(&["cancel", "--name", "order.placed", "--dry-run"])
+        .ok();
+    assert!(
+        dry.stdout
+            .starts_with("would cancel: 1 pending message to cancel"),
+        "{}",
+        dry.stdout
+    );
+    // No terminal to ask on and no --yes: refused, and told to pass --yes.
+    let unconfirmed = f.run(&["cancel", "--name", "order.placed"]).code(2);
+    assert!(
+        unconfirmed.stderr.contains("--yes"),
+        "{}",
+        unconfirmed.stderr
+    );
+    assert_eq!(f.message(&two).await.status, MessageStatus::Pending);
+    let all = f
+        .run(&[
+            "cancel",
+            "--queue",
+            "emails",
+            "--name",
+            "order.placed",
+            "--yes",
+        ])
+        .ok();
+    assert!(
+        all.stdout.starts_with("cancelled 1 message;"),
+        "{}",
+        all.stdout
+    );
+    assert_eq!(f.message(&two).await.status, MessageStatus::Cancelled);
+    assert_eq!(f.message(&other).await.status, MessageStatus::Pending);
+    let status = f.run(&["status"]).ok();
+    assert!(
+        status
+            .stdout
+            .lines()
+            .any(|line| line.starts_with("cancelled") && line.contains('2')),
+        "{}",
+        status.stdout
+    );
+    let show = f.run(&["show", &two]).ok();
+    assert!(
+        show.stdout
+            .lines()
+            .any(|line| line.starts_with("queue") && line.contains("emails")),
+        "{}",
+        show.stdout
+    );
+}
 
 async fn skip_unblocks_an_ordering_key_that_status_lists<S: OutboxStore + OutboxAdmin>(
     f: Fixture<S>,
@@ -325,6 +476,7 @@ async fn skip_unblocks_an_ordering_key_that_status_lists<S: OutboxStore + Outbox
             now: at,
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -386,6 +538,7 @@ async fn skip_unblocks_an_ordering_key_that_status_lists<S: OutboxStore + Outbox
             now: Utc::now(),
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();

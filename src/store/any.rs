@@ -31,9 +31,10 @@ use crate::store::sql::TableName;
 #[cfg(feature = "sqlite")]
 use crate::store::sqlite::SqliteOutbox;
 use crate::store::{
-    BlockedKey, ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage,
-    MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeBatch, PurgeMessages, ReleaseClaim,
-    RenewClaim, RequeueDeadLetters, RetryNow, SkipDeadLetter, Wakeups,
+    BlockedKey, CancelMessages, CancelReport, ClaimBatch, ClaimedBatch, Lease, ListMessages,
+    MarkDelivered, MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore,
+    PauseQueue, PurgeBatch, PurgeMessages, QueueState, ReleaseClaim, RenewClaim,
+    RequeueDeadLetters, RetryNow, SkipDeadLetter, Wakeups,
 };
 
 /// A SQL outbox on SQLite or PostgreSQL, chosen by URL at start-up.
@@ -606,12 +607,20 @@ impl OutboxStore for AnyOutbox {
         on_backend!(self, AnyOutbox, |store| store.renew_claim(params).await)
     }
 
+    async fn renew_lease(&self, params: RenewClaim) -> Result<Lease> {
+        on_backend!(self, AnyOutbox, |store| store.renew_lease(params).await)
+    }
+
     async fn mark_delivered(&self, params: MarkDelivered) -> Result<()> {
         on_backend!(self, AnyOutbox, |store| store.mark_delivered(params).await)
     }
 
     async fn mark_failed(&self, params: MarkFailed) -> Result<()> {
         on_backend!(self, AnyOutbox, |store| store.mark_failed(params).await)
+    }
+
+    async fn settle_failure(&self, params: MarkFailed) -> Result<crate::kind::MessageStatus> {
+        on_backend!(self, AnyOutbox, |store| store.settle_failure(params).await)
     }
 
     async fn release_claim(&self, params: ReleaseClaim) -> Result<()> {
@@ -682,5 +691,21 @@ impl OutboxAdmin for AnyOutbox {
 
     async fn blocked_keys(&self, limit: usize) -> Result<Vec<BlockedKey>> {
         on_backend!(self, AnyOutbox, |store| store.blocked_keys(limit).await)
+    }
+
+    async fn pause_queue(&self, params: PauseQueue) -> Result<bool> {
+        on_backend!(self, AnyOutbox, |store| store.pause_queue(params).await)
+    }
+
+    async fn resume_queue(&self, queue: &str) -> Result<bool> {
+        on_backend!(self, AnyOutbox, |store| store.resume_queue(queue).await)
+    }
+
+    async fn queues(&self) -> Result<Vec<QueueState>> {
+        on_backend!(self, AnyOutbox, |store| store.queues().await)
+    }
+
+    async fn cancel_messages(&self, params: CancelMessages) -> Result<CancelReport> {
+        on_backend!(self, AnyOutbox, |store| store.cancel_messages(params).await)
     }
 }

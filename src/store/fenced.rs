@@ -227,19 +227,29 @@ impl From<ReleaseClaim> for FencedWrite {
     }
 }
 
+/// What a fenced write found on the message it changed: whether an
+/// operator had asked to cancel it. For a renewal, its handler should hear
+/// of it; for a failure or a release, the message was cancelled instead.
+/// Always `false` for a delivery.
+pub(crate) type CancelRequested = bool;
+
 /// A store that can apply fenced writes in bulk.
 pub(crate) trait FencedBackend: Send + Sync + 'static {
     /// Apply `rows` (distinct ids), in one statement or one per kind of
     /// write. Per row: `Ok` when its token owned the message with a live
-    /// lease, [`Error::Claim`] when it did not, or the error of a statement
-    /// that failed. `Err` when nothing is known to be applied.
-    fn apply(&self, rows: &[FencedWrite]) -> impl Future<Output = Result<Vec<Result<()>>>> + Send;
+    /// lease, with whether the message carries a cancellation request;
+    /// [`Error::Claim`] when it did not; or the error of a statement that
+    /// failed. `Err` when nothing is known to be applied.
+    fn apply(
+        &self,
+        rows: &[FencedWrite],
+    ) -> impl Future<Output = Result<Vec<Result<CancelRequested>>>> + Send;
 }
 
 /// A call's fenced write waiting for a batch, and where its answer goes.
 struct QueuedWrite {
     row: FencedWrite,
-    reply: oneshot::Sender<Result<()>>,
+    reply: oneshot::Sender<Result<CancelRequested>>,
     /// When the call was made: its wait for a batch counts from here.
     arrived: tokio::time::Instant,
 }
@@ -279,7 +289,7 @@ impl<B: FencedBackend> FencedWriter<B> {
     }
 
     /// Apply one fenced write.
-    pub(crate) async fn run(&self, row: FencedWrite) -> Result<()> {
+    pub(crate) async fn run(&self, row: FencedWrite) -> Result<CancelRequested> {
         let operation = row.op.operation();
         let SettlementMode::Batched { window, max_rows } = self.mode else {
             let mut results = self

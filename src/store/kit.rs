@@ -100,9 +100,12 @@ pub mod check {
     use std::time::Duration;
 
     use crate::error::{AdminError, Error, Result};
-    use crate::store::{ClaimBatch, ListMessages, PurgeBatch, PurgeMessages, RequeueDeadLetters};
+    use crate::store::{
+        CancelMessages, ClaimBatch, ListMessages, PurgeBatch, PurgeMessages, RequeueDeadLetters,
+    };
 
-    /// `limit >= 1`, `lease > 0`.
+    /// `limit >= 1`, `lease > 0`, valid queues (see
+    /// [`ClaimBatch::served`]).
     pub fn claim_batch(params: &ClaimBatch) -> Result<()> {
         if params.limit == 0 {
             return Err(Error::invalid("limit", "must be at least 1"));
@@ -113,7 +116,49 @@ pub mod check {
                 "must be at least 1 (the cap of messages enqueued without one)",
             ));
         }
+        params.served()?;
         positive_lease(params.lease)
+    }
+
+    /// A queue name an operator gave, to pause or resume.
+    pub fn queue(name: &str) -> Result<()> {
+        crate::queue::check_queue_name("queue", name)
+    }
+
+    /// A cancel names one id, or at least one filter, not both; every
+    /// value is one a message could have.
+    pub fn cancel(params: &CancelMessages) -> Result<()> {
+        let filtered =
+            params.name.is_some() || params.ordering_key.is_some() || params.queue.is_some();
+        match &params.id {
+            Some(id) if id.is_empty() => return Err(Error::invalid("id", "must not be empty")),
+            Some(_) if filtered => {
+                return Err(Error::invalid(
+                    "id",
+                    "cannot be combined with a name, key or queue filter; cancel one message \
+                     or a set",
+                ));
+            }
+            Some(_) => {}
+            None if !filtered => {
+                return Err(Error::invalid(
+                    "filter",
+                    "give an id, or at least one of a name, an ordering key and a queue; \
+                     cancelling every message at once is not offered",
+                ));
+            }
+            None => {}
+        }
+        if params.name.as_deref().is_some_and(str::is_empty) {
+            return Err(Error::invalid("name", "must not be empty"));
+        }
+        if params.ordering_key.as_deref().is_some_and(str::is_empty) {
+            return Err(Error::invalid("ordering_key", "must not be empty"));
+        }
+        if let Some(queue) = &params.queue {
+            crate::queue::check_queue_name("queue", queue)?;
+        }
+        Ok(())
     }
 
     /// A lease longer than zero.

@@ -2,9 +2,10 @@
 //!
 //! [`OutboxStore`] is the drain path (enqueue, claim, renew, settle,
 //! release); [`OutboxAdmin`] is the operator path (count, list, inspect,
-//! requeue, purge). Every operation takes `now` from the caller, so one
-//! conformance suite drives every store on a virtual clock, and every write
-//! to a claimed message is fenced by its claim token *and* a live lease.
+//! requeue, purge, pause and resume queues, cancel). Every operation takes
+//! `now` from the caller, so one conformance suite drives every store on a
+//! virtual clock, and every write to a claimed message is fenced by its
+//! claim token *and* a live lease.
 //!
 //! # Which clock
 //!
@@ -22,8 +23,10 @@
 //! Leaves first: each file imports only files listed before it (and the
 //! port, which every store builds on).
 //!
-//! - `mod.rs` (this module): the port, [`OutboxStore`] and [`OutboxAdmin`],
-//!   their parameter and result types, [`Wakeups`], [`DynOutboxStore`].
+//! - `mod.rs` (this module): the drain path of the port, [`OutboxStore`],
+//!   its parameter and result types, [`Wakeups`], [`DynOutboxStore`].
+//! - `admin.rs`: the operator path, [`OutboxAdmin`], its parameter and
+//!   result types.
 //! - [`kit`]: the toolkit for implementing a store (input checks, lease
 //!   arithmetic, the wake-up sender, id and token generators).
 //! - `connect.rs`: checking database URLs before connecting, and naming
@@ -53,9 +56,19 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 
 use crate::error::Result;
-use crate::error::{ErrorRecord, UnreadableMessage};
+use crate::error::{Error, ErrorRecord};
 use crate::kind::MessageStatus;
 use crate::message::{ClaimedMessage, Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
+use crate::queue::{DEFAULT_QUEUE, check_queue_name};
+
+mod admin;
+
+pub(crate) use admin::merge_activity;
+pub use admin::{
+    BlockedKey, CancelMessages, CancelReport, ListCursor, ListMessages, MessagePage,
+    MinuteActivity, OutboxAdmin, OutboxStats, PauseQueue, PurgeMessages, QueueState,
+    RequeueDeadLetters, RetryNow, SkipDeadLetter,
+};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
@@ -76,21 +89,29 @@ pub(crate) mod sql;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub(crate) mod sqlite;
 
-/// Claim up to `limit` eligible messages under a lease of `lease`.
+/// Claim up to `limit` eligible messages under a lease of `lease`, from the
+/// queues of [`ClaimBatch::queues`] (by default the `default` queue), at
+/// most each queue's own limit from each.
 ///
-/// Eligible: `Pending` with `available_at <= now`, or `Claimed` with
-/// `locked_until <= now`. Oldest `available_at` first, then `created_at`.
-/// A selected message that already used its attempt cap (its own when it was
-/// set at enqueue, otherwise [`ClaimBatch::max_attempts`]) is dead-lettered
-/// with an abandoned-claim error instead of claimed. Claimed and
-/// dead-lettered together never exceed `limit`.
+/// Eligible: in a queue the claim serves that is not paused, `Pending` with
+/// `available_at <= now`, or `Claimed` with `locked_until <= now`. Within a
+/// queue, higher priority first, then oldest `available_at`, then
+/// `created_at`, then enqueue order; a claim cut short by `limit` keeps the
+/// first messages in that order over all its queues. A selected message
+/// that already used its attempt cap (its own when it was set at enqueue,
+/// otherwise its queue's [`QueueLimit::max_attempts`], else
+/// [`ClaimBatch::max_attempts`]) is dead-lettered with an abandoned-claim
+/// error instead of claimed; an expired claim whose cancellation was
+/// requested ([`OutboxAdmin::cancel_messages`]) is cancelled instead.
+/// Claimed, dead-lettered and cancelled together never exceed `limit`.
 ///
 /// A message with an ordering key is eligible only when no earlier message
-/// of its key (lower enqueue sequence) is pending or claimed, no later one
-/// is claimed, and, with [`OnDeadLetter::Block`], no earlier one is a dead
-/// letter that was not skipped. So a claim takes at most the head of each
-/// key, and a retried head keeps its place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// of its key in its queue (lower enqueue sequence) is pending or claimed,
+/// no later one is claimed, and, with [`OnDeadLetter::Block`], no earlier
+/// one is a dead letter that was not skipped. So a claim takes at most the
+/// head of each key, and a retried head keeps its place; a key's order
+/// holds within its queue, whatever the priorities.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimBatch {
     /// Whether an earlier dead letter holds the later messages of its
     /// ordering key; the drain's `ordering.on_dead_letter`.
@@ -108,6 +129,76 @@ pub struct ClaimBatch {
     /// [`DEFAULT_MAX_ATTEMPTS`](crate::DEFAULT_MAX_ATTEMPTS); at least 1.
     /// Claimed messages carry the cap that applied to them.
     pub max_attempts: u32,
+    /// The queues to claim from, each with the most messages to take from
+    /// it; no queue twice. Empty: the `default` queue alone, up to `limit`.
+    pub queues: Vec<QueueLimit>,
+}
+
+/// One queue a claim takes messages from; see [`ClaimBatch::queues`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueLimit {
+    /// The queue's name.
+    pub queue: String,
+    /// Most messages to take from it; at least 1 (capped by the claim's
+    /// `limit`).
+    pub limit: usize,
+    /// The attempt cap of its messages enqueued without one (the queue's
+    /// own retry policy's); `None`: the claim's
+    /// [`max_attempts`](ClaimBatch::max_attempts).
+    pub max_attempts: Option<u32>,
+}
+
+impl QueueLimit {
+    /// Up to `limit` messages from `queue`, under the claim's attempt cap.
+    pub fn new(queue: impl Into<String>, limit: usize) -> Self {
+        QueueLimit {
+            queue: queue.into(),
+            limit,
+            max_attempts: None,
+        }
+    }
+}
+
+impl ClaimBatch {
+    /// The queues this claim serves, each with its limit (at most the
+    /// claim's) and its attempt cap resolved; the `default` queue when
+    /// [`ClaimBatch::queues`] is empty. Refuses a bad name, a zero limit or
+    /// cap, or a queue named twice, as an input error naming `queues`.
+    pub fn served(&self) -> Result<Vec<QueueLimit>> {
+        if self.queues.is_empty() {
+            return Ok(vec![QueueLimit {
+                queue: DEFAULT_QUEUE.to_owned(),
+                limit: self.limit,
+                max_attempts: Some(self.max_attempts),
+            }]);
+        }
+        let mut served: Vec<QueueLimit> = Vec::with_capacity(self.queues.len());
+        for queue in &self.queues {
+            check_queue_name("queues", &queue.queue)?;
+            if queue.limit == 0 || queue.max_attempts == Some(0) {
+                return Err(Error::invalid(
+                    "queues",
+                    format!(
+                        "queue {:?} has a limit or attempt cap of 0; give at least 1, or \
+                         leave the queue out",
+                        queue.queue
+                    ),
+                ));
+            }
+            if served.iter().any(|other| other.queue == queue.queue) {
+                return Err(Error::invalid(
+                    "queues",
+                    format!("queue {:?} is named twice", queue.queue),
+                ));
+            }
+            served.push(QueueLimit {
+                queue: queue.queue.clone(),
+                limit: queue.limit.min(self.limit),
+                max_attempts: Some(queue.max_attempts.unwrap_or(self.max_attempts)),
+            });
+        }
+        Ok(served)
+    }
 }
 
 /// What a claim selected.
@@ -118,12 +209,14 @@ pub struct ClaimedBatch {
     pub claimed: Vec<ClaimedMessage>,
     /// Messages that had no attempts left, now dead-lettered.
     pub dead_lettered: Vec<OutboxMessage>,
+    /// Expired claims whose cancellation had been requested, now cancelled.
+    pub cancelled: Vec<OutboxMessage>,
 }
 
 impl ClaimedBatch {
-    /// Claimed plus dead-lettered.
+    /// Claimed plus dead-lettered plus cancelled.
     pub fn len(&self) -> usize {
-        self.claimed.len() + self.dead_lettered.len()
+        self.claimed.len() + self.dead_lettered.len() + self.cancelled.len()
     }
 
     /// `true` when nothing was selected.
@@ -143,6 +236,28 @@ pub struct RenewClaim {
     pub now: DateTime<Utc>,
     /// New lease length from `now`.
     pub lease: Duration,
+}
+
+/// What a renewal confirmed: see [`OutboxStore::renew_lease`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Lease {
+    /// The new end of the lease, `now + lease` on the caller's clock.
+    pub locked_until: DateTime<Utc>,
+    /// An operator asked to cancel the message while it was claimed: its
+    /// handler should stop if it can, and its settlement will record it as
+    /// cancelled unless the handler succeeds.
+    pub cancel_requested: bool,
+}
+
+impl Lease {
+    /// A renewed lease until `locked_until`.
+    pub fn new(locked_until: DateTime<Utc>, cancel_requested: bool) -> Self {
+        Lease {
+            locked_until,
+            cancel_requested,
+        }
+    }
 }
 
 /// FencedWrite a claimed message as delivered.
@@ -294,13 +409,48 @@ pub trait OutboxStore: Send + Sync + 'static {
     fn renew_claim(&self, params: RenewClaim)
     -> impl Future<Output = Result<DateTime<Utc>>> + Send;
 
+    /// Extend a live claim as [`renew_claim`](OutboxStore::renew_claim)
+    /// does, and say whether the message's cancellation was requested
+    /// meanwhile (see [`OutboxAdmin::cancel_messages`]): the runtime's
+    /// heartbeat renews with it and tells the handler. The default renews
+    /// and reports no request, for stores without cancellation.
+    fn renew_lease(&self, params: RenewClaim) -> impl Future<Output = Result<Lease>> + Send {
+        async move {
+            let locked_until = self.renew_claim(params).await?;
+            Ok(Lease::new(locked_until, false))
+        }
+    }
+
     /// FencedWrite as delivered: `delivered_at = now`, claim cleared; or,
     /// with [`MarkDelivered::delete`], the message deleted under the same
     /// fence.
     fn mark_delivered(&self, params: MarkDelivered) -> impl Future<Output = Result<()>> + Send;
 
-    /// FencedWrite as failed: dead-lettered, or pending at `retry_at`; claim cleared.
+    /// FencedWrite as failed: dead-lettered, or pending at `retry_at`; claim
+    /// cleared. A message whose cancellation was requested while it was
+    /// claimed is cancelled instead (see
+    /// [`settle_failure`](OutboxStore::settle_failure), which says which).
     fn mark_failed(&self, params: MarkFailed) -> impl Future<Output = Result<()>> + Send;
+
+    /// [`mark_failed`](OutboxStore::mark_failed), answering the status the
+    /// message was left in: `Pending` (a retry), `DeadLettered`, or
+    /// `Cancelled` when its cancellation was requested while it was
+    /// claimed. The default writes with `mark_failed` and answers what was
+    /// asked for, for stores without cancellation.
+    fn settle_failure(
+        &self,
+        params: MarkFailed,
+    ) -> impl Future<Output = Result<MessageStatus>> + Send {
+        async move {
+            let status = if params.dead_letter {
+                MessageStatus::DeadLettered
+            } else {
+                MessageStatus::Pending
+            };
+            self.mark_failed(params).await?;
+            Ok(status)
+        }
+    }
 
     /// Give a claim back unsettled; see [`ReleaseClaim`].
     fn release_claim(&self, params: ReleaseClaim) -> impl Future<Output = Result<()>> + Send;
@@ -356,317 +506,16 @@ pub trait OutboxStore: Send + Sync + 'static {
     }
 }
 
-/// Counts per status and the health figures an operator looks at first.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-#[non_exhaustive]
-pub struct OutboxStats {
-    /// Messages waiting (due or not).
-    pub pending: u64,
-    /// Messages under a claim (live or expired).
-    pub claimed: u64,
-    /// Messages delivered.
-    pub delivered: u64,
-    /// Messages dead-lettered.
-    pub dead_lettered: u64,
-    /// Claimed messages whose lease is still live at `now`.
-    pub live_claims: u64,
-    /// Claimed messages whose lease ran out (their worker is gone or stuck).
-    pub expired_claims: u64,
-    /// `available_at` of the oldest pending message that is due.
-    pub oldest_due_at: Option<DateTime<Utc>>,
-    /// Ordering keys held by a dead letter that was not skipped (see
-    /// [`OutboxAdmin::blocked_keys`]); under
-    /// [`OnDeadLetter::Skip`] they do not hold their later messages.
-    pub blocked_keys: u64,
-}
-
-impl OutboxStats {
-    /// The count for one status.
-    pub fn count(&self, status: MessageStatus) -> u64 {
-        match status {
-            MessageStatus::Pending => self.pending,
-            MessageStatus::Claimed => self.claimed,
-            MessageStatus::Delivered => self.delivered,
-            MessageStatus::DeadLettered => self.dead_lettered,
-        }
-    }
-
-    /// All messages.
-    pub fn total(&self) -> u64 {
-        self.pending + self.claimed + self.delivered + self.dead_lettered
-    }
-}
-
-/// One page of a listing, oldest first.
-#[derive(Debug, Clone)]
-pub struct ListMessages {
-    /// Only this status, if set.
-    pub status: Option<MessageStatus>,
-    /// Only this name, if set.
-    pub name: Option<String>,
-    /// Page size; 1 to 10 000.
-    pub limit: usize,
-    /// Continue after this cursor (from the previous page's `next`).
-    pub after: Option<ListCursor>,
-}
-
-impl Default for ListMessages {
-    fn default() -> Self {
-        ListMessages {
-            status: None,
-            name: None,
-            limit: 100,
-            after: None,
-        }
-    }
-}
-
-/// A position in a listing: `(created_at, id)` of the last message seen.
-/// Stable under inserts and deletes, unlike an offset.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListCursor {
-    /// `created_at` of the last message on the previous page.
-    pub created_at: DateTime<Utc>,
-    /// `id` of the last message on the previous page.
-    pub id: String,
-}
-
-/// A page of messages and where the next page starts.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct MessagePage {
-    /// The messages, ordered by `(created_at, id)`.
-    pub messages: Vec<OutboxMessage>,
-    /// The rows of this page that do not read back as messages (a payload
-    /// that is not JSON, an unknown status, ...), with their raw columns and
-    /// why, in the same order. They take their place in the page, so a page
-    /// holds `messages.len() + unreadable.len()` rows, and one bad row never
-    /// hides the others. Empty for stores that keep typed messages (memory).
-    pub unreadable: Vec<UnreadableMessage>,
-    /// The cursor for the next page; `None` on the last page.
-    pub next: Option<ListCursor>,
-}
-
-impl MessagePage {
-    /// A page of `messages`, followed by the page that starts after `next`.
-    pub fn new(messages: Vec<OutboxMessage>, next: Option<ListCursor>) -> Self {
-        MessagePage {
-            messages,
-            unreadable: Vec::new(),
-            next,
-        }
-    }
-
-    /// The page with these unreadable rows beside its messages.
-    pub fn with_unreadable(mut self, unreadable: Vec<UnreadableMessage>) -> Self {
-        self.unreadable = unreadable;
-        self
-    }
-
-    /// The page of `limit` messages out of up to `limit + 1` read: a
-    /// message past the limit only says that another page follows.
-    pub(crate) fn of(mut messages: Vec<OutboxMessage>, limit: usize) -> Self {
-        let more = messages.len() > limit;
-        messages.truncate(limit);
-        let next = more
-            .then(|| messages.last())
-            .flatten()
-            .map(|last| ListCursor {
-                created_at: last.created_at,
-                id: last.id.clone(),
-            });
-        MessagePage::new(messages, next)
-    }
-}
-
-/// Requeue dead letters: pending, available `now`, attempts reset to 0.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequeueDeadLetters {
-    /// One message by id; `None` for all dead letters (of `name`, if set).
-    pub id: Option<String>,
-    /// Only dead letters with this name, when requeueing all.
-    pub name: Option<String>,
-    /// The caller's clock: requeued messages are due from then. A store
-    /// that judges leases by the database's clock (PostgreSQL's default)
-    /// uses the database's time instead.
-    pub now: DateTime<Utc>,
-}
-
-/// Skip one dead letter of an ordering key: it stays dead-lettered, with
-/// `skipped_at = now`, and no longer holds the later messages of its key.
-/// Requeueing it later clears the mark.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkipDeadLetter {
-    /// The dead letter's id.
-    pub id: String,
-    /// The caller's clock; becomes `skipped_at` (the database's time on a
-    /// store that judges leases by it).
-    pub now: DateTime<Utc>,
-}
-
-/// An ordering key held by a dead letter: its earliest dead letter that was
-/// not skipped, and how many messages of the key wait behind it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[non_exhaustive]
-pub struct BlockedKey {
-    /// The ordering key.
-    pub ordering_key: String,
-    /// The id of the dead letter that holds it.
-    pub head_id: String,
-    /// The head's registered name.
-    pub head_name: String,
-    /// Pending or claimed messages of the key after the head.
-    pub waiting: u64,
-}
-
-impl BlockedKey {
-    /// A blocked key, as a store reports it.
-    pub fn new(ordering_key: String, head_id: String, head_name: String, waiting: u64) -> Self {
-        BlockedKey {
-            ordering_key,
-            head_id,
-            head_name,
-            waiting,
-        }
-    }
-}
-
-/// Delete terminal messages that settled before a horizon.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PurgeMessages {
-    /// `Delivered` or `DeadLettered`; `None` for both. Anything else is refused.
-    pub status: Option<MessageStatus>,
-    /// Only messages whose last change (`updated_at`) is before this.
-    pub older_than: DateTime<Utc>,
-}
-
-/// Make a pending message due now, its backoff cut short.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryNow {
-    /// The message id.
-    pub id: String,
-    /// The caller's clock: the message becomes available at this time (or
-    /// stays at its earlier `available_at`); the database's time on a store
-    /// that judges leases by it.
-    pub now: DateTime<Utc>,
-}
-
-/// How many messages settled in one minute, for an activity chart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[non_exhaustive]
-pub struct MinuteActivity {
-    /// The start of the minute (UTC, whole minute).
-    pub minute: DateTime<Utc>,
-    /// Messages delivered in that minute (still stored, not purged).
-    pub delivered: u64,
-    /// Messages dead-lettered in that minute (still dead-lettered).
-    pub dead_lettered: u64,
-}
-
-impl MinuteActivity {
-    /// The counts of one minute.
-    pub fn new(minute: DateTime<Utc>, delivered: u64, dead_lettered: u64) -> Self {
-        MinuteActivity {
-            minute,
-            delivered,
-            dead_lettered,
-        }
-    }
-}
-
 /// Delete one bounded batch of terminal messages of one status that settled
 /// before a horizon: what retention runs, one short statement at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PurgeBatch {
-    /// `Delivered` or `DeadLettered`; anything else is refused.
+    /// `Delivered`, `DeadLettered` or `Cancelled`; anything else is refused.
     pub status: MessageStatus,
     /// Only messages whose last change (`updated_at`) is before this.
     pub older_than: DateTime<Utc>,
     /// Most rows to delete; 1 to 10 000.
     pub limit: usize,
-}
-
-/// The operator path of a store.
-pub trait OutboxAdmin: Send + Sync + 'static {
-    /// Counts per status, live and expired claims, oldest due message.
-    fn stats(&self, now: DateTime<Utc>) -> impl Future<Output = Result<OutboxStats>> + Send;
-
-    /// One page of messages, oldest first, filtered by status and name.
-    fn list_messages(
-        &self,
-        params: ListMessages,
-    ) -> impl Future<Output = Result<MessagePage>> + Send;
-
-    /// One message by id; [`Error::NotFound`](crate::Error::NotFound) when
-    /// there is none.
-    fn get_message(&self, id: &str) -> impl Future<Output = Result<OutboxMessage>> + Send;
-
-    /// Requeue one dead letter, or all of them (of one name); returns how many.
-    /// A message under a live claim is refused with
-    /// [`AdminError::ClaimLive`](crate::AdminError::ClaimLive), any other
-    /// non-dead-lettered message with
-    /// [`AdminError::NotDeadLettered`](crate::AdminError::NotDeadLettered).
-    fn requeue_dead_letters(
-        &self,
-        params: RequeueDeadLetters,
-    ) -> impl Future<Output = Result<u64>> + Send;
-
-    /// Mark a dead letter as skipped so the later messages of its ordering
-    /// key go on; see [`SkipDeadLetter`]. Anything but a dead letter is
-    /// refused with
-    /// [`AdminError::NotDeadLettered`](crate::AdminError::NotDeadLettered)
-    /// (or [`AdminError::ClaimLive`](crate::AdminError::ClaimLive)), an
-    /// unknown id with [`Error::NotFound`](crate::Error::NotFound).
-    fn skip_dead_letter(&self, params: SkipDeadLetter) -> impl Future<Output = Result<()>> + Send;
-
-    /// Up to `limit` (1 to 10 000) ordering keys held by a dead letter that
-    /// was not skipped, by key.
-    fn blocked_keys(&self, limit: usize) -> impl Future<Output = Result<Vec<BlockedKey>>> + Send;
-
-    /// Delete terminal messages settled before the horizon; returns how many.
-    /// Pending and claimed messages are never touched; asking for them is
-    /// refused with [`AdminError::UnsafePurge`](crate::AdminError::UnsafePurge).
-    fn purge(&self, params: PurgeMessages) -> impl Future<Output = Result<u64>> + Send;
-
-    /// How many messages [`purge`](OutboxAdmin::purge) would delete with
-    /// these parameters, deleting nothing; refuses what `purge` refuses.
-    fn count_purgeable(&self, params: PurgeMessages) -> impl Future<Output = Result<u64>> + Send;
-
-    /// Delivered and dead-lettered messages per minute whose last change
-    /// (`updated_at`) is at or after `since`, oldest minute first; minutes
-    /// with neither are left out. Messages purged or requeued since are not
-    /// counted.
-    fn activity(
-        &self,
-        since: DateTime<Utc>,
-    ) -> impl Future<Output = Result<Vec<MinuteActivity>>> + Send;
-
-    /// Make a pending message due `now` (its backoff cut short); attempts
-    /// are kept. A message under a live claim is refused with
-    /// [`AdminError::ClaimLive`](crate::AdminError::ClaimLive), any other
-    /// non-pending one with
-    /// [`AdminError::NotPending`](crate::AdminError::NotPending), an unknown
-    /// id with [`Error::NotFound`](crate::Error::NotFound).
-    fn retry_now(&self, params: RetryNow) -> impl Future<Output = Result<()>> + Send;
-}
-
-/// The per-minute counts of `(minute, status, count)` rows, merged by
-/// minute, oldest first.
-pub(crate) fn merge_activity(
-    rows: impl IntoIterator<Item = (DateTime<Utc>, MessageStatus, u64)>,
-) -> Vec<MinuteActivity> {
-    let mut minutes = std::collections::BTreeMap::<DateTime<Utc>, MinuteActivity>::new();
-    for (minute, status, count) in rows {
-        let entry = minutes
-            .entry(minute)
-            .or_insert_with(|| MinuteActivity::new(minute, 0, 0));
-        match status {
-            MessageStatus::Delivered => entry.delivered += count,
-            MessageStatus::DeadLettered => entry.dead_lettered += count,
-            MessageStatus::Pending | MessageStatus::Claimed => {}
-        }
-    }
-    minutes.into_values().collect()
 }
 
 /// [`OutboxStore`] behind a pointer, for the runtime, which picks its store
@@ -678,6 +527,10 @@ pub trait DynOutboxStore: Send + Sync + 'static {
     fn claim_batch(&self, params: ClaimBatch) -> BoxFuture<'_, Result<ClaimedBatch>>;
     /// See [`OutboxStore::renew_claim`].
     fn renew_claim(&self, params: RenewClaim) -> BoxFuture<'_, Result<DateTime<Utc>>>;
+    /// See [`OutboxStore::renew_lease`].
+    fn renew_lease(&self, params: RenewClaim) -> BoxFuture<'_, Result<Lease>>;
+    /// See [`OutboxStore::settle_failure`].
+    fn settle_failure(&self, params: MarkFailed) -> BoxFuture<'_, Result<MessageStatus>>;
     /// See [`OutboxStore::mark_delivered`].
     fn mark_delivered(&self, params: MarkDelivered) -> BoxFuture<'_, Result<()>>;
     /// See [`OutboxStore::mark_failed`].
@@ -712,6 +565,12 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn renew_claim(&self, params: RenewClaim) -> BoxFuture<'_, Result<DateTime<Utc>>> {
         Box::pin(OutboxStore::renew_claim(self, params))
+    }
+    fn renew_lease(&self, params: RenewClaim) -> BoxFuture<'_, Result<Lease>> {
+        Box::pin(OutboxStore::renew_lease(self, params))
+    }
+    fn settle_failure(&self, params: MarkFailed) -> BoxFuture<'_, Result<MessageStatus>> {
+        Box::pin(OutboxStore::settle_failure(self, params))
     }
     fn mark_delivered(&self, params: MarkDelivered) -> BoxFuture<'_, Result<()>> {
         Box::pin(OutboxStore::mark_delivered(self, params))

@@ -35,6 +35,8 @@ fn claimed(kind: MessageKind, name: &str, json: &str) -> Arc<ClaimedMessage> {
         available_at: now,
         created_at: now,
         ordering_key: None,
+        queue: crate::DEFAULT_QUEUE.into(),
+        priority: 0,
         claim_token: "token".to_owned(),
         claimed_at: now,
         locked_until: now,

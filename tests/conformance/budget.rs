@@ -10,6 +10,7 @@ async fn claim_capped<S: OutboxStore>(store: &S, now: i64, cap: u32) -> ClaimedB
             lease: lease(SECOND),
             max_attempts: cap,
             on_dead_letter: Default::default(),
+            queues: Vec::new(),
         })
         .await
         .expect("claim_batch")
@@ -98,6 +99,7 @@ pub(crate) async fn zero_claim_cap_is_refused<S: OutboxStore + OutboxAdmin + Clo
         now: at(0),
         lease: lease(MINUTE),
         max_attempts: 0,
+        queues: Vec::new(),
     };
     assert_invalid(store.claim_batch(zero).await, "max_attempts");
     let stored = get(&store, "m").await;

@@ -415,6 +415,7 @@ pub(crate) async fn invalid_claim_parameters_change_nothing<
         now: at(SECOND),
         lease: lease(MINUTE),
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+        queues: Vec::new(),
     };
     assert_invalid(store.claim_batch(zero_limit).await, "limit");
     let zero_lease = ClaimBatch {
@@ -423,6 +424,7 @@ pub(crate) async fn invalid_claim_parameters_change_nothing<
         now: at(SECOND),
         lease: Duration::ZERO,
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+        queues: Vec::new(),
     };
     assert_invalid(store.claim_batch(zero_lease).await, "lease");
     assert_eq!(everything(&store).await, before);

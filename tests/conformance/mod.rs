@@ -25,10 +25,13 @@
 
 pub(crate) mod admin;
 pub(crate) mod budget;
+pub(crate) mod cancel;
 pub(crate) mod claim;
 pub(crate) mod enqueue;
 pub(crate) mod fenced;
 pub(crate) mod ordering;
+pub(crate) mod priority;
+pub(crate) mod queues;
 pub(crate) mod retention;
 
 use std::collections::BTreeMap;
@@ -168,6 +171,53 @@ macro_rules! conformance_suite {
                 => retention::delivery_with_delete_removes_the_message_under_its_fence,
             conformance_a_message_deleted_at_delivery_frees_its_keys
                 => retention::a_message_deleted_at_delivery_frees_its_keys,
+            conformance_queue_a_message_keeps_its_queue_and_priority
+                => queues::queue_a_message_keeps_its_queue_and_priority,
+            conformance_queue_a_claim_takes_only_the_queues_it_serves
+                => queues::queue_a_claim_takes_only_the_queues_it_serves,
+            conformance_queue_each_queue_is_held_to_its_own_limit
+                => queues::queue_each_queue_is_held_to_its_own_limit,
+            conformance_queue_an_ordering_key_orders_within_its_queue
+                => queues::queue_an_ordering_key_orders_within_its_queue,
+            conformance_queue_names_and_limits_are_checked
+                => queues::queue_names_and_limits_are_checked,
+            conformance_queue_states_count_pending_and_claimed
+                => queues::queue_states_count_pending_and_claimed,
+            conformance_queue_attempt_caps_are_each_queues_own
+                => queues::queue_attempt_caps_are_each_queues_own,
+            conformance_pause_a_paused_queue_is_skipped_and_others_go_on
+                => queues::pause_a_paused_queue_is_skipped_and_others_go_on,
+            conformance_pause_claims_already_made_settle_as_usual
+                => queues::pause_claims_already_made_settle_as_usual,
+            conformance_pause_an_expired_claim_waits_for_the_resume
+                => queues::pause_an_expired_claim_waits_for_the_resume,
+            conformance_pause_names_are_checked => queues::pause_names_are_checked,
+            conformance_priority_higher_goes_first_within_a_queue
+                => priority::priority_higher_goes_first_within_a_queue,
+            conformance_priority_ties_go_oldest_due_first
+                => priority::priority_ties_go_oldest_due_first,
+            conformance_priority_a_scheduled_message_waits_without_blocking_due_ones
+                => priority::priority_a_scheduled_message_waits_without_blocking_due_ones,
+            conformance_priority_never_reorders_an_ordering_key
+                => priority::priority_never_reorders_an_ordering_key,
+            conformance_priority_expired_claims_compete_by_priority
+                => priority::priority_expired_claims_compete_by_priority,
+            conformance_priority_out_of_range_is_refused
+                => priority::priority_out_of_range_is_refused,
+            conformance_cancel_a_pending_or_scheduled_message
+                => cancel::cancel_a_pending_or_scheduled_message,
+            conformance_cancel_refuses_settled_messages_with_their_status
+                => cancel::cancel_refuses_settled_messages_with_their_status,
+            conformance_cancel_by_filter_counts_first_when_dry
+                => cancel::cancel_by_filter_counts_first_when_dry,
+            conformance_cancel_a_live_claim_is_requested_and_settles_cancelled
+                => cancel::cancel_a_live_claim_is_requested_and_settles_cancelled,
+            conformance_cancel_a_live_claim_whose_handler_succeeds_is_delivered
+                => cancel::cancel_a_live_claim_whose_handler_succeeds_is_delivered,
+            conformance_cancel_an_expired_claim_ends_it => cancel::cancel_an_expired_claim_ends_it,
+            conformance_cancel_frees_an_ordering_key => cancel::cancel_frees_an_ordering_key,
+            conformance_cancel_invalid_parameters_change_nothing
+                => cancel::cancel_invalid_parameters_change_nothing,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -251,6 +301,7 @@ async fn claim<S: OutboxStore>(store: &S, limit: usize, now: i64, lease_ms: i64)
             now: at(now),
             lease: lease(lease_ms),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .expect("claim_batch");

@@ -39,6 +39,7 @@ async fn claim_with<S: OutboxStore>(
             now: at(now),
             lease: lease(MINUTE),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .expect("claim_batch")

@@ -38,6 +38,7 @@ async fn concurrent_claims_never_take_the_same_message() {
                         now: t0(),
                         lease: LEASE,
                         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+                        queues: Vec::new(),
                     })
                     .await
                     .unwrap();
@@ -77,6 +78,7 @@ async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
             now: t0() + secs(1),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -90,6 +92,7 @@ async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
             now: later,
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();

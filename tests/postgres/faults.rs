@@ -51,6 +51,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
                     now: t0(),
                     lease: LEASE,
                     max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+                    queues: Vec::new(),
                 })
                 .await
         }
@@ -76,6 +77,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
             now: t0(),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();

@@ -32,6 +32,7 @@ async fn claim_now(outbox: &PostgresOutbox, limit: usize) -> outbox::Result<outb
             now: chrono::Utc::now(),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
 }
@@ -122,7 +123,8 @@ async fn a_claim_sent_as_text_is_planned_again_once_the_table_fills() {
 
     let prepared: Vec<String> = sqlx::query_scalar(
         "SELECT statement FROM pg_prepared_statements \
-         WHERE statement LIKE 'WITH keyless AS%LIMIT 10 %fronts AS%' ORDER BY prepare_time",
+         WHERE statement LIKE 'WITH RECURSIVE served AS%LIMIT 10 %fronts AS%' \
+         ORDER BY prepare_time",
     )
     .fetch_all(&pool)
     .await

@@ -31,33 +31,49 @@ async fn insert_and_analyze(pool: &PgPool, table: &str, insert: String) {
 /// cannot see inside a function, so its plans are read from this.
 fn function_query(migration: &str, nth: usize, table: &str, params: &[(&str, &str)]) -> String {
     let body = migration.split("RETURN QUERY").nth(nth + 1).unwrap();
-    let mut query =
-        body[..body.find(";\n").unwrap()].replace("\"outbox\"", &format!("\"{table}\""));
+    let mut query = body[..body.find(";\n").unwrap()]
+        .replace("\"outbox_", &format!("\"{table}_"))
+        .replace("\"outbox\"", &format!("\"{table}\""));
     for (name, replacement) in params {
         query = query.replace(name, replacement);
     }
     query
 }
 
+/// The migration that defines the claim and settle functions as they are.
+const FUNCTIONS: &str = include_str!("../../migrations/postgres/0014_queues.sql");
+
 /// The parameters of [`claim_function_query`].
-const CLAIM_PARAMETERS: &str = "(integer, integer, timestamptz, bigint, bigint, boolean)";
+const CLAIM_PARAMETERS: &str =
+    "(text[], integer[], bigint[], integer, integer, timestamptz, bigint, boolean)";
 
 /// The claim the table's `claim` function runs (a claim's first pass):
-/// `$1` limit, `$2` walk, `$3` now (NULL for the database's), `$4` lease in
-/// µs, `$5` attempt cap, `$6` block.
+/// `$1` queues, `$2` their limits, `$3` their attempt caps, `$4` limit, `$5`
+/// walk, `$6` now (NULL for the database's), `$7` lease in µs, `$8` block.
 fn claim_function_query(table: &str) -> String {
     function_query(
-        include_str!("../../migrations/postgres/0012_claim_function.sql"),
+        FUNCTIONS,
         0,
         table,
         &[
-            ("p_limit", "$1"),
-            ("p_walk", "$2"),
-            ("v_now", "coalesce($3, statement_timestamp())"),
-            ("p_lease", "$4"),
-            ("p_cap", "$5"),
-            ("p_block", "$6"),
+            ("p_queues", "$1"),
+            ("p_limits", "$2"),
+            ("p_caps", "$3"),
+            ("p_limit", "$4"),
+            ("p_walk", "$5"),
+            ("v_now", "coalesce($6, statement_timestamp())"),
+            ("p_lease", "$7"),
+            ("p_block", "$8"),
         ],
+    )
+}
+
+/// The arguments of a claim of `limit` from the default queue, walking
+/// `walk`, at `now` (SQL).
+fn claim_arguments(limit: usize, walk: usize, now: &str) -> String {
+    format!(
+        "array['default'], array[{limit}], array[25]::bigint[], {limit}, {walk}, {now}, \
+         30000000, true"
     )
 }
 
@@ -67,16 +83,16 @@ fn claim_function_query(table: &str) -> String {
 /// errors).
 #[cfg(feature = "inspect-statements")]
 fn settle_function_queries(table: &str) -> (String, String) {
-    let migration = include_str!("../../migrations/postgres/0013_settle_function.sql");
+    let migration = FUNCTIONS;
     let deletions = function_query(
         migration,
-        0,
+        2,
         table,
         &[("p_id", "$1"), ("p_token", "$2"), ("p_now", "$3")],
     );
     let any = function_query(
         migration,
-        1,
+        3,
         table,
         &[
             ("p_op", "$1"),
@@ -223,14 +239,17 @@ async fn claim_is_answered_from_the_partial_indexes() {
     // prices out.
     let runs = [
         (
-            "claim_plan(10, 36, '2030-01-01 12:00:00+00', 30000000, 25, true)",
+            format!(
+                "claim_plan({})",
+                claim_arguments(10, 36, "'2030-01-01 12:00:00+00'")
+            ),
             "array['deliver', 'deliver'], array['p0', 'p1'], array['t', 't'], \
              array['2030-01-01 12:00:00+00', '2030-01-01 12:00:00+00']::timestamptz[], \
              array[NULL, NULL]::bigint[], array[NULL, NULL]::timestamptz[], \
              array[NULL, NULL]::text[]",
         ),
         (
-            "claim_plan(10, 36, NULL, 30000000, 25, true)",
+            format!("claim_plan({})", claim_arguments(10, 36, "NULL")),
             "array['deliver', 'deliver'], array['p0', 'p1'], array['t', 't'], \
              array[NULL, NULL]::timestamptz[], array[NULL, NULL]::bigint[], \
              array[NULL, NULL]::timestamptz[], array[NULL, NULL]::text[]",
@@ -238,7 +257,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
     ];
     for ((claim_run, settle_args), mode) in runs
         .iter()
-        .flat_map(|args| ["force_custom_plan", "force_generic_plan"].map(|mode| (*args, mode)))
+        .flat_map(|args| ["force_custom_plan", "force_generic_plan"].map(|mode| (args, mode)))
     {
         let explain =
             |execute: &str| format!("SET plan_cache_mode = {mode}; EXPLAIN EXECUTE {execute}");
@@ -249,7 +268,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
                 .join("\n")
         };
         let claim = plan(
-            sqlx::raw_sql(AssertSqlSafe(explain(claim_run)))
+            sqlx::raw_sql(AssertSqlSafe(explain(claim_run.as_str())))
                 .fetch_all(&mut *conn)
                 .await
                 .unwrap(),
@@ -269,7 +288,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
         // the same however many claims are out; so does the batch of
         // deletions only.
         let delete_args = "array['p0', 'p1'], array['t', 't'], array[NULL, NULL]::timestamptz[]";
-        for (name, args) in [("settle_plan", settle_args), ("delete_plan", delete_args)] {
+        for (name, args) in [("settle_plan", *settle_args), ("delete_plan", delete_args)] {
             let settle = plan(
                 sqlx::raw_sql(AssertSqlSafe(explain(&format!("{name}({args})"))))
                     .fetch_all(&mut *conn)
@@ -298,6 +317,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
             now: t0(),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -342,28 +362,35 @@ async fn no_claim_statement_is_priced_for_jit_compilation() {
     // The claim the `claim_heads` function runs, with its arguments as
     // parameters, for this table.
     let claim_heads = function_query(
-        include_str!("../../migrations/postgres/0009_claim_heads.sql"),
-        0,
+        FUNCTIONS,
+        1,
         &table,
         &[
             ("p_ids", "$1"),
-            ("p_now", "$2"),
-            ("p_lease", "$3"),
-            ("p_cap", "$4"),
-            ("p_block", "$5"),
+            ("p_queues", "$2"),
+            ("p_caps", "$3"),
+            ("p_now", "$4"),
+            ("p_lease", "$5"),
+            ("p_block", "$6"),
         ],
     );
     for limit in [1, 100, 1000, 4160] {
         let statements = [
             (
-                "(text[], timestamptz, bigint, bigint, boolean)",
+                "(text[], text[], bigint[], timestamptz, bigint, boolean)".to_owned(),
                 claim_heads.clone(),
-                "array['m1', 'm2', 'm3'], '2030-01-01 12:00:00+00', 30000000, 25, true",
+                "array['m1', 'm2', 'm3'], array['default'], array[25]::bigint[], \
+                 '2030-01-01 12:00:00+00', 30000000, true"
+                    .to_owned(),
             ),
             (
-                "(timestamptz, text[])",
-                outbox.locked_claim_statement(limit, 30_000_000, 25, true),
-                "'2030-01-01 12:00:00+00', array['k1', 'k2', 'k3']",
+                "(timestamptz, text[], integer[], bigint[], text[], text[])".to_owned(),
+                outbox.locked_claim_statement(limit, 30_000_000, true),
+                format!(
+                    "'2030-01-01 12:00:00+00', array['default'], array[{limit}], \
+                     array[25]::bigint[], array['default', 'default', 'default'], \
+                     array['k1', 'k2', 'k3']"
+                ),
             ),
         ];
         for (i, (types, statement, args)) in statements.into_iter().enumerate() {
@@ -395,25 +422,23 @@ async fn no_claim_statement_is_priced_for_jit_compilation() {
         }
     }
     // The key lookup runs, and is right, with JIT off.
-    let plan: serde_json::Value = sqlx::query_scalar(AssertSqlSafe(format!(
-        "EXPLAIN (FORMAT JSON) {}",
-        outbox
-            .key_heads_statement(100, true)
-            .replace("$1", "'2030-01-01 12:00:00+00'")
-    )))
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
+    let lookup = outbox
+        .key_heads_statement(100, true)
+        .replace("$1", "'2030-01-01 12:00:00+00'")
+        .replace("$2", "array['default']")
+        .replace("$3", "array[100]")
+        .replace("$4", "array[25]");
+    let plan: serde_json::Value =
+        sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) {lookup}")))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
     println!("key lookup: cost {}", cost(plan));
-    let heads: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(
-        outbox
-            .key_heads_statement(100, true)
-            .replace("$1", "'2030-01-01 12:00:00+00'"),
-    ))
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap();
-    let keys: Vec<_> = heads.into_iter().map(|(key, _)| key).collect();
+    let heads: Vec<(String, String, i64)> = sqlx::query_as(AssertSqlSafe(lookup))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    let keys: Vec<_> = heads.into_iter().map(|(_, key, _)| key).collect();
     assert_eq!(keys, ["k1", "k2", "k3"]);
 }
 
@@ -473,7 +498,8 @@ async fn the_claim_function_plans_once_for_every_limit() {
     let mut claimed = 0;
     for limit in [1, 7, 10, 100, 500] {
         let rows = sqlx::raw_sql(AssertSqlSafe(format!(
-            "EXECUTE claim({limit}, 16, '2030-01-01 12:00:00+00', 30000000, 25, true)"
+            "EXECUTE claim({})",
+            claim_arguments(limit, 16, "'2030-01-01 12:00:00+00'")
         )))
         .fetch_all(&mut *tx)
         .await
@@ -488,9 +514,10 @@ async fn the_claim_function_plans_once_for_every_limit() {
     .await
     .unwrap();
     assert_eq!((generic, custom), (5, 0));
-    let plan = sqlx::raw_sql(
-        "EXPLAIN EXECUTE claim(10, 36, '2030-01-01 12:00:00+00', 30000000, 25, true)",
-    )
+    let plan = sqlx::raw_sql(AssertSqlSafe(format!(
+        "EXPLAIN EXECUTE claim({})",
+        claim_arguments(10, 36, "'2030-01-01 12:00:00+00'")
+    )))
     .fetch_all(&mut *tx)
     .await
     .unwrap()

@@ -45,6 +45,7 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
             "events_migrations_pkey",
             "events_ordering",
             "events_ordering_claimed",
+            "events_paused_pkey",
             "events_pending_keyed",
             "events_pending_keyless",
             "events_pkey",

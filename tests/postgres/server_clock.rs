@@ -25,6 +25,7 @@ async fn admin_changes_follow_the_servers_clock() {
         now,
         lease: LEASE,
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+        queues: Vec::new(),
     };
     outbox
         .enqueue(event("dead", 1, real()).with_id("dead"))
@@ -97,6 +98,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             now: behind,
             lease,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -126,6 +128,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             now: ahead,
             lease,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -172,6 +175,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             now: real(),
             lease: short,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap()
@@ -200,6 +204,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             now: real() - hour,
             lease,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -249,6 +254,7 @@ async fn on_the_servers_clock_a_short_claim_looks_up_the_heads_of_its_keys() {
             now: chrono::Utc::now(),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
     };
     let batch = claim().await.unwrap();

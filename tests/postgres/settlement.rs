@@ -58,6 +58,7 @@ async fn concurrent_settlement_statements_keep_each_messages_writes_in_order() {
             now: t0(),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();

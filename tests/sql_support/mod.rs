@@ -77,6 +77,7 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
             now: now + secs(10),
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -537,6 +538,7 @@ macro_rules! sql_conformance_suite {
                     now: outbox::SystemClock.now(),
                     lease: $crate::sql_support::LEASE,
                     max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+                    queues: Vec::new(),
                 })
                 .await
                 .unwrap();

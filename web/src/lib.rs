@@ -21,8 +21,9 @@
 //! ```
 //!
 //! Pages: the overview (`/outbox/`: counts per status, the oldest due
-//! message, live and expired claims, delivered and dead-lettered per minute
-//! over the last hour, refreshed every few seconds), a list per status with
+//! message, live and expired claims, the queues with their pause and
+//! resume buttons, delivered and dead-lettered per minute over the last
+//! hour, refreshed every few seconds), a list per status with
 //! filters and keyset pagination (`messages`), one message (`message?id=…`)
 //! and the purge page (`purge`). Every link is relative to the mount point,
 //! so any prefix works.
@@ -40,8 +41,8 @@
 //! - [`WebConfig::read_only`] shows no action forms and refuses every POST.
 //!
 //! Actions take the same refusals as the `outbox` CLI: a message under a live
-//! claim is never requeued or retried, and only delivered and dead-lettered
-//! messages are ever purged. The guide's [operating page](https://github.com/outbox-rs/outbox/blob/main/docs/src/operating.md)
+//! claim is never requeued or retried, only settled messages are ever
+//! purged, and only pending and claimed ones cancelled. The guide's [operating page](https://github.com/outbox-rs/outbox/blob/main/docs/src/operating.md)
 //! shows the dashboard beside the `outbox` command.
 //!
 //! # Layout
@@ -66,7 +67,7 @@
 //!   before a handler reads anything else.
 //! - `pages`: one file per page, with its GET handler and its POST action:
 //!   `overview`, `messages` (a list), `message` (one), `purge`, `requeue`,
-//!   `retry` and `not_found`.
+//!   `retry`, `queues` (pause, resume and cancel) and `not_found`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,7 +75,7 @@ use std::time::Duration;
 use actix_web::{HttpResponse, Scope, web};
 use outbox::OutboxAdmin;
 
-use pages::{message, messages, not_found, overview, purge, requeue, retry};
+use pages::{message, messages, not_found, overview, purge, queues, requeue, retry};
 
 mod guard;
 mod input;
@@ -196,6 +197,9 @@ impl<S: OutboxAdmin> Dashboard<S> {
             .route("/requeue", web::post().to(requeue::action::<S>))
             .route("/retry", web::post().to(retry::action::<S>))
             .route("/purge", web::post().to(purge::action::<S>))
+            .route("/pause", web::post().to(queues::pause::<S>))
+            .route("/resume", web::post().to(queues::resume::<S>))
+            .route("/cancel", web::post().to(queues::cancel::<S>))
             .default_service(web::to(not_found::page::<S>))
     }
 }

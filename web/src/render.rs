@@ -23,6 +23,8 @@ pre{background:#fff;border:1px solid #dde1e8;padding:.6rem;overflow:auto;max-hei
 .refused{background:#fdecea;border:1px solid #e6a39b;padding:.5rem .8rem}
 form.inline{display:inline}
 .muted{color:#687085}
+.paused{color:#a15c00}
+#queues form{margin:0}
 ";
 
 /// Attaches the confirmation dialogs: a form with `data-confirm` asks first.
@@ -51,6 +53,7 @@ pub(crate) fn layout(title: &str, nonce: &str, refresh: Option<u64>, body: Marku
                     a href="messages?status=claimed" { "Claimed" }
                     a href="messages?status=dead_lettered" { "Dead letters" }
                     a href="messages?status=delivered" { "Delivered" }
+                    a href="messages?status=cancelled" { "Cancelled" }
                     a href="purge" { "Purge" }
                 }
                 main {
@@ -70,6 +73,7 @@ pub(crate) fn status_label(status: MessageStatus) -> &'static str {
         MessageStatus::Claimed => "claimed",
         MessageStatus::Delivered => "delivered",
         MessageStatus::DeadLettered => "dead-lettered",
+        MessageStatus::Cancelled => "cancelled",
     }
 }
 

@@ -4,7 +4,8 @@
 //! Needs /usr/bin/chromium and /usr/bin/chromedriver; `scripts/install-browser`
 //! installs them (Debian `chromium`, `chromium-driver`) when missing. With
 //! `OUTBOX_WEB_SCREENSHOT=1` it also writes the overview to
-//! `docs/src/dashboard.png`, the screenshot the guide shows.
+//! `docs/src/dashboard.png` and its queues table, one queue just paused, to
+//! `docs/src/dashboard-queues.png`: the screenshots the guide shows.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -15,8 +16,8 @@ use actix_web::{App, HttpServer};
 use chrono::Utc;
 use fantoccini::{Client, ClientBuilder, Locator};
 use outbox::{
-    ClaimBatch, ErrorRecord, MarkDelivered, MarkFailed, MessageKind, NewMessage, OutboxStore,
-    Payload, SqliteOutbox,
+    CancelMessages, ClaimBatch, ErrorRecord, MarkDelivered, MarkFailed, MessageKind, NewMessage,
+    OutboxAdmin, OutboxStore, PauseQueue, Payload, QueueLimit, SqliteOutbox,
 };
 use outbox_web::WebConfig;
 
@@ -69,6 +70,7 @@ async fn settle(store: &SqliteOutbox, name: &str, count: usize, minutes_ago: i64
             now: at,
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -99,8 +101,9 @@ async fn settle(store: &SqliteOutbox, name: &str, count: usize, minutes_ago: i64
     }
 }
 
-/// A store with an hour of deliveries, a few failures, some waiting work,
-/// and the hostile dead letter the test follows.
+/// A store with an hour of deliveries, a few failures, some waiting work in
+/// three queues (`reports` paused), a cancelled job, and the hostile dead
+/// letter the test follows.
 async fn seeded(url: &str) -> SqliteOutbox {
     let store = SqliteOutbox::connect(url).await.unwrap();
     for minutes_ago in (0..60).step_by(3) {
@@ -126,6 +129,7 @@ async fn seeded(url: &str) -> SqliteOutbox {
             now,
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -152,6 +156,31 @@ async fn seeded(url: &str) -> SqliteOutbox {
         .available_at(now + chrono::Duration::minutes(5 * i));
         store.enqueue(job).await.unwrap();
     }
+    for (queue, jobs) in [("mail", 6), ("reports", 3)] {
+        for i in 0..jobs {
+            let job = NewMessage::new(
+                MessageKind::Job,
+                format!("{queue}.run"),
+                Payload::from(serde_json::json!({ "n": i })),
+            )
+            .with_id(format!("{queue}-{i}"))
+            .with_queue(queue)
+            .with_priority(i % 3)
+            .at(now);
+            store.enqueue(job).await.unwrap();
+        }
+    }
+    store
+        .pause_queue(PauseQueue {
+            queue: "reports".to_owned(),
+            now: now - chrono::Duration::minutes(12),
+        })
+        .await
+        .unwrap();
+    store
+        .cancel_messages(CancelMessages::id("mail-5", now))
+        .await
+        .unwrap();
     store
 }
 
@@ -350,6 +379,85 @@ async fn a_browser_follows_a_dead_letter_requeues_it_and_no_injected_script_runs
     );
     assert_eq!(dead_after, dead_before - 1);
     assert_eq!(pending_after, pending_before + 1);
+    assert_eq!(count(&client, "cancelled").await, 1);
+
+    let reports = client
+        .find(Locator::Css("#queue-reports .state"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(reports.starts_with("paused since"), "{reports}");
+    client
+        .find(Locator::Css("#queue-mail button.pause"))
+        .await
+        .expect("a served queue has a Pause button")
+        .click()
+        .await
+        .unwrap();
+    let question = client
+        .get_alert_text()
+        .await
+        .expect("a confirmation dialog");
+    client.accept_alert().await.unwrap();
+    let done = client
+        .wait()
+        .for_element(Locator::Id("done"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(done.contains("is paused"), "{done}");
+    println!("step 9: paused queue mail after accepting the confirmation {question:?}: {done:?}");
+
+    client
+        .find(Locator::LinkText("Overview"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let mail = client
+        .find(Locator::Css("#queue-mail .state"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(mail.starts_with("paused since"), "{mail}");
+    assert!(
+        client
+            .find(Locator::Css("#queue-mail button.resume"))
+            .await
+            .is_ok()
+    );
+    let claimed = store
+        .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
+            limit: 10,
+            now: Utc::now(),
+            lease: Duration::from_secs(60),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: vec![QueueLimit::new("mail", 10), QueueLimit::new("reports", 10)],
+        })
+        .await
+        .unwrap();
+    assert!(claimed.claimed.is_empty(), "{:?}", claimed.claimed);
+    println!(
+        "step 10: the overview shows mail {mail:?}, and a claim from mail and reports takes nothing"
+    );
+
+    if std::env::var("OUTBOX_WEB_SCREENSHOT").as_deref() == Ok("1") {
+        let png = client.screenshot().await.unwrap();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src/dashboard-queues.png");
+        std::fs::write(&path, &png).unwrap();
+        println!(
+            "step 10b: wrote the overview's queues to docs/src/dashboard-queues.png ({} bytes)",
+            png.len()
+        );
+    }
 
     client.close().await.unwrap();
     server_handle.stop(true).await;

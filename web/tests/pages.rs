@@ -40,6 +40,7 @@ async fn seeded() -> MemoryOutbox {
             now,
             lease: Duration::from_secs(30),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -292,6 +293,7 @@ async fn retry_now_makes_a_backed_off_message_due_and_refuses_live_claims() {
             now: Utc::now(),
             lease: Duration::from_secs(600),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -354,7 +356,7 @@ async fn purge_counts_first_then_deletes_the_same_messages() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(
-        page.contains("only delivered, dead_lettered or both"),
+        page.contains("only delivered, dead_lettered, cancelled or both"),
         "{page}"
     );
 }
@@ -367,6 +369,14 @@ async fn read_only_shows_no_forms_and_refuses_posts() {
     assert!(!page.contains("<form method=\"post\""), "{page}");
     let (_, list) = get(&app, "/outbox/messages?status=dead_lettered").await;
     assert!(!list.contains("<form method=\"post\""), "{list}");
+    let (_, overview) = get(&app, "/outbox/").await;
+    assert!(overview.contains("id=\"queue-default\""), "{overview}");
+    assert!(!overview.contains("<form method=\"post\""), "{overview}");
+    let (status, _) = post(&app, "/outbox/pause", &[("queue", "default")]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = post(&app, "/outbox/cancel", &[("id", "pending-1")]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(status_of(&store, "pending-1").await, MessageStatus::Pending);
     let (status, page) = post(&app, "/outbox/requeue", &[("id", "dead-1")]).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert!(page.contains("read-only"), "{page}");
@@ -514,6 +524,7 @@ async fn blocked_keys_show_on_the_overview_and_lists_filter_by_key() {
             now,
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -543,4 +554,154 @@ async fn blocked_keys_show_on_the_overview_and_lists_filter_by_key() {
     let (_, page) = get(&app, "/outbox/message?id=k1-b").await;
     assert!(page.contains("Ordering key"), "{page}");
     assert!(page.contains("0 of 1"), "its own cap: {page}");
+}
+
+/// A claim of up to ten from `queue` alone, now.
+async fn claim_from(store: &MemoryOutbox, queue: &str) -> usize {
+    store
+        .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
+            limit: 10,
+            now: Utc::now(),
+            lease: Duration::from_secs(600),
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: vec![outbox::QueueLimit::new(queue, 10)],
+        })
+        .await
+        .unwrap()
+        .claimed
+        .len()
+}
+
+#[actix_web::test]
+async fn a_queue_is_paused_and_resumed_from_the_overview() {
+    let store = seeded().await;
+    let mail = NewMessage::new(
+        MessageKind::Job,
+        "emails.send",
+        Payload::from(serde_json::json!({ "to": "b@example.com" })),
+    )
+    .with_id("mail-1")
+    .with_queue("mail");
+    store.enqueue(mail).await.unwrap();
+    let app = app(store.clone(), WebConfig::default()).await;
+    let (_, page) = get(&app, "/outbox/").await;
+    assert!(page.contains("id=\"queue-mail\""), "{page}");
+    assert!(page.contains("id=\"queue-default\""), "{page}");
+    assert!(page.contains("class=\"pause\""), "{page}");
+    assert!(!page.contains("class=\"paused\""), "{page}");
+    let token = csrf(&page);
+
+    // Without the token nothing is paused.
+    let (status, _) = post(&app, "/outbox/pause", &[("queue", "mail")]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, page) = post(
+        &app,
+        "/outbox/pause",
+        &[("queue", "mail"), ("csrf", &token)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("is paused"), "{page}");
+    let (_, page) = post(
+        &app,
+        "/outbox/pause",
+        &[("queue", "mail"), ("csrf", &token)],
+    )
+    .await;
+    assert!(page.contains("was already paused"), "{page}");
+    assert_eq!(claim_from(&store, "mail").await, 0);
+
+    let (_, page) = get(&app, "/outbox/").await;
+    assert!(page.contains("class=\"paused\""), "{page}");
+    assert!(page.contains("class=\"resume\""), "{page}");
+    let (status, page) = post(
+        &app,
+        "/outbox/resume",
+        &[("queue", "mail"), ("csrf", &token)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("is served again"), "{page}");
+    assert_eq!(claim_from(&store, "mail").await, 1);
+
+    // A name no queue could have is refused before the store is asked.
+    let (status, page) = post(
+        &app,
+        "/outbox/pause",
+        &[("queue", "no spaces"), ("csrf", &token)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    let (status, _) = post(&app, "/outbox/pause", &[("csrf", &token)]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[actix_web::test]
+async fn cancel_a_pending_message_and_ask_a_claimed_one_to_stop() {
+    let store = seeded().await;
+    let app = app(store.clone(), WebConfig::default()).await;
+    let (_, page) = get(&app, "/outbox/message?id=pending-1").await;
+    assert!(page.contains("id=\"queue\">default<"), "{page}");
+    assert!(page.contains("id=\"cancel\""), "{page}");
+    let token = csrf(&page);
+    let (status, _) = post(&app, "/outbox/cancel", &[("id", "pending-1")]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(status_of(&store, "pending-1").await, MessageStatus::Pending);
+    let (status, page) = post(
+        &app,
+        "/outbox/cancel",
+        &[("id", "pending-1"), ("csrf", &token)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("is cancelled"), "{page}");
+    assert_eq!(
+        status_of(&store, "pending-1").await,
+        MessageStatus::Cancelled
+    );
+    let (_, page) = get(&app, "/outbox/message?id=pending-1").await;
+    assert!(!page.contains("id=\"cancel\""), "{page}");
+    let (_, page) = get(&app, "/outbox/").await;
+    assert!(page.contains("id=\"count-cancelled\""), "{page}");
+    let (_, list) = get(&app, "/outbox/messages?status=cancelled").await;
+    assert!(list.contains("pending-1"), "{list}");
+
+    // A settled message is refused, the way the CLI refuses it.
+    let (status, page) = post(
+        &app,
+        "/outbox/cancel",
+        &[("id", "pending-1"), ("csrf", &token)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{page}");
+    let (status, _) = post(
+        &app,
+        "/outbox/cancel",
+        &[("id", "dead-1"), ("csrf", &token)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    // A claimed message is asked to stop; its status waits for its handler.
+    let live = NewMessage::new(
+        MessageKind::Job,
+        "emails.send",
+        Payload::from(serde_json::json!({ "to": "c@example.com" })),
+    )
+    .with_id("live-1");
+    store.enqueue(live).await.unwrap();
+    assert_eq!(claim_from(&store, "default").await, 1);
+    let (status, page) = post(
+        &app,
+        "/outbox/cancel",
+        &[("id", "live-1"), ("csrf", &token)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("is being delivered"), "{page}");
+    assert_eq!(status_of(&store, "live-1").await, MessageStatus::Claimed);
+    let (_, page) = get(&app, "/outbox/message?id=live-1").await;
+    assert!(page.contains("id=\"cancel-requested\""), "{page}");
+    assert!(!page.contains("id=\"cancel\""), "{page}");
 }

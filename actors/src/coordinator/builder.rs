@@ -9,9 +9,11 @@
 use std::sync::Arc;
 
 use actix::Recipient;
+use std::collections::BTreeMap;
+
 use outbox::{
-    Clock, DrainConfig, EventBus, JobDispatcher, Registry, RetryPolicy, SharedClock, SharedStore,
-    SystemClock,
+    Clock, DrainConfig, EventBus, JobDispatcher, QueueConfig, Registry, RetryPolicy, SharedClock,
+    SharedStore, SystemClock,
 };
 
 use crate::context::{DrainContext, DrainObserver};
@@ -32,6 +34,9 @@ pub struct DrainCoordinatorBuilder {
     jobs: Option<Arc<dyn JobDispatcher>>,
     /// The settings, validated at start.
     config: DrainConfig,
+    /// Queues named with [`DrainCoordinatorBuilder::queue`], added to the
+    /// settings' at start (so `config` may come before or after them).
+    queues: BTreeMap<String, QueueConfig>,
     /// Where `now` comes from.
     clock: SharedClock,
     /// Called as deliveries end.
@@ -76,6 +81,7 @@ impl DrainCoordinatorBuilder {
             events: None,
             jobs: None,
             config: DrainConfig::default(),
+            queues: BTreeMap::new(),
             clock: Arc::new(SystemClock),
             observers: Vec::new(),
             wake_on_insert: true,
@@ -111,6 +117,25 @@ impl DrainCoordinatorBuilder {
     /// Drain settings (validated by `start`).
     pub fn config(mut self, config: DrainConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Serve the queue `name` with `queue`'s concurrency (and retry
+    /// policy, if it has one); see [`DrainConfig::queues`]. Naming queues
+    /// serves exactly the queues named, beside those of the configuration:
+    /// name `default` too to keep serving it.
+    ///
+    /// ```
+    /// # use outbox_actors::prelude::*;
+    /// # use outbox::QueueConfig;
+    /// # let store = MemoryOutbox::new();
+    /// let builder = DrainCoordinator::builder(store)
+    ///     .queue("default", QueueConfig::new(4))
+    ///     .queue("emails", QueueConfig::new(8).retry(RetryPolicy::default().with_max_attempts(5)));
+    /// # let _ = builder;
+    /// ```
+    pub fn queue(mut self, name: impl Into<String>, queue: QueueConfig) -> Self {
+        self.queues.insert(name.into(), queue);
         self
     }
 
@@ -154,7 +179,8 @@ impl DrainCoordinatorBuilder {
 
     /// Validate the settings and the registrations together, and hand
     /// over what the coordinator is made of.
-    pub(super) fn into_parts(self) -> Result<Parts> {
+    pub(super) fn into_parts(mut self) -> Result<Parts> {
+        self.config.queues.append(&mut self.queues);
         let registry =
             registrations::resolve(self.registry, self.events.as_deref(), self.jobs.as_deref());
         // One error lists every problem, settings and registrations alike.

@@ -13,7 +13,9 @@ use outbox::ClaimedMessage;
 use crate::context::DrainContext;
 use crate::error::Error;
 use crate::messages::GiveBack;
-use crate::notices::{HandlerResult, LeaseLost, LeaseOperation, LeaseState, Notice, OutcomeNotice};
+use crate::notices::{
+    CancelledMessage, HandlerResult, LeaseLost, LeaseOperation, LeaseState, Notice, OutcomeNotice,
+};
 use crate::report::Outcome;
 use crate::retention;
 use crate::settlement::{End, Release, Settlement};
@@ -141,6 +143,12 @@ fn report_end(
                 observer.on_dead_letter(&dead_letter)
             });
             notices.push(Notice::Outcome(OutcomeNotice::DeadLettered(dead_letter)));
+            None
+        }
+        End::Cancelled => {
+            let cancelled = CancelledMessage::delivered(message);
+            telemetry::cancelled(&cancelled);
+            notices.push(Notice::Outcome(OutcomeNotice::Cancelled(cancelled)));
             None
         }
         End::Retried {

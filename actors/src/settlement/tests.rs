@@ -113,6 +113,7 @@ async fn claimed(max_attempts: u32) -> (DrainContext, FaultStore, ClaimedMessage
             now: clock.now(),
             lease: config.lease,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();

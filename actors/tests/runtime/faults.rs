@@ -45,6 +45,7 @@ fn abandoned_messages_are_dead_lettered_at_claim_and_observed() {
                 now: h.clock.now(),
                 lease: Duration::from_secs(30),
                 max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+                queues: Vec::new(),
             })
             .await
             .unwrap();

@@ -10,6 +10,8 @@
 //! - `passes`, `prefetch`, `claims`, `lease`, `settlement`, `outages`, `shutdown`, `registry`, `faults`: one
 //!   test per behaviour, against the scriptable fault store of `support`,
 //!   through the [`Harness`] below.
+//! - `queues`: named queues, pausing and cancelling, over the memory
+//!   store (its admin side pauses and cancels).
 //! - `telemetry`, and `telemetry_otel` with the `opentelemetry` feature:
 //!   spans, events and metrics.
 //! - `events`: the list of tracing events checked against the code that
@@ -32,6 +34,7 @@ mod ordering;
 mod outages;
 mod passes;
 mod prefetch;
+mod queues;
 mod registry;
 mod retention;
 mod settlement;

@@ -285,9 +285,18 @@ impl OutboxStore for FaultStore {
     async fn claim_batch(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         let fault = self.next_fault(Op::Claim);
         let params = match fault {
+            // One more than asked, overall and from each queue.
             Some(Fault::OverClaim) => ClaimBatch {
                 on_dead_letter: Default::default(),
                 limit: params.limit + 1,
+                queues: params
+                    .queues
+                    .iter()
+                    .map(|queue| outbox::QueueLimit {
+                        limit: queue.limit + 1,
+                        ..queue.clone()
+                    })
+                    .collect(),
                 ..params
             },
             _ => params,
@@ -298,12 +307,13 @@ impl OutboxStore for FaultStore {
             Some(Fault::Panic) => panic!("injected panic in claim_batch"),
             Some(Fault::Delay(delay)) => {
                 tokio::time::sleep(delay).await;
-                (self.inner.claim_batch(params).await, Answer::Ok)
+                (self.inner.claim_batch(params.clone()).await, Answer::Ok)
             }
-            Some(Fault::TransientAfter) => {
-                (self.inner.claim_batch(params).await, Answer::Transient)
-            }
-            _ => (self.inner.claim_batch(params).await, Answer::Ok),
+            Some(Fault::TransientAfter) => (
+                self.inner.claim_batch(params.clone()).await,
+                Answer::Transient,
+            ),
+            _ => (self.inner.claim_batch(params.clone()).await, Answer::Ok),
         };
         let batch = applied?;
         let mut state = self.state.lock().unwrap();

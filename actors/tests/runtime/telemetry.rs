@@ -345,6 +345,7 @@ fn abandoned_dead_letters_are_labelled_and_never_claimed() {
                 now: h.clock.now(),
                 lease: Duration::from_secs(30),
                 max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+                queues: Vec::new(),
             })
             .await
             .unwrap();

@@ -399,7 +399,7 @@ impl OutboxStore for SimStore {
             .into_iter()
             .map(|row| (row.id.clone(), row))
             .collect();
-        let result = self.inner.claim_batch(params).await;
+        let result = self.inner.claim_batch(params.clone()).await;
         note(&self.trace, &self.clock, || match &result {
             Ok(batch) => format!(
                 "c{} claim now {} fault {fault:?}: {:?}, abandoned {:?}",

@@ -265,6 +265,7 @@ fn draw_config(rng: &mut Rng, seed: u64) -> DrainConfig {
         delivery_arbiters: 0,
         ordering: Default::default(),
         retention: Default::default(),
+        queues: Default::default(),
     }
 }
 

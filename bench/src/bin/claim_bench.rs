@@ -25,7 +25,21 @@
 //! cargo run --release -p outbox-bench --bin claim_bench -- --store sqlite --keys 100000
 //! ```
 //!
-//! `--pending N` (with `--keys`) puts `N` messages in each store instead of
+//! With `--queues N`, it compares, in one run, a claim of 100 from a
+//! million pending messages in one queue with a claim of 100 over `N`
+//! queues holding a million between them (round-robin), the claim serving
+//! every one of them with an equal share of the 100; and a claim of 100
+//! from one of those queues alone. With `--priorities`, it compares a claim
+//! of 100 from a million pending messages of one priority with the same
+//! messages spread over eleven priorities (-5 to 5).
+//!
+//! ```text
+//! cargo run --release -p outbox-bench --bin claim_bench -- --store sqlite --queues 10
+//! cargo run --release -p outbox-bench --bin claim_bench -- --store sqlite --priorities
+//! ```
+//!
+//! `--pending N` (with `--keys`, `--queues` or `--priorities`) puts `N`
+//! messages in each store instead of
 //! a million. With `--mixed` (and `--keys`) the keyed store also gets `N`
 //! keyless messages, enqueued after its keyed ones: the run then measures a
 //! claim of 100 that takes each key's head and keyless messages queued
@@ -46,6 +60,11 @@
 //! `claim100_us_behind_100k_live`. With `--keys`: `store`, `pending`,
 //! `keys`, `mixed`, `claimed_keyed` (messages a keyed claim finds),
 //! `claim100_us_keyless`, `claim100_us_keyed`, `ratio_keyed_vs_keyless`.
+//! With `--queues`: `store`, `pending`, `queues`, `claim100_us_one_queue`,
+//! `claim100_us_all_queues`, `ratio_all_queues_vs_one`,
+//! `claim100_us_one_of_the_queues`, `ratio_one_of_the_queues_vs_one`. With
+//! `--priorities`: `store`, `pending`, `priorities`, `claim100_us_plain`,
+//! `claim100_us_prioritized`, `ratio_priorities_vs_none`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -53,7 +72,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeZone, Utc};
 use futures_util::future::join_all;
 use outbox::{
-    MarkDelivered, MessageKind, NewMessage, OutboxAdmin, OutboxStore, Payload, ReleaseClaim,
+    ClaimBatch, MarkDelivered, MessageKind, NewMessage, OutboxAdmin, OutboxStore, Payload,
+    QueueLimit, ReleaseClaim,
 };
 use outbox_bench::args::{Flags, refuse};
 use outbox_bench::report::print_json;
@@ -84,12 +104,33 @@ static KEYS: AtomicU64 = AtomicU64::new(0);
 /// Messages from this one on get no ordering key (`--mixed`).
 static KEYED_BELOW: AtomicU64 = AtomicU64::new(u64::MAX);
 
+/// Queues the messages enqueued from now on are spread over; 0 for the
+/// default queue alone.
+static QUEUES: AtomicU64 = AtomicU64::new(0);
+
+/// Priorities the messages enqueued from now on are spread over, around
+/// 0; 0 for none.
+static PRIORITIES: AtomicU64 = AtomicU64::new(0);
+
+/// The name of the `n`th queue of a `--queues` run.
+fn queue_name(n: u64) -> String {
+    format!("queue-{n}")
+}
+
 /// The `i`th message, created `i` milliseconds after the first, with the
 /// ordering key `i % KEYS` when there are keys and `i` is below
 /// `KEYED_BELOW`.
 fn message(i: u64) -> NewMessage {
     let payload = Payload::from_json(format!(r#"{{"order":{i}}}"#)).expect("valid JSON");
-    let message = NewMessage::new(MessageKind::Event, "order.placed", payload).at(at(i as i64));
+    let mut message = NewMessage::new(MessageKind::Event, "order.placed", payload).at(at(i as i64));
+    if let queues @ 1.. = QUEUES.load(Ordering::Relaxed) {
+        message = message.with_queue(queue_name(i % queues));
+    }
+    if let levels @ 1.. = PRIORITIES.load(Ordering::Relaxed) {
+        // Spread so that neighbours in time differ in priority.
+        let level = (i.wrapping_mul(7919) % levels) as i16 - (levels / 2) as i16;
+        message = message.with_priority(level);
+    }
     match KEYS.load(Ordering::Relaxed) {
         0 => message,
         _ if i >= KEYED_BELOW.load(Ordering::Relaxed) => message,
@@ -113,13 +154,20 @@ fn keyed_fill(pending: u64, mixed: bool) -> u64 {
 /// size (a released message goes to the back of the queue); the releases
 /// run together, so a SQL store writes them in few statements.
 async fn claim_cost(store: &impl OutboxStore, now: DateTime<Utc>, expected: usize) -> Duration {
+    claim_cost_of(store, || claim(CLAIM, now, LEASE), expected).await
+}
+
+/// [`claim_cost`] for the claims `batch` makes.
+async fn claim_cost_of(
+    store: &impl OutboxStore,
+    batch: impl Fn() -> ClaimBatch,
+    expected: usize,
+) -> Duration {
+    let now = batch().now;
     let mut samples = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
         let started = Instant::now();
-        let batch = store
-            .claim_batch(claim(CLAIM, now, LEASE))
-            .await
-            .expect("claim");
+        let batch = store.claim_batch(batch()).await.expect("claim");
         samples.push(started.elapsed());
         assert_eq!(batch.claimed.len(), expected, "the store ran dry");
         let releases = batch.claimed.into_iter().map(|message| {
@@ -146,12 +194,17 @@ struct Args {
     pending: u64,
     /// Keyless messages behind the keyed ones.
     mixed: bool,
+    /// `--queues N`: compare one queue with `N`.
+    queues: Option<u64>,
+    /// `--priorities`: compare one priority with eleven.
+    priorities: bool,
 }
 
 fn parse_args(mut flags: Flags) -> Result<Args, String> {
     let usage = || {
         format!(
-            "usage: claim_bench [--store {}] [--keys N [--pending N] [--mixed]]",
+            "usage: claim_bench [--store {}] [--keys N [--pending N] [--mixed] | --queues N \
+             [--pending N] | --priorities [--pending N]]",
             STORES.join("|")
         )
     };
@@ -160,11 +213,25 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
         keys: None,
         pending: PENDING,
         mixed: false,
+        queues: None,
+        priorities: false,
     };
     let mut pending_given = false;
     while let Some(flag) = flags.next_flag() {
         match flag.as_str() {
             "--mixed" => args.mixed = true,
+            "--priorities" => args.priorities = true,
+            "--queues" => {
+                let value = flags.value(&flag).map_err(|_| usage())?;
+                match value.parse() {
+                    Ok(n) if (2..=(CLAIM as u64)).contains(&n) => args.queues = Some(n),
+                    _ => {
+                        return Err(format!(
+                            "--queues takes a number of queues, 2 to {CLAIM} ({value:?} given)"
+                        ));
+                    }
+                }
+            }
             "--store" => args.store = flags.value(&flag).map_err(|_| usage())?,
             "--keys" => {
                 let value = flags.value(&flag).map_err(|_| usage())?;
@@ -194,8 +261,14 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
             _ => return Err(usage()),
         }
     }
-    if pending_given && args.keys.is_none() {
-        return Err("--pending sizes the --keys comparison; give --keys too".into());
+    let modes = [args.keys.is_some(), args.queues.is_some(), args.priorities];
+    if modes.iter().filter(|&&on| on).count() > 1 {
+        return Err("--keys, --queues and --priorities are separate runs; give one".into());
+    }
+    if pending_given && !modes.contains(&true) {
+        return Err(
+            "--pending sizes the --keys, --queues or --priorities comparison; give one".into(),
+        );
     }
     if args.mixed && args.keys.is_none() {
         return Err(
@@ -213,7 +286,37 @@ async fn main() {
         keys,
         pending,
         mixed,
+        queues,
+        priorities,
     } = parse_args(Flags::from_env()).unwrap_or_else(|message| refuse(message));
+    if let Some(queues) = queues {
+        return match store.as_str() {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => sqlite::run_queues(queues, pending).await,
+            #[cfg(feature = "postgres")]
+            "postgres" => postgres::run_queues(queues, pending).await,
+            _ => {
+                let one = memory_filled(pending, message).await;
+                QUEUES.store(queues, Ordering::Relaxed);
+                let many = memory_filled(pending, message).await;
+                compare_queues("memory", queues, pending, &one, &many).await;
+            }
+        };
+    }
+    if priorities {
+        return match store.as_str() {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => sqlite::run_priorities(pending).await,
+            #[cfg(feature = "postgres")]
+            "postgres" => postgres::run_priorities(pending).await,
+            _ => {
+                let plain = memory_filled(pending, message).await;
+                PRIORITIES.store(LEVELS, Ordering::Relaxed);
+                let prioritized = memory_filled(pending, message).await;
+                compare_priorities("memory", pending, &plain, &prioritized).await;
+            }
+        };
+    }
     match (store.as_str(), keys) {
         #[cfg(feature = "sqlite")]
         ("sqlite", None) => sqlite::run().await,
@@ -236,6 +339,108 @@ async fn main() {
             compare_keys("memory", keys, pending, mixed, &keyless, &keyed).await;
         }
     }
+}
+
+/// Priorities of a `--priorities` run: -5 to 5.
+const LEVELS: u64 = 11;
+
+/// The JSON line of a `--queues` run.
+#[derive(Serialize)]
+struct QueuesSummary<'a> {
+    store: &'a str,
+    pending: u64,
+    queues: u64,
+    /// Median claim of 100 with every message in one queue, µs.
+    claim100_us_one_queue: f64,
+    /// Median claim of 100 over every queue, an equal share from each, µs.
+    claim100_us_all_queues: f64,
+    ratio_all_queues_vs_one: f64,
+    /// Median claim of 100 from one of the queues alone, µs.
+    claim100_us_one_of_the_queues: f64,
+    ratio_one_of_the_queues_vs_one: f64,
+}
+
+/// Times a claim of 100 from `one` (every message in one queue) against
+/// claims over the `queues` queues of `many`: from all of them, and from one.
+async fn compare_queues<S: OutboxStore>(name: &str, queues: u64, pending: u64, one: &S, many: &S) {
+    let now = at(pending as i64 + 1_000);
+    let share = CLAIM / queues as usize;
+    let over = |served: Vec<QueueLimit>, limit: usize| {
+        move || ClaimBatch {
+            queues: served.clone(),
+            ..claim(limit, now, LEASE)
+        }
+    };
+    let all: Vec<QueueLimit> = (0..queues)
+        .map(|n| QueueLimit::new(queue_name(n), share))
+        .collect();
+    let all_claim = share * queues as usize;
+    let single = vec![QueueLimit::new(queue_name(0), CLAIM)];
+    let (mut one_cost, mut all_cost, mut single_cost) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        one_cost.push(claim_cost(one, now, CLAIM).await);
+        all_cost.push(claim_cost_of(many, over(all.clone(), all_claim), all_claim).await);
+        single_cost.push(claim_cost_of(many, over(single.clone(), CLAIM), CLAIM).await);
+    }
+    let (one_cost, all_cost, single_cost) =
+        (median(one_cost), median(all_cost), median(single_cost));
+    let ratio = |cost: Duration| round(cost.as_secs_f64() / one_cost.as_secs_f64(), 2);
+    println!(
+        "{name}: claim of {CLAIM} with {pending} pending: {:.2} µs from one queue, {:.2} µs \
+         over {queues} queues ({share} each), {:.2} µs from one of them",
+        micros(one_cost),
+        micros(all_cost),
+        micros(single_cost)
+    );
+    print_json(&QueuesSummary {
+        store: name,
+        pending,
+        queues,
+        claim100_us_one_queue: micros(one_cost),
+        claim100_us_all_queues: micros(all_cost),
+        ratio_all_queues_vs_one: ratio(all_cost),
+        claim100_us_one_of_the_queues: micros(single_cost),
+        ratio_one_of_the_queues_vs_one: ratio(single_cost),
+    });
+}
+
+/// The JSON line of a `--priorities` run.
+#[derive(Serialize)]
+struct PrioritiesSummary<'a> {
+    store: &'a str,
+    pending: u64,
+    priorities: u64,
+    /// Median claim of 100, every message of priority 0, µs.
+    claim100_us_plain: f64,
+    /// The same messages over the priorities, µs.
+    claim100_us_prioritized: f64,
+    ratio_priorities_vs_none: f64,
+}
+
+/// Times a claim of 100 from `plain` against the same from `prioritized`.
+async fn compare_priorities<S: OutboxStore>(name: &str, pending: u64, plain: &S, prioritized: &S) {
+    let now = at(pending as i64 + 1_000);
+    let (mut plain_cost, mut prioritized_cost) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        plain_cost.push(claim_cost(plain, now, CLAIM).await);
+        prioritized_cost.push(claim_cost(prioritized, now, CLAIM).await);
+    }
+    let (plain_cost, prioritized_cost) = (median(plain_cost), median(prioritized_cost));
+    let ratio = round(prioritized_cost.as_secs_f64() / plain_cost.as_secs_f64(), 2);
+    println!(
+        "{name}: claim of {CLAIM} with {pending} pending: {:.2} µs of one priority, {:.2} µs \
+         over {LEVELS} priorities ({ratio}x)",
+        micros(plain_cost),
+        micros(prioritized_cost)
+    );
+    print_json(&PrioritiesSummary {
+        store: name,
+        pending,
+        priorities: LEVELS,
+        claim100_us_plain: micros(plain_cost),
+        claim100_us_prioritized: micros(prioritized_cost),
+        ratio_priorities_vs_none: ratio,
+    });
 }
 
 /// The JSON line of a `--keys` run.
@@ -462,6 +667,20 @@ mod sqlite {
         let (_keyed_file, keyed) = filled(keyed_fill(pending, mixed)).await;
         compare_keys("sqlite", keys, pending, mixed, &keyless, &keyed).await;
     }
+
+    pub(super) async fn run_queues(queues: u64, pending: u64) {
+        let (_one_file, one) = filled(pending).await;
+        QUEUES.store(queues, Ordering::Relaxed);
+        let (_many_file, many) = filled(pending).await;
+        compare_queues("sqlite", queues, pending, &one, &many).await;
+    }
+
+    pub(super) async fn run_priorities(pending: u64) {
+        let (_plain_file, plain) = filled(pending).await;
+        PRIORITIES.store(LEVELS, Ordering::Relaxed);
+        let (_prioritized_file, prioritized) = filled(pending).await;
+        compare_priorities("sqlite", pending, &plain, &prioritized).await;
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -511,5 +730,23 @@ mod postgres {
         let keyed = filled(&url, keyed_fill(pending, mixed), "keyed").await;
         compare_keys("postgres", keys, pending, mixed, &keyless, &keyed).await;
         drop_all(&url, &[&keyless, &keyed]).await;
+    }
+
+    pub(super) async fn run_queues(queues: u64, pending: u64) {
+        let url = url();
+        let one = filled(&url, pending, "one").await;
+        QUEUES.store(queues, Ordering::Relaxed);
+        let many = filled(&url, pending, "queues").await;
+        compare_queues("postgres", queues, pending, &one, &many).await;
+        drop_all(&url, &[&one, &many]).await;
+    }
+
+    pub(super) async fn run_priorities(pending: u64) {
+        let url = url();
+        let plain = filled(&url, pending, "plain").await;
+        PRIORITIES.store(LEVELS, Ordering::Relaxed);
+        let prioritized = filled(&url, pending, "prioritized").await;
+        compare_priorities("postgres", pending, &plain, &prioritized).await;
+        drop_all(&url, &[&plain, &prioritized]).await;
     }
 }

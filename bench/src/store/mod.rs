@@ -62,6 +62,7 @@ pub fn claim(limit: usize, now: DateTime<Utc>, lease: Duration) -> ClaimBatch {
         now,
         lease,
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+        queues: Vec::new(),
     }
 }
 

@@ -17,7 +17,7 @@ struct Recorder {
 }
 
 impl FencedBackend for Recorder {
-    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
+    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<CancelRequested>>> {
         self.batches
             .lock()
             .unwrap()
@@ -33,7 +33,7 @@ impl FencedBackend for Recorder {
             .iter()
             .map(|r| match r.claim_token.as_str() {
                 "lost" => Err(ClaimError::new(&r.id, ClaimLoss::TokenMismatch).into()),
-                _ => Ok(()),
+                _ => Ok(false),
             })
             .collect())
     }
@@ -58,9 +58,9 @@ fn batched(window_ms: u64, max_rows: usize) -> (Arc<Recorder>, FencedWriter<Reco
     (recorder.clone(), FencedWriter::new(recorder, mode, 1))
 }
 
-fn outcome(result: &Result<()>) -> &'static str {
+fn outcome(result: &Result<CancelRequested>) -> &'static str {
     match result {
-        Ok(()) => "ok",
+        Ok(_) => "ok",
         Err(Error::Claim(_)) => "lost",
         Err(Error::Store {
             operation: "mark_delivered",

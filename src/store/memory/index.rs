@@ -1,11 +1,13 @@
 //! The memory store's index engine: messages in slots, and the ordered
-//! indexes a claim walks (pending, queued behind their ordering key, leased,
-//! expired), kept in step with every change to a message.
+//! indexes a claim walks (pending by queue and priority, queued behind
+//! their ordering key, leased, expired), kept in step with every change to
+//! a message.
 //!
 //! The operations in `mod.rs` read the indexes directly but change a stored
 //! message only through [`State::update`], [`State::insert`] and
 //! [`State::remove`], which keep the invariant on [`State`].
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -28,8 +30,11 @@ pub(super) struct State {
     free: Vec<usize>,
     pub(super) ids: HashMap<Arc<str>, usize>,
     /// Pending messages a claim may take: every keyless one and each
-    /// ordering key's front (see [`KeyState::front`]), in claim order.
-    pub(super) pending: BTreeSet<DueKey>,
+    /// ordering key's front (see [`KeyState::front`]), by queue, then by
+    /// priority (highest first), each level in claim order. A level holds
+    /// due and scheduled messages alike, oldest first, so a claim reads
+    /// the due prefix of each level of a queue and no scheduled message.
+    pub(super) pending: HashMap<Arc<str>, BTreeMap<Reverse<i16>, BTreeSet<DueKey>>>,
     /// The other pending messages of ordering keys, which wait for an
     /// earlier message of their key, in claim order: kept out of `pending`
     /// so a claim never walks them.
@@ -42,8 +47,13 @@ pub(super) struct State {
     /// Every message by `(created_at, id)`, for stable listing.
     pub(super) listing: BTreeMap<(DateTime<Utc>, Arc<str>), usize>,
     next_seq: u64,
-    pub(super) counts: [u64; 4],
-    /// Keyed messages that still hold their ordering key, per key.
+    pub(super) counts: [u64; 5],
+    /// Pending and claimed messages per queue, for the queues' listing.
+    pub(super) queue_counts: HashMap<Arc<str>, [u64; 2]>,
+    /// Paused queues, and when each was paused.
+    pub(super) paused: BTreeMap<String, DateTime<Utc>>,
+    /// Keyed messages that still hold their ordering key, per key and
+    /// queue (see [`key_id`]).
     pub(super) keys: HashMap<Arc<str>, KeyState>,
     /// Idempotency keys: the message holding each, and when its window ends.
     pub(super) idempotency: HashMap<String, (Arc<str>, DateTime<Utc>)>,
@@ -63,7 +73,21 @@ pub(super) struct KeyState {
 
 /// Whether a message with this status and skip mark holds its key.
 fn holds_key(message: &OutboxMessage) -> bool {
-    message.status != MessageStatus::Delivered && message.skipped_at.is_none()
+    !matches!(
+        message.status,
+        MessageStatus::Delivered | MessageStatus::Cancelled
+    ) && message.skipped_at.is_none()
+}
+
+/// The name `keys` knows an ordering key by: its queue and the key, apart
+/// by a NUL, which neither may hold. A key's order holds within its queue.
+pub(super) fn key_id(queue: &str, key: &str) -> String {
+    format!("{queue}\0{key}")
+}
+
+/// The queue and ordering key a [`key_id`] names.
+pub(super) fn split_key_id(id: &str) -> (&str, &str) {
+    id.split_once('\0').expect("a key id holds its queue")
 }
 
 /// `true` when the message in `slot` is the head of its ordering key (or has
@@ -84,7 +108,7 @@ fn is_head(
     let Some(key) = stored.message.ordering_key.as_deref() else {
         return true;
     };
-    let Some(state) = keys.get(key) else {
+    let Some(state) = keys.get(key_id(&stored.queue, key).as_str()) else {
         return true;
     };
     let leased = |seq: &u64| {
@@ -106,7 +130,7 @@ fn is_head(
         match message.status {
             MessageStatus::Pending | MessageStatus::Claimed => return false,
             MessageStatus::DeadLettered if block => return false,
-            MessageStatus::DeadLettered | MessageStatus::Delivered => {}
+            MessageStatus::DeadLettered | MessageStatus::Delivered | MessageStatus::Cancelled => {}
         }
     }
     true
@@ -114,6 +138,8 @@ fn is_head(
 
 pub(super) struct Stored {
     pub(super) message: OutboxMessage,
+    /// The message's queue, shared with the indexes that name it.
+    pub(super) queue: Arc<str>,
     /// Enqueue order: the tie-break after `created_at`.
     pub(super) seq: u64,
     pub(super) place: Place,
@@ -149,6 +175,19 @@ pub(super) struct LeaseKey {
 }
 
 impl Stored {
+    /// The level of `pending` that holds this message while it is there.
+    fn level(&self) -> Reverse<i16> {
+        Reverse(self.message.priority)
+    }
+
+    /// The ordering key's name in `keys`, when it has one.
+    fn key_id(&self) -> Option<String> {
+        self.message
+            .ordering_key
+            .as_deref()
+            .map(|key| key_id(&self.queue, key))
+    }
+
     pub(super) fn due_key(&self, slot: usize) -> DueKey {
         DueKey {
             available_at: self.message.available_at,
@@ -170,6 +209,58 @@ impl Stored {
 pub(super) fn status_index(status: MessageStatus) -> usize {
     status as usize
 }
+
+/// The index of `status` in a queue's `[pending, claimed]` counts.
+fn queue_index(status: MessageStatus) -> Option<usize> {
+    match status {
+        MessageStatus::Pending => Some(0),
+        MessageStatus::Claimed => Some(1),
+        _ => None,
+    }
+}
+
+/// Put `key` into the pending index of `queue` at `level`.
+fn add_pending(
+    pending: &mut HashMap<Arc<str>, BTreeMap<Reverse<i16>, BTreeSet<DueKey>>>,
+    queue: &Arc<str>,
+    level: Reverse<i16>,
+    key: DueKey,
+) {
+    pending
+        .entry(queue.clone())
+        .or_default()
+        .entry(level)
+        .or_default()
+        .insert(key);
+}
+
+/// Take `key` out of the pending index of `queue` at `level`, dropping a
+/// level or queue left empty so claims never walk them.
+fn remove_pending(
+    pending: &mut HashMap<Arc<str>, BTreeMap<Reverse<i16>, BTreeSet<DueKey>>>,
+    queue: &str,
+    level: Reverse<i16>,
+    key: &DueKey,
+) -> bool {
+    let Some(levels) = pending.get_mut(queue) else {
+        return false;
+    };
+    let Some(set) = levels.get_mut(&level) else {
+        return false;
+    };
+    let removed = set.remove(key);
+    if set.is_empty() {
+        levels.remove(&level);
+        if levels.is_empty() {
+            pending.remove(queue);
+        }
+    }
+    removed
+}
+
+/// The claim order of a candidate within its queue: higher priority
+/// first, then the due order.
+pub(super) type ClaimOrder = (Reverse<i16>, DueKey);
 
 pub(super) fn clear_claim(message: &mut OutboxMessage) {
     message.claim_token = None;
@@ -195,7 +286,12 @@ impl State {
             .expect("an indexed slot holds a message");
         // Out of its index first, while its key still matches its fields.
         match stored.place {
-            Place::Pending => self.pending.remove(&stored.due_key(slot)),
+            Place::Pending => remove_pending(
+                &mut self.pending,
+                &stored.queue,
+                stored.level(),
+                &stored.due_key(slot),
+            ),
             Place::Queued => self.queued.remove(&stored.due_key(slot)),
             Place::Leased => self.leases.remove(&stored.lease_key(slot)),
             Place::Expired => self.expired.remove(&stored.due_key(slot)),
@@ -205,7 +301,7 @@ impl State {
         let held_before = holds_key(&stored.message);
         let result = change(&mut stored.message);
         let after = stored.message.status;
-        let key = stored.message.ordering_key.clone();
+        let key = stored.key_id();
         if let Some(key) = key.as_deref() {
             let seq = stored.seq;
             let held_after = holds_key(&stored.message);
@@ -241,17 +337,36 @@ impl State {
                 Place::Queued
             }
             MessageStatus::Pending => {
-                self.pending.insert(stored.due_key(slot));
+                add_pending(
+                    &mut self.pending,
+                    &stored.queue,
+                    stored.level(),
+                    stored.due_key(slot),
+                );
                 Place::Pending
             }
             MessageStatus::Claimed => {
                 self.leases.insert(stored.lease_key(slot));
                 Place::Leased
             }
-            MessageStatus::Delivered | MessageStatus::DeadLettered => Place::Settled,
+            MessageStatus::Delivered | MessageStatus::DeadLettered | MessageStatus::Cancelled => {
+                Place::Settled
+            }
         };
         self.counts[status_index(before)] -= 1;
         self.counts[status_index(after)] += 1;
+        if before != after {
+            let counts = self.queue_counts.entry(stored.queue.clone()).or_default();
+            if let Some(i) = queue_index(before) {
+                counts[i] -= 1;
+            }
+            if let Some(i) = queue_index(after) {
+                counts[i] += 1;
+            }
+            if *counts == [0, 0] {
+                self.queue_counts.remove(&stored.queue);
+            }
+        }
         if let Some(key) = key {
             self.refront(&key);
         }
@@ -273,7 +388,7 @@ impl State {
                 self.slots.len() - 1
             }
         };
-        let key = stored.message.ordering_key.clone();
+        let key = stored.key_id();
         let stored = match key {
             // Queued until `refront` finds it at its key's front.
             Some(ref key) => {
@@ -286,10 +401,16 @@ impl State {
                 }
             }
             None => {
-                self.pending.insert(stored.due_key(slot));
+                add_pending(
+                    &mut self.pending,
+                    &stored.queue,
+                    stored.level(),
+                    stored.due_key(slot),
+                );
                 stored
             }
         };
+        self.queue_counts.entry(stored.queue.clone()).or_default()[0] += 1;
         self.slots[slot] = Some(stored);
         if let Some(key) = key {
             self.refront(&key);
@@ -315,12 +436,13 @@ impl State {
             .expect("a stored message has an id entry");
         self.listing.remove(&(message.created_at, id.clone()));
         self.counts[status_index(message.status)] -= 1;
-        if let Some(key) = message.ordering_key.as_deref()
-            && let Some(keyed) = self.keys.get_mut(key)
-        {
-            keyed.unsettled.remove(&stored.seq);
-            if keyed.unsettled.is_empty() && keyed.claimed.is_empty() {
-                self.keys.remove(key);
+        if let Some(key) = message.ordering_key.as_deref() {
+            let key = key_id(&stored.queue, key);
+            if let Some(keyed) = self.keys.get_mut(key.as_str()) {
+                keyed.unsettled.remove(&stored.seq);
+                if keyed.unsettled.is_empty() && keyed.claimed.is_empty() {
+                    self.keys.remove(key.as_str());
+                }
             }
         }
         if let Some(key) = stored.idempotency_key
@@ -379,13 +501,17 @@ impl State {
             .as_mut()
             .expect("a keyed slot holds a message");
         let key = stored.due_key(slot);
+        let (queue, level) = (stored.queue.clone(), stored.level());
         match std::mem::replace(&mut stored.place, to) {
-            Place::Pending => self.pending.remove(&key),
+            Place::Pending => remove_pending(&mut self.pending, &queue, level, &key),
             Place::Queued => self.queued.remove(&key),
             other => unreachable!("only pending messages move between the two, not {other:?}"),
         };
         match to {
-            Place::Pending => self.pending.insert(key),
+            Place::Pending => {
+                add_pending(&mut self.pending, &queue, level, key);
+                true
+            }
             Place::Queued => self.queued.insert(key),
             other => unreachable!("only pending messages move between the two, not {other:?}"),
         };
@@ -410,9 +536,16 @@ impl State {
         Ok(slot)
     }
 
-    /// Up to `limit` claimable slots at `now`, in claim order, at most the
-    /// head of each ordering key.
-    pub(super) fn select(&mut self, limit: usize, now: DateTime<Utc>, block: bool) -> Vec<usize> {
+    /// Up to `limit` claimable slots at `now`, at most each served queue's
+    /// own limit from it and none from a paused queue, in claim order (see
+    /// [`ClaimOrder`]), at most the head of each ordering key.
+    pub(super) fn select(
+        &mut self,
+        served: &[(&str, usize)],
+        limit: usize,
+        now: DateTime<Utc>,
+        block: bool,
+    ) -> Vec<usize> {
         // Leases that ran out by `now` join the claimable, in claim order.
         // Each claim moves once, so this costs nothing when none expired.
         while let Some(lease) = self.leases.first().copied() {
@@ -429,34 +562,58 @@ impl State {
 
         let slots = &self.slots;
         let keys = &self.keys;
-        let mut pending = self
-            .pending
-            .iter()
-            .take_while(|key| key.available_at <= now)
-            .filter(|key| is_head(slots, keys, key.slot, block, now))
-            .peekable();
-        // A claim found expired stays claimable; this only matters when
-        // callers' clocks disagree and `now` is earlier than that claim's.
-        let mut expired = self
-            .expired
-            .iter()
-            .filter(|key| {
-                let message = &slots[key.slot]
-                    .as_ref()
-                    .expect("an expired slot holds a message");
-                message.message.is_claimable(now) && is_head(slots, keys, key.slot, block, now)
-            })
-            .peekable();
-        let mut selected = Vec::with_capacity(limit.min(1024));
-        while selected.len() < limit {
-            let next = match (pending.peek(), expired.peek()) {
-                (Some(p), Some(e)) if p <= e => pending.next(),
-                (_, Some(_)) => expired.next(),
-                (Some(_), None) => pending.next(),
-                (None, None) => break,
-            };
-            selected.extend(next.map(|key| key.slot));
+        let mut selected: Vec<(ClaimOrder, usize)> = Vec::new();
+        for &(queue, queue_limit) in served {
+            if self.paused.contains_key(queue) {
+                continue;
+            }
+            let queue_limit = queue_limit.min(limit);
+            let mut candidates: Vec<(ClaimOrder, usize)> = Vec::new();
+            // Levels from the highest priority down; within one, the due
+            // prefix in claim order. Once a level filled the queue's limit,
+            // no lower level can get into it.
+            for (&level, due) in self.pending.get(queue).into_iter().flatten() {
+                if candidates.len() >= queue_limit {
+                    break;
+                }
+                candidates.extend(
+                    due.iter()
+                        .take_while(|key| key.available_at <= now)
+                        .filter(|key| is_head(slots, keys, key.slot, block, now))
+                        .take(queue_limit)
+                        .map(|key| ((level, *key), key.slot)),
+                );
+            }
+            // A claim found expired stays claimable; the check only matters
+            // when callers' clocks disagree and `now` is earlier than that
+            // claim's. They are few, and ordered by due time, not priority:
+            // each competes.
+            candidates.extend(
+                self.expired
+                    .iter()
+                    .filter(|key| {
+                        let stored = slots[key.slot]
+                            .as_ref()
+                            .expect("an expired slot holds a message");
+                        &*stored.queue == queue
+                            && stored.message.is_claimable(now)
+                            && is_head(slots, keys, key.slot, block, now)
+                    })
+                    .map(|key| {
+                        let priority = slots[key.slot]
+                            .as_ref()
+                            .expect("an expired slot holds a message")
+                            .message
+                            .priority;
+                        ((Reverse(priority), *key), key.slot)
+                    }),
+            );
+            candidates.sort_unstable();
+            candidates.truncate(queue_limit);
+            selected.extend(candidates);
         }
-        selected
+        selected.sort_unstable();
+        selected.truncate(limit);
+        selected.into_iter().map(|(_, slot)| slot).collect()
     }
 }

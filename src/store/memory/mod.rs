@@ -11,17 +11,19 @@ use chrono::{DateTime, Utc};
 
 use super::kit::{WakeupSender, check, lease_end};
 use super::{
-    BlockedKey, ClaimBatch, ClaimedBatch, ListMessages, MarkDelivered, MarkFailed, MessagePage,
-    MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore, PurgeBatch, PurgeMessages, ReleaseClaim,
-    RenewClaim, RequeueDeadLetters, RetryNow, SkipDeadLetter, Wakeups, merge_activity,
+    BlockedKey, CancelMessages, CancelReport, ClaimBatch, ClaimedBatch, Lease, ListMessages,
+    MarkDelivered, MarkFailed, MessagePage, MinuteActivity, OutboxAdmin, OutboxStats, OutboxStore,
+    PauseQueue, PurgeBatch, PurgeMessages, QueueState, ReleaseClaim, RenewClaim,
+    RequeueDeadLetters, RetryNow, SkipDeadLetter, Wakeups, merge_activity,
 };
 use crate::error::{AbandonedClaimError, AdminError, Error, ErrorRecord, Result};
 use crate::kind::MessageStatus;
 use crate::message::{
     ClaimedMessage, Enqueued, NewMessage, OnDeadLetter, OutboxMessage, new_claim_token,
 };
-use index::{Place, State, Stored, clear_claim, status_index};
+use index::{Place, State, Stored, clear_claim, split_key_id, status_index};
 
+mod cancel;
 mod index;
 
 /// An outbox held in process memory. Cheap to clone; clones share the data.
@@ -32,6 +34,9 @@ mod index;
 /// messages stored, and with any number of live claims ahead of the due ones.
 /// Of each ordering key only the first pending or claimed message is among
 /// the pending a claim reads, so no backlog queued behind a key costs it.
+/// Pending messages are kept by queue and priority, so a claim reads the
+/// queues it serves and, in each, the due messages of each priority, and
+/// no scheduled message, however many wait.
 #[derive(Clone, Default)]
 pub struct MemoryOutbox {
     // A std mutex, not tokio's: no critical section awaits, each is a few
@@ -45,7 +50,10 @@ impl std::fmt::Debug for MemoryOutbox {
         let state = self.lock();
         f.debug_struct("MemoryOutbox")
             .field("messages", &state.ids.len())
-            .field("pending", &state.pending.len())
+            .field(
+                "pending",
+                &state.counts[status_index(MessageStatus::Pending)],
+            )
             .field("claimed", &(state.leases.len() + state.expired.len()))
             .finish()
     }
@@ -88,6 +96,7 @@ impl MemoryOutbox {
         message.validate()?;
         let id: Arc<str> = Arc::from(message.resolve_id());
         let now = message.now;
+        let queue: Arc<str> = Arc::from(message.queue.as_str());
         let stored = Stored {
             message: OutboxMessage {
                 id: id.to_string(),
@@ -109,7 +118,11 @@ impl MemoryOutbox {
                 delivered_at: None,
                 ordering_key: message.ordering_key,
                 skipped_at: None,
+                queue: message.queue,
+                priority: message.priority,
+                cancel_requested_at: None,
             },
+            queue,
             seq: 0,
             place: Place::Pending,
             idempotency_key: message.idempotency.as_ref().map(|i| i.key.clone()),
@@ -138,20 +151,44 @@ impl MemoryOutbox {
 
     fn claim_now(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         check::claim_batch(&params)?;
+        let served = params.served()?;
         let ClaimBatch {
             on_dead_letter,
             limit,
             now,
             lease,
-            max_attempts: cap,
+            ..
         } = params;
         let locked_until = lease_end(now, lease)?;
+        let queues: Vec<(&str, usize)> = served
+            .iter()
+            .map(|queue| (queue.queue.as_str(), queue.limit))
+            .collect();
+        let cap_of = |queue: &str| {
+            served
+                .iter()
+                .find(|served| served.queue == queue)
+                .and_then(|served| served.max_attempts)
+                .unwrap_or(params.max_attempts)
+        };
         let mut state = self.lock();
         let mut batch = ClaimedBatch::default();
         let block = on_dead_letter == OnDeadLetter::Block;
-        for slot in state.select(limit, now, block) {
+        for slot in state.select(&queues, limit, now, block) {
             let message = &state.stored(slot).message;
-            let max_attempts = message.effective_max_attempts(cap);
+            if message.cancel_requested_at.is_some() {
+                // Its worker is gone with the cancellation asked for: it
+                // ends here, never delivered.
+                let cancelled = state.update(slot, |message| {
+                    message.status = MessageStatus::Cancelled;
+                    message.updated_at = now;
+                    clear_claim(message);
+                    message.clone()
+                });
+                batch.cancelled.push(cancelled);
+                continue;
+            }
+            let max_attempts = message.effective_max_attempts(cap_of(&message.queue));
             if message.attempts >= max_attempts {
                 let error = ErrorRecord::from_error(&AbandonedClaimError {
                     id: message.id.clone(),
@@ -188,6 +225,8 @@ impl MemoryOutbox {
                     available_at: message.available_at,
                     created_at: message.created_at,
                     ordering_key: message.ordering_key.clone(),
+                    queue: message.queue.clone(),
+                    priority: message.priority,
                     claim_token,
                     claimed_at: now,
                     locked_until,
@@ -198,17 +237,18 @@ impl MemoryOutbox {
         Ok(batch)
     }
 
-    fn renew_now(&self, params: RenewClaim) -> Result<DateTime<Utc>> {
+    fn renew_now(&self, params: RenewClaim) -> Result<Lease> {
         check::fence(&params.id, &params.claim_token)?;
         check::positive_lease(params.lease)?;
         let locked_until = lease_end(params.now, params.lease)?;
         let mut state = self.lock();
         let slot = state.fenced(&params.id, &params.claim_token, params.now)?;
-        state.update(slot, |message| {
+        let cancel_requested = state.update(slot, |message| {
             message.locked_until = Some(locked_until);
             message.updated_at = params.now;
+            message.cancel_requested_at.is_some()
         });
-        Ok(locked_until)
+        Ok(Lease::new(locked_until, cancel_requested))
     }
 
     fn deliver_now(&self, params: MarkDelivered) -> Result<()> {
@@ -227,14 +267,16 @@ impl MemoryOutbox {
         Ok(())
     }
 
-    fn fail_now(&self, params: MarkFailed) -> Result<()> {
+    fn fail_now(&self, params: MarkFailed) -> Result<MessageStatus> {
         check::fence(&params.id, &params.claim_token)?;
         // Bounding a huge error is the slow part; do it before taking the lock.
         let error = params.error.bounded();
         let mut state = self.lock();
         let slot = state.fenced(&params.id, &params.claim_token, params.now)?;
-        state.update(slot, |message| {
-            if params.dead_letter {
+        let status = state.update(slot, |message| {
+            if message.cancel_requested_at.is_some() {
+                message.status = MessageStatus::Cancelled;
+            } else if params.dead_letter {
                 message.status = MessageStatus::DeadLettered;
             } else {
                 message.status = MessageStatus::Pending;
@@ -243,8 +285,9 @@ impl MemoryOutbox {
             message.last_error = Some(error);
             message.updated_at = params.now;
             clear_claim(message);
+            message.status
         });
-        Ok(())
+        Ok(status)
     }
 
     fn release_now(&self, params: ReleaseClaim) -> Result<()> {
@@ -252,7 +295,13 @@ impl MemoryOutbox {
         let mut state = self.lock();
         let slot = state.fenced(&params.id, &params.claim_token, params.now)?;
         state.update(slot, |message| {
-            message.status = MessageStatus::Pending;
+            // A claim given back after its cancellation was asked for is
+            // not run again.
+            message.status = if message.cancel_requested_at.is_some() {
+                MessageStatus::Cancelled
+            } else {
+                MessageStatus::Pending
+            };
             message.available_at = params.now;
             message.attempts = message.attempts.saturating_sub(1);
             message.updated_at = params.now;
@@ -269,6 +318,7 @@ impl MemoryOutbox {
             claimed: count(MessageStatus::Claimed),
             delivered: count(MessageStatus::Delivered),
             dead_lettered: count(MessageStatus::DeadLettered),
+            cancelled: count(MessageStatus::Cancelled),
             ..OutboxStats::default()
         };
         stats.blocked_keys = state
@@ -288,11 +338,14 @@ impl MemoryOutbox {
                 stats.expired_claims += 1;
             }
         }
-        // Both are ordered by `available_at`, so their first entries hold the
-        // oldest.
-        stats.oldest_due_at = [state.pending.first(), state.queued.first()]
-            .into_iter()
-            .flatten()
+        // Each level and `queued` are ordered by `available_at`, so their
+        // first entries hold the oldest.
+        stats.oldest_due_at = state
+            .pending
+            .values()
+            .flat_map(|levels| levels.values())
+            .chain([&state.queued])
+            .filter_map(|due| due.first())
             .map(|key| key.available_at)
             .min()
             .filter(|available_at| *available_at <= now);
@@ -450,15 +503,19 @@ impl MemoryOutbox {
                         )
                     })
                     .count();
-                Some(BlockedKey::new(
-                    key.to_string(),
-                    head.id.clone(),
-                    head.name.clone(),
-                    waiting as u64,
-                ))
+                let (queue, key) = split_key_id(key);
+                Some(
+                    BlockedKey::new(
+                        key.to_owned(),
+                        head.id.clone(),
+                        head.name.clone(),
+                        waiting as u64,
+                    )
+                    .in_queue(queue.to_owned()),
+                )
             })
             .collect();
-        blocked.sort_by(|a, b| a.ordering_key.cmp(&b.ordering_key));
+        blocked.sort_by(|a, b| (&a.ordering_key, &a.queue).cmp(&(&b.ordering_key, &b.queue)));
         blocked.truncate(limit);
         Ok(blocked)
     }
@@ -514,6 +571,10 @@ impl OutboxStore for MemoryOutbox {
     }
 
     async fn renew_claim(&self, params: RenewClaim) -> Result<DateTime<Utc>> {
+        Ok(self.renew_now(params)?.locked_until)
+    }
+
+    async fn renew_lease(&self, params: RenewClaim) -> Result<Lease> {
         self.renew_now(params)
     }
 
@@ -522,6 +583,10 @@ impl OutboxStore for MemoryOutbox {
     }
 
     async fn mark_failed(&self, params: MarkFailed) -> Result<()> {
+        self.fail_now(params).map(drop)
+    }
+
+    async fn settle_failure(&self, params: MarkFailed) -> Result<MessageStatus> {
         self.fail_now(params)
     }
 
@@ -630,6 +695,48 @@ impl OutboxAdmin for MemoryOutbox {
 
     async fn blocked_keys(&self, limit: usize) -> Result<Vec<BlockedKey>> {
         self.blocked_now(limit)
+    }
+
+    async fn pause_queue(&self, params: PauseQueue) -> Result<bool> {
+        check::queue(&params.queue)?;
+        let mut state = self.lock();
+        if state.paused.contains_key(&params.queue) {
+            return Ok(false);
+        }
+        state.paused.insert(params.queue, params.now);
+        Ok(true)
+    }
+
+    async fn resume_queue(&self, queue: &str) -> Result<bool> {
+        check::queue(queue)?;
+        let resumed = self.lock().paused.remove(queue).is_some();
+        if resumed {
+            self.wake.wake();
+        }
+        Ok(resumed)
+    }
+
+    async fn queues(&self) -> Result<Vec<QueueState>> {
+        let state = self.lock();
+        let mut queues: std::collections::BTreeMap<&str, QueueState> = state
+            .queue_counts
+            .iter()
+            .map(|(queue, &[pending, claimed])| {
+                let paused_at = state.paused.get(&**queue).copied();
+                let row = QueueState::new(queue.to_string(), pending, claimed, paused_at);
+                (&**queue, row)
+            })
+            .collect();
+        for (queue, &paused_at) in &state.paused {
+            queues
+                .entry(queue.as_str())
+                .or_insert_with(|| QueueState::new(queue.clone(), 0, 0, Some(paused_at)));
+        }
+        Ok(queues.into_values().collect())
+    }
+
+    async fn cancel_messages(&self, params: CancelMessages) -> Result<CancelReport> {
+        self.cancel_now(params)
     }
 }
 

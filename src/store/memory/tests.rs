@@ -20,6 +20,7 @@ fn claim(store: &MemoryOutbox, limit: usize, now: i64) -> ClaimedBatch {
             now: at(now),
             lease,
             max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .unwrap()
 }
@@ -40,7 +41,11 @@ fn assert_consistent(store: &MemoryOutbox) {
     for (slot, stored) in state.slots.iter().enumerate() {
         let Some(stored) = stored else { continue };
         indexed += 1;
-        let in_pending = state.pending.contains(&stored.due_key(slot));
+        let in_pending = state
+            .pending
+            .get(&*stored.queue)
+            .and_then(|levels| levels.get(&std::cmp::Reverse(stored.message.priority)))
+            .is_some_and(|due| due.contains(&stored.due_key(slot)));
         let in_queued = state.queued.contains(&stored.due_key(slot));
         let in_expired = state.expired.contains(&stored.due_key(slot));
         let in_leases =
@@ -50,7 +55,8 @@ fn assert_consistent(store: &MemoryOutbox) {
                 // A keyed message is in `pending` exactly when it is its
                 // key's front.
                 let front = stored.message.ordering_key.as_deref().is_none_or(|key| {
-                    state.keys[key].unsettled.values().find(|&&other| {
+                    let key = index::key_id(&stored.queue, key);
+                    state.keys[key.as_str()].unsettled.values().find(|&&other| {
                         matches!(
                             state.stored(other).message.status,
                             MessageStatus::Pending | MessageStatus::Claimed
@@ -74,10 +80,21 @@ fn assert_consistent(store: &MemoryOutbox) {
             stored.message.id
         );
     }
+    let pending: usize = state
+        .pending
+        .values()
+        .flat_map(|levels| levels.values())
+        .map(|due| {
+            assert!(!due.is_empty(), "an empty level is dropped");
+            due.len()
+        })
+        .sum();
     assert_eq!(
-        state.pending.len() + state.queued.len() + state.leases.len() + state.expired.len(),
+        pending + state.queued.len() + state.leases.len() + state.expired.len(),
         (state.counts[0] + state.counts[1]) as usize
     );
+    let per_queue: u64 = state.queue_counts.values().flatten().sum();
+    assert_eq!(per_queue, state.counts[0] + state.counts[1]);
     assert_eq!(indexed, state.ids.len());
     assert_eq!(indexed, state.listing.len());
     assert_eq!(indexed as u64, state.counts.iter().sum::<u64>());
@@ -130,4 +147,46 @@ fn indexes_follow_every_transition() {
     store.enqueue_now(new).unwrap();
     assert_eq!(store.lock().slots.len(), 6, "a purged slot is reused");
     assert_consistent(&store);
+}
+
+#[test]
+fn claims_read_each_queue_by_priority_and_skip_scheduled_messages() {
+    let store = MemoryOutbox::new();
+    let enqueue = |id: &str, queue: &str, priority: i16, available: i64| {
+        let new = NewMessage::new(MessageKind::Event, "e", Payload::from(serde_json::json!(1)))
+            .with_id(id)
+            .with_queue(queue)
+            .with_priority(priority)
+            .at(at(0))
+            .available_at(at(available));
+        store.enqueue_now(new).unwrap();
+    };
+    // A scheduled message of the highest priority stands in front of
+    // nothing: its level's due prefix is empty.
+    enqueue("later", "a", 9, 100);
+    enqueue("low", "a", 0, 0);
+    enqueue("high", "a", 5, 1);
+    enqueue("other", "b", 0, 0);
+    assert_consistent(&store);
+    let batch = store
+        .claim_now(ClaimBatch {
+            on_dead_letter: Default::default(),
+            limit: 10,
+            now: at(10),
+            lease: Duration::from_secs(10),
+            max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
+            queues: vec![crate::QueueLimit::new("a", 1)],
+        })
+        .unwrap();
+    assert_eq!(claimed(&batch), ["high"]);
+    assert_consistent(&store);
+    let mut queues = futures_util::FutureExt::now_or_never(store.queues())
+        .unwrap()
+        .unwrap();
+    queues.sort_by(|x, y| x.queue.cmp(&y.queue));
+    let counts: Vec<_> = queues
+        .iter()
+        .map(|q| (q.queue.as_str(), q.pending, q.claimed))
+        .collect();
+    assert_eq!(counts, [("a", 2, 1), ("b", 1, 0)]);
 }

@@ -1,8 +1,9 @@
 //! The PostgreSQL store's claim: a first pass through the table's `claim`
-//! function, the heads of ordering keys it left claimed in a second round
-//! trip under their keys' locks, and, after a short first pass, a claim
-//! with each key's head looked up; then the rows out of attempts
-//! dead-lettered and unreadable rows quarantined.
+//! function over the queues served, the heads of ordering keys it left
+//! claimed in a second round trip under their keys' locks, and, after a
+//! short first pass, a claim with each key's head looked up; then the rows
+//! out of attempts dead-lettered, expired claims with a cancellation
+//! request cancelled, and unreadable rows quarantined.
 
 use std::sync::atomic::Ordering;
 
@@ -13,10 +14,11 @@ use sqlx::{AssertSqlSafe, Column, Row};
 use super::statements::ClaimValues;
 use super::{Core, Shared};
 use crate::error::{AbandonedClaimError, Error, ErrorRecord, Result};
+use crate::kind::MessageStatus;
 use crate::message::{ClaimedMessage, OnDeadLetter, OutboxMessage};
 use crate::store::kit::{check, lease_end};
 use crate::store::sql::{self, ColumnPositions, db};
-use crate::store::{ClaimBatch, ClaimedBatch};
+use crate::store::{ClaimBatch, ClaimedBatch, QueueLimit};
 
 /// How many claims after a short first pass look keys' heads up without
 /// one. A first pass is cheap when the keyed backlog thins out again; one
@@ -40,6 +42,41 @@ fn claim_outcome(row: &PgRow) -> Result<&str> {
 
 /// A statement with its binds, as `sqlx::query` makes it.
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// The queues a claim serves, as the arrays its statements bind: names,
+/// limits and attempt caps, in one order.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Served {
+    queues: Vec<String>,
+    limits: Vec<i32>,
+    caps: Vec<i64>,
+}
+
+impl Served {
+    fn of(served: &[QueueLimit]) -> Self {
+        let mut arrays = Served::default();
+        for queue in served {
+            arrays.queues.push(queue.queue.clone());
+            arrays
+                .limits
+                .push(i32::try_from(queue.limit).unwrap_or(i32::MAX));
+            arrays.caps.push(i64::from(queue.max_attempts.unwrap_or(1)));
+        }
+        arrays
+    }
+
+    /// The attempt cap of messages of `queue` without their own.
+    fn cap(&self, queue: &str) -> u32 {
+        let caps = self.queues.iter().zip(&self.caps);
+        let cap = caps
+            .filter(|(name, _)| name.as_str() == queue)
+            .map(|(_, &cap)| cap)
+            .next()
+            .or_else(|| self.caps.iter().copied().min())
+            .unwrap_or(1);
+        u32::try_from(cap).unwrap_or(u32::MAX)
+    }
+}
 
 impl Core {
     /// `statement`, a claim statement sent as text (after a short first
@@ -73,19 +110,27 @@ impl Core {
     /// A claim's first pass: see `Statements::claim_first`.
     pub(super) fn claim_first(
         &self,
+        served: &Served,
         limit: usize,
         now: Option<DateTime<Utc>>,
         lease_micros: i64,
-        cap: u32,
         block: bool,
     ) -> PgQuery<'static> {
         sqlx::query(AssertSqlSafe(self.sql.claim_first.clone()))
+            .bind(served.queues.clone())
+            .bind(served.limits.clone())
+            .bind(served.caps.clone())
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
             .bind(i32::try_from(sql::keyed_walk(limit)).unwrap_or(i32::MAX))
             .bind(now)
             .bind(lease_micros)
-            .bind(i64::from(cap))
             .bind(block)
+    }
+
+    /// A claim's first pass that claims nothing, to plan the function on a
+    /// connection (see `Core::warm_up`).
+    pub(super) fn claim_nothing(&self) -> PgQuery<'static> {
+        self.claim_first(&Served::default(), 0, None, 1, false)
     }
 
     /// `query` with the claim's `now` bound as `$1` when the store runs on
@@ -100,12 +145,13 @@ impl Core {
 
     pub(super) async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         check::claim_batch(&params)?;
+        let served = Served::of(&params.served()?);
         let ClaimBatch {
             on_dead_letter,
             limit,
             now,
             lease,
-            max_attempts: cap,
+            ..
         } = params;
         let locked_until = lease_end(now, lease)?;
         let lease_micros = i64::try_from(lease.as_micros())
@@ -113,7 +159,6 @@ impl Core {
         let block = on_dead_letter == OnDeadLetter::Block;
         let values = ClaimValues {
             lease_micros,
-            cap,
             caller_now: !self.server_clock,
         };
         let mut claimed = Vec::with_capacity(limit);
@@ -128,7 +173,7 @@ impl Core {
         let mut short = lookup;
         if !lookup {
             let rows = self
-                .claim_first(limit, self.bound_now(now), lease_micros, cap, block)
+                .claim_first(&served, limit, self.bound_now(now), lease_micros, block)
                 .fetch_all(&self.parts.pool)
                 .await
                 .map_err(db("claim_batch"))?;
@@ -147,8 +192,15 @@ impl Core {
                     _ => {}
                 }
             }
-            self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
-                .await?;
+            self.read_claimed(
+                &rows,
+                now,
+                locked_until,
+                &served,
+                &mut claimed,
+                &mut abandoned,
+            )
+            .await?;
             if short {
                 self.skip_first_passes
                     .store(FIRST_PASSES_SKIPPED, Ordering::Relaxed);
@@ -159,15 +211,23 @@ impl Core {
                 let rows = sqlx::query(AssertSqlSafe(self.sql.claim_heads.clone()))
                     .bind(&hashes)
                     .bind(&ids)
+                    .bind(&served.queues)
+                    .bind(&served.caps)
                     .bind(self.bound_now(now))
                     .bind(lease_micros)
-                    .bind(i64::from(cap))
                     .bind(block)
                     .fetch_all(&self.parts.pool)
                     .await
                     .map_err(db("claim_batch"))?;
-                self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
-                    .await?;
+                self.read_claimed(
+                    &rows,
+                    now,
+                    locked_until,
+                    &served,
+                    &mut claimed,
+                    &mut abandoned,
+                )
+                .await?;
             }
         }
         if short {
@@ -187,11 +247,22 @@ impl Core {
             if values.caller_now {
                 lookup = lookup.bind(now);
             }
-            let keys: Vec<(String, i64)> = lookup
+            let heads: Vec<(String, String, i64)> = lookup
+                .bind(&served.queues)
+                .bind(&served.limits)
+                .bind(&served.caps)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(db("claim_batch"))?;
-            let (hashes, keys) = lock_order(keys.into_iter().map(|(key, hash)| (hash, key)));
+            let (hashes, keys) = lock_order(
+                heads
+                    .into_iter()
+                    .map(|(queue, key, hash)| (hash, format!("{queue}\0{key}"))),
+            );
+            let (key_queues, keys): (Vec<&str>, Vec<&str>) = keys
+                .iter()
+                .map(|id| id.split_once('\0').expect("a key id holds its queue"))
+                .unzip();
             sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
                 .bind(&hashes)
                 .execute(&mut *tx)
@@ -200,23 +271,40 @@ impl Core {
             let claim = self.planned(self.sql.claim_locked(limit, block, values));
             let rows = self
                 .with_now(sqlx::query(AssertSqlSafe(claim)), now)
+                .bind(&served.queues)
+                .bind(&served.limits)
+                .bind(&served.caps)
+                .bind(&key_queues)
                 .bind(&keys)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(db("claim_batch"))?;
             tx.commit().await.map_err(db("claim_batch"))?;
-            self.read_claimed(&rows, now, locked_until, cap, &mut claimed, &mut abandoned)
-                .await?;
+            self.read_claimed(
+                &rows,
+                now,
+                locked_until,
+                &served,
+                &mut claimed,
+                &mut abandoned,
+            )
+            .await?;
         }
         claimed.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
         self.claimed_rows
             .fetch_add(claimed.len() as u64, Ordering::Relaxed);
         let mut batch = ClaimedBatch {
             claimed: claimed.into_iter().map(|(_, m)| m).collect(),
-            dead_lettered: Vec::new(),
+            ..ClaimedBatch::default()
         };
         if !abandoned.is_empty() {
-            batch.dead_lettered = self.dead_letter_abandoned(abandoned, now, cap).await?;
+            for message in self.dead_letter_abandoned(abandoned, now, &served).await? {
+                if message.status == MessageStatus::Cancelled {
+                    batch.cancelled.push(message);
+                } else {
+                    batch.dead_lettered.push(message);
+                }
+            }
         }
         Ok(batch)
     }
@@ -228,7 +316,7 @@ impl Core {
         rows: &[PgRow],
         now: DateTime<Utc>,
         locked_until: DateTime<Utc>,
-        cap: u32,
+        served: &Served,
         claimed: &mut Vec<(i64, ClaimedMessage)>,
         abandoned: &mut Vec<(i64, OutboxMessage)>,
     ) -> Result<()> {
@@ -245,6 +333,7 @@ impl Core {
             match decoded {
                 Ok((seq, message)) if outcome == "abandoned" => abandoned.push((seq, message)),
                 Ok((seq, message)) => {
+                    let cap = served.cap(&message.queue);
                     let mut message = sql::claimed_view(message, cap)?;
                     if self.server_clock {
                         // The lease began on the server no earlier than
@@ -264,19 +353,24 @@ impl Core {
         Ok(())
     }
 
-    /// Dead-letter the rows a claim found out of attempts, if they still are.
+    /// Dead-letter the rows a claim found out of attempts, if they still
+    /// are, and cancel those with a cancellation request; answers them as
+    /// they are now.
     async fn dead_letter_abandoned(
         &self,
         abandoned: Vec<(i64, OutboxMessage)>,
         now: DateTime<Utc>,
-        cap: u32,
+        served: &Served,
     ) -> Result<Vec<OutboxMessage>> {
         let mut ids = Vec::with_capacity(abandoned.len());
         let mut attempts = Vec::with_capacity(abandoned.len());
         let mut errors = Vec::with_capacity(abandoned.len());
+        let mut caps = Vec::with_capacity(abandoned.len());
         for (_, message) in &abandoned {
+            let cap = served.cap(&message.queue);
             ids.push(message.id.clone());
             attempts.push(i64::from(message.attempts));
+            caps.push(i64::from(cap));
             errors.push(
                 ErrorRecord::from_error(&AbandonedClaimError {
                     id: message.id.clone(),
@@ -291,7 +385,7 @@ impl Core {
             .bind(ids)
             .bind(attempts)
             .bind(errors)
-            .bind(i64::from(cap))
+            .bind(caps)
             .fetch_all(&self.parts.pool)
             .await
             .map_err(db("claim_batch"))?;

@@ -374,9 +374,9 @@ impl PostgresOutbox {
     }
 
     /// The claim after a short first pass, of up to `limit` messages under
-    /// the `block` policy, with a lease of `lease_micros` and an attempt cap
-    /// of `cap`; `$1` is now when `caller_now`, and the keys whose locks the
-    /// transaction holds are its last parameter. See
+    /// the `block` policy, with a lease of `lease_micros`; `$1` is now when
+    /// `caller_now`, then come the queues served, their limits and attempt
+    /// caps, and the queues and keys whose locks the transaction holds. See
     /// `Statements::claim_locked`.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
@@ -384,12 +384,10 @@ impl PostgresOutbox {
         &self,
         limit: usize,
         lease_micros: i64,
-        cap: u32,
         caller_now: bool,
     ) -> String {
         let values = ClaimValues {
             lease_micros,
-            cap,
             caller_now,
         };
         self.inner.core.sql.claim_locked(limit, true, values)
@@ -401,10 +399,9 @@ impl PostgresOutbox {
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
     pub fn key_heads_statement(&self, limit: usize, caller_now: bool) -> String {
-        // The lookup writes neither the lease nor the cap.
+        // The lookup writes no lease.
         let values = ClaimValues {
             lease_micros: 0,
-            cap: 0,
             caller_now,
         };
         self.inner.core.sql.key_heads(limit, true, values)
@@ -507,7 +504,7 @@ impl Core {
             }
         }
         for connection in &mut connections {
-            self.claim_first(0, None, 1, 1, false)
+            self.claim_nothing()
                 .execute(&mut **connection)
                 .await
                 .map_err(db("warm_up"))?;

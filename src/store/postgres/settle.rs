@@ -7,7 +7,7 @@ use sqlx::AssertSqlSafe;
 
 use super::{Core, Shared};
 use crate::error::Result;
-use crate::store::fenced::{FencedBackend, FencedOp, FencedWrite};
+use crate::store::fenced::{CancelRequested, FencedBackend, FencedOp, FencedWrite};
 use crate::store::sql::{self, db};
 
 impl Core {
@@ -31,7 +31,8 @@ impl Core {
         &self,
         rows: &'q [FencedWrite],
         deletions_only: bool,
-    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, String, sqlx::postgres::PgArguments> {
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, (String, String), sqlx::postgres::PgArguments>
+    {
         let mut ids = Vec::with_capacity(rows.len());
         let mut tokens = Vec::with_capacity(rows.len());
         let mut nows = Vec::with_capacity(rows.len());
@@ -59,7 +60,7 @@ impl Core {
                     .collect::<Vec<_>>(),
             );
         }
-        sqlx::query_scalar(AssertSqlSafe(self.sql.settle.clone()))
+        sqlx::query_as(AssertSqlSafe(self.sql.settle.clone()))
             .bind(ops)
             .bind(ids)
             .bind(tokens)
@@ -71,15 +72,30 @@ impl Core {
 }
 
 impl FencedBackend for Core {
-    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
+    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<CancelRequested>>> {
         let deletions_only = rows.iter().all(|row| row.op == FencedOp::Delete);
-        let lost = self
+        let marked = self
             .settle(rows, deletions_only)
             .fetch_all(&self.parts.pool)
             .await
             .map_err(db("settle"))?;
+        if marked.is_empty() {
+            return Ok(rows.iter().map(|_| Ok(false)).collect());
+        }
+        let mut lost = Vec::new();
+        let mut cancel = std::collections::HashSet::new();
+        for (id, outcome) in marked {
+            if outcome == "cancel" {
+                cancel.insert(id);
+            } else {
+                lost.push(id);
+            }
+        }
         if lost.is_empty() {
-            return Ok(rows.iter().map(|_| Ok(())).collect());
+            return Ok(rows
+                .iter()
+                .map(|row| Ok(cancel.contains(&row.id)))
+                .collect());
         }
         let lost_ids: std::collections::HashSet<String> = lost.iter().cloned().collect();
         let fences = Shared::fences(&self.parts, &self.sql.fences, lost).await;
@@ -88,7 +104,7 @@ impl FencedBackend for Core {
             .iter()
             .map(|row| {
                 if !lost_ids.contains(&row.id) {
-                    return Ok(());
+                    return Ok(cancel.contains(&row.id));
                 }
                 match server_now {
                     // The write judged the lease by the server's clock:
@@ -99,9 +115,9 @@ impl FencedBackend for Core {
                         if let Some((_, _, Some(until))) = fences.get_mut(&row.id) {
                             *until = row.now + (*until - server_now);
                         }
-                        sql::lost_claim(row, &fences)
+                        sql::lost_claim(row, &fences).map(|()| false)
                     }
-                    None => sql::lost_claim(row, &fences),
+                    None => sql::lost_claim(row, &fences).map(|()| false),
                 }
             })
             .collect())

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use crate::store::sql::{
-    MESSAGE_COLUMNS, SharedStatements, TableName, head_test, key_fronts_cte, oldest_due,
-    pending_count,
+    CancelStatements, MESSAGE_COLUMNS, SharedStatements, TableName, blocked_count, head_test,
+    key_fronts_cte, levels_cte, oldest_due, pending_count, queues,
 };
 
 /// The time a statement judges leases by: the caller's (`$1`, bound when
@@ -17,10 +17,9 @@ use crate::store::sql::{
 /// its own, where the two agree.
 const NOW: &str = "coalesce($1::timestamptz, statement_timestamp())";
 
-/// The attempt cap of a row a claim's statements test: its own when set at
-/// enqueue, else the claim's, written out per claim (see
-/// [`ClaimValues::write`]).
-const CAP: &str = "(CASE WHEN max_attempts_set THEN max_attempts ELSE {cap} END)";
+/// The attempt cap of a row `m` a claim's statements test: its own when
+/// set at enqueue, else its queue's (`s`, the served queue it is in).
+const CAP: &str = "(CASE WHEN m.max_attempts_set THEN m.max_attempts ELSE s.cap END)";
 
 /// [`NOW`] in the claim's statements, written out per claim: the caller's
 /// time bound as `$1`, or the database's (see [`Statements::claim_locked`]).
@@ -57,33 +56,35 @@ pub(super) struct Statements {
     /// Insert one message unless its id is taken (and, when the store
     /// notifies and it inserted, wake a drain that waits); returns a row
     /// when it inserted. A NULL
-    /// `available_at` is the database's time. Binds: `$1` id ... `$12` max
-    /// attempts set (see
-    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$13`
+    /// `available_at` is the database's time. Binds: `$1` id ... `$14`
+    /// priority (see
+    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$15`
     /// the channel.
     pub(super) insert: Arc<str>,
     /// The first pass of a claim: a call of the table's `claim` function
-    /// (`migrations/postgres/0012_claim_function.sql`). Binds: `$1` the
-    /// limit, `$2` the most keyed rows to walk, `$3` now (NULL for the
-    /// database's), `$4` the lease in µs, `$5` the attempt cap of rows
-    /// without their own, `$6` whether a dead letter holds its key.
+    /// (`migrations/postgres/0014_queues.sql`). Binds: `$1` the queues,
+    /// `$2` their limits, `$3` their attempt caps, `$4` the limit, `$5` the
+    /// most keyed rows to walk per queue and priority, `$6` now (NULL for
+    /// the database's), `$7` the lease in µs, `$8` whether a dead letter
+    /// holds its key.
     pub(super) claim_first: Arc<str>,
     /// The second pass of a claim that found keyed heads: a call of the
     /// table's `claim_heads` function.
     pub(super) claim_heads: Arc<str>,
-    /// The claim after a short first pass, with `{limit}` and `{block}` to
-    /// write out; see [`Statements::claim_locked`].
+    /// The claim after a short first pass, with `{limit}`, `{block}` and
+    /// its binds to write out; see [`Statements::claim_locked`].
     claim_locked: Arc<str>,
-    /// The heads of keys beyond a claim's walk, with `{limit}` and
-    /// `{block}` to write out; see [`Statements::key_heads`].
+    /// The heads of keys beyond a claim's walk, with `{limit}`, `{block}`
+    /// and its binds to write out; see [`Statements::key_heads`].
     key_heads: Arc<str>,
     /// Take the advisory lock of each key hash, in the order given (sorted,
     /// so two claimers never wait on each other in a cycle). Binds: `$1` the
     /// hashes.
     pub(super) lock_keys: Arc<str>,
-    /// Dead-letter rows out of attempts if they still are. Binds: now (NULL
-    /// for the database's), then arrays of ids, attempts and errors, then
-    /// the attempt cap of rows without their own.
+    /// Dead-letter rows out of attempts if they still are, and cancel
+    /// expired claims whose cancellation was requested. Binds: now (NULL
+    /// for the database's), then arrays of ids, attempts, errors and each
+    /// row's attempt cap (its queue's).
     pub(super) abandoned: Arc<str>,
     /// Dead-letter an unreadable row. Binds: error, now (NULL for the
     /// database's), seq, token.
@@ -94,8 +95,9 @@ pub(super) struct Statements {
     /// `release`, `delete`; NULL when every row is a deletion), `$2` id,
     /// `$3` token, `$4` now (NULL for the database's), `$5` lease in µs
     /// (renew), `$6` new `available_at` (retry), `$7` `last_error` JSON (the
-    /// last three may be NULL with `$1`); returns the ids it did not change
-    /// (the claims lost), usually none.
+    /// last three may be NULL with `$1`); returns each id it did not change
+    /// (the claims lost, `lost`), and each it changed that carries a
+    /// cancellation request (`cancel`), usually none.
     pub(super) settle: Arc<str>,
     /// The fence columns of an array of ids.
     pub(super) fences: Arc<str>,
@@ -117,6 +119,7 @@ impl Statements {
     /// The store's own statements, and those it runs the shared way.
     pub(super) fn new(table: &TableName, notify: bool) -> (Self, SharedStatements) {
         let t = table.quoted();
+        let paused = table.derived("paused", true);
         let all = columns("");
         let m_all = columns("m.");
         // Every column NULL but the id and the key, for a keyed row a pass
@@ -132,10 +135,19 @@ impl Statements {
             .join(", ");
         // `{block}` is written out per claim, like `{limit}`.
         let head = head_test(&t, "{block}", CLAIM_NOW, true);
+        // The queues a claim serves that are not paused, each with its
+        // limit and attempt cap, bound as arrays (`{queues}` and so on are
+        // written out per claim: see `ClaimValues::write`).
+        let served = format!(
+            "served AS MATERIALIZED ( \
+               SELECT s.queue, s.lim, s.cap \
+               FROM unnest({{queues}}, {{limits}}, {{caps}}) AS s (queue, lim, cap) \
+               WHERE NOT EXISTS (SELECT 1 FROM {paused} AS z WHERE z.queue = s.queue))"
+        );
         // After the rows the locked pass picked: claim them, except those
-        // out of attempts (returned untouched as `abandoned`) and keyed rows
-        // of keys it does not hold (returned untouched as `keyed`: their id,
-        // key and key hash only).
+        // out of attempts or with a cancellation request (returned
+        // untouched as `abandoned`) and keyed rows of keys it does not hold
+        // (returned untouched as `keyed`: their id, key and key hash only).
         //
         // The claim's tokens share one random part, drawn once per
         // statement, and differ by the row's `seq`: unique for each claim
@@ -170,52 +182,67 @@ impl Statements {
                  FROM picked LEFT JOIN {t} AS m ON false \
                  WHERE picked.deferred"
         );
-        // The arms every claim of keyless rows reads, each from its own
-        // partial index in claim order, skipping rows another claimer
-        // holds: pending keyless rows, and claimed rows with an expired
-        // lease that pass the head test.
+        // The arms every claim of keyless rows reads, skipping rows another
+        // claimer holds: each served queue's pending keyless rows, one
+        // priority at a time, each a prefix of the partial index in claim
+        // order; and claimed rows of those queues with an expired lease
+        // that pass the head test.
+        let keyless_levels = levels_cte("keyless_levels", &t, false, CLAIM_NOW, "s.lim", "s.lim");
         let arms = format!(
-            "keyless AS ( \
-               SELECT id, available_at, created_at, seq, ordering_key, \
-                 attempts >= {CAP} AS abandoned, ctid AS tid \
-               FROM {t} AS m \
-               WHERE status = 'pending' AND ordering_key IS NULL \
-                 AND available_at <= {CLAIM_NOW} \
-               ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED), \
+            "{keyless_levels}, \
+             keyless AS ( \
+               SELECT x.* FROM keyless_levels AS l JOIN served AS s ON s.queue = l.queue \
+               CROSS JOIN LATERAL ( \
+                 SELECT m.id, m.queue, m.priority, m.available_at, m.created_at, m.seq, \
+                   m.ordering_key, m.attempts >= {CAP} AS abandoned, m.ctid AS tid \
+                 FROM {t} AS m \
+                 WHERE m.status = 'pending' AND m.ordering_key IS NULL AND m.queue = l.queue \
+                   AND m.priority = l.priority AND m.available_at <= {CLAIM_NOW} \
+                 ORDER BY m.available_at, m.created_at, m.seq LIMIT s.lim \
+                 FOR UPDATE SKIP LOCKED) AS x \
+               WHERE l.priority IS NOT NULL), \
              expired AS ( \
-               SELECT id, available_at, created_at, seq, ordering_key, \
-                 attempts >= {CAP} AS abandoned, ctid AS tid \
-               FROM {t} AS m \
-               WHERE status = 'claimed' AND locked_until <= {CLAIM_NOW} AND {head} \
-               ORDER BY available_at, created_at, seq LIMIT {{limit}} FOR UPDATE SKIP LOCKED)"
+               SELECT m.id, m.queue, m.priority, m.available_at, m.created_at, m.seq, \
+                 m.ordering_key, \
+                 (m.attempts >= {CAP} OR m.cancel_requested_at IS NOT NULL) AS abandoned, \
+                 m.ctid AS tid \
+               FROM {t} AS m JOIN served AS s ON s.queue = m.queue \
+               WHERE m.status = 'claimed' AND m.locked_until <= {CLAIM_NOW} AND {head} \
+               ORDER BY m.priority DESC, m.available_at, m.created_at, m.seq LIMIT {{limit}} \
+               FOR UPDATE OF m SKIP LOCKED)"
         );
-        // The heads of the keys `{keys}`, whose locks the transaction holds:
-        // each key's first pending or claimed row, looked up in the key's
-        // index, no walk however long its queue. A lateral join rather than
-        // a scalar subquery: PostgreSQL ran that subquery three times per
-        // key (grouping, cache key, index condition).
+        // The heads of the keys `{keys}` (in the queues `{key_queues}`),
+        // whose locks the transaction holds: each key's first pending or
+        // claimed row in its queue, looked up in the key's index, no walk
+        // however long its queue. A lateral join rather than a scalar
+        // subquery: PostgreSQL ran that subquery three times per key
+        // (grouping, cache key, index condition).
         let fronts = format!(
             "fronts AS ( \
-               SELECT id, available_at, created_at, seq, ordering_key, \
-                 attempts >= {CAP} AS abandoned, ctid AS tid \
-               FROM {t} AS m \
-               WHERE m.id IN (SELECT f.id FROM unnest({{keys}}) AS k (k) \
+               SELECT m.id, m.queue, m.priority, m.available_at, m.created_at, m.seq, \
+                 m.ordering_key, \
+                 (m.attempts >= {CAP} OR m.cancel_requested_at IS NOT NULL) AS abandoned, \
+                 m.ctid AS tid \
+               FROM {t} AS m JOIN served AS s ON s.queue = m.queue \
+               WHERE m.id IN (SELECT f.id \
+                 FROM unnest({{key_queues}}, {{keys}}) AS k (q, k) \
                  CROSS JOIN LATERAL (SELECT e.id FROM {t} AS e \
-                   WHERE e.ordering_key = k.k AND e.ordering_key IS NOT NULL \
-                     AND e.status <> 'delivered' AND e.status IN ('pending', 'claimed') \
+                   WHERE e.queue = k.q AND e.ordering_key = k.k AND e.ordering_key IS NOT NULL \
+                     AND e.status <> 'delivered' AND e.status <> 'cancelled' \
+                     AND e.status IN ('pending', 'claimed') \
                    ORDER BY e.seq LIMIT 1) AS f) \
                AND ((m.status = 'pending' AND m.available_at <= {CLAIM_NOW}) \
                  OR (m.status = 'claimed' AND m.locked_until <= {CLAIM_NOW})) \
                AND {head} \
-               FOR UPDATE SKIP LOCKED)"
+               FOR UPDATE OF m SKIP LOCKED)"
         );
         let key_fronts = key_fronts_cte(&t, "id", "true");
         let insert = format!(
             "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
              available_at, created_at, updated_at, ordering_key, idempotency_key, \
-             idempotency_until, max_attempts_set) \
+             idempotency_until, max_attempts_set, queue, priority) \
              VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, \
-               coalesce($7, statement_timestamp()), $8, $8, $9, $10, $11, $12) \
+               coalesce($7, statement_timestamp()), $8, $8, $9, $10, $11, $12, $13, $14) \
              ON CONFLICT DO NOTHING RETURNING 1"
         );
         let drains = table.derived("drains", true);
@@ -227,7 +254,7 @@ impl Statements {
             insert: if notify {
                 format!(
                     "WITH inserted AS ({insert}) \
-                     SELECT {wake}($13) FROM inserted",
+                     SELECT {wake}($15) FROM inserted",
                     wake = table.derived("wake", true)
                 )
             } else {
@@ -246,12 +273,14 @@ impl Statements {
                  ON CONFLICT (id) DO UPDATE SET idle = true RETURNING 1"
             )
             .into(),
-            // The first pass, in the table's `claim` function: keyless rows
-            // and expired claims, keyed heads from a bounded walk of the
-            // keyed rows in claim order; the union is cut to the limit
-            // again, testing walked rows for heads in claim order only until
+            // The first pass, in the table's `claim` function: for each
+            // queue served and not paused, its keyless rows and expired
+            // claims, and keyed heads from a bounded walk of its keyed rows,
+            // one priority at a time, in claim order; each queue cut to its
+            // limit, testing walked rows for heads in claim order only until
             // it is (where keys are many, most walked rows are heads, and
-            // the claim is full long before the walk ends).
+            // the queue is full long before the walk ends); all of them cut
+            // to the claim's limit.
             //
             // Keyed rows need more than row locks: the head test reads the
             // statement's snapshot, which a concurrent claim of the same key
@@ -262,13 +291,13 @@ impl Statements {
             // claim of those keys (`claim_heads`).
             //
             // A head the walk did not reach comes after every row it walked,
-            // in claim order. So when the walk was cut short and the rows
-            // picked do not all come before its last row, a head it missed
-            // might belong among them: the pass then claims nothing and
-            // returns one row, `short` (every column NULL), and the claim
-            // looks each key's head up (`key_heads`) and claims again with
-            // those keys locked (`claim_locked`). The lookup is a statement
-            // of its own, run only then: its recursive scan makes
+            // in claim order. So when a walk was cut short and the rows its
+            // queue picked do not all come before its last row, a head it
+            // missed might belong among them: the pass then claims nothing
+            // and returns one row, `short` (every column NULL), and the
+            // claim looks each key's head up (`key_heads`) and claims again
+            // with those keys locked (`claim_locked`). The lookup is a
+            // statement of its own, run only then: its recursive scan makes
             // PostgreSQL price a statement above the default
             // `jit_above_cost`, and compiling it costs more than any claim.
             //
@@ -276,58 +305,81 @@ impl Statements {
             // (`synchronous_commit` off for its transaction alone; see
             // `NO_FLUSH`).
             claim_first: format!(
-                "SELECT c.* FROM {NO_FLUSH}, {}($1, $2, $3, $4, $5, $6) AS c",
+                "SELECT c.* FROM {NO_FLUSH}, {}($1, $2, $3, $4, $5, $6, $7, $8) AS c",
                 table.derived("claim", true)
             )
             .into(),
             // The heads a first pass left, by id, claimed with their keys
             // locked, in one round trip: see
-            // `migrations/postgres/0009_claim_heads.sql`. Binds: `$1` the
-            // key hashes in ascending order, `$2` the ids, `$3` now (NULL
-            // for the database's), `$4` the lease in µs, `$5` the attempt
-            // cap of rows without their own, `$6` whether a dead letter
-            // holds its key.
+            // `migrations/postgres/0014_queues.sql`. Binds: `$1` the key
+            // hashes in ascending order, `$2` the ids, `$3` the queues
+            // served and `$4` their attempt caps, `$5` now (NULL for the
+            // database's), `$6` the lease in µs, `$7` whether a dead
+            // letter holds its key.
             claim_heads: format!(
-                "SELECT c.* FROM {NO_FLUSH}, {}($1, $2, $3, $4, $5, $6) AS c",
+                "SELECT c.* FROM {NO_FLUSH}, {}($1, $2, $3, $4, $5, $6, $7) AS c",
                 table.derived("claim_heads", true)
             )
             .into(),
             // After a `short` first pass: keyless rows, expired claims and
-            // the heads of the locked keys `{keys}`, in claim order, cut to the
-            // limit. Keyed rows of other keys (expired claims) are left
-            // for a later claim, returned as `keyed`.
+            // the heads of the locked keys, each queue cut to its limit in
+            // claim order, then all to the claim's. Keyed rows of other keys
+            // (expired claims) are left for a later claim, returned as
+            // `keyed`.
             claim_locked: format!(
-                "WITH {arms}, {fronts}, \
+                "WITH RECURSIVE {served}, {arms}, {fronts}, \
+                 candidates AS ( \
+                   SELECT * FROM keyless \
+                   UNION ALL (SELECT * FROM expired UNION SELECT * FROM fronts)), \
                  picked AS ( \
-                   SELECT *, ordering_key IS NOT NULL \
-                       AND NOT ordering_key = ANY({{keys}}) AS deferred \
-                   FROM (SELECT * FROM keyless UNION ALL SELECT * FROM expired \
-                     UNION ALL SELECT * FROM fronts) AS u \
-                   ORDER BY available_at, created_at, seq LIMIT {{limit}}), \
+                   SELECT c.*, c.ordering_key IS NOT NULL \
+                       AND (c.queue, c.ordering_key) NOT IN ( \
+                         SELECT * FROM unnest({{key_queues}}, {{keys}})) AS deferred \
+                   FROM (SELECT c.*, row_number() OVER (PARTITION BY c.queue \
+                       ORDER BY c.priority DESC, c.available_at, c.created_at, c.seq) AS n \
+                     FROM candidates AS c) AS c \
+                   JOIN served AS s ON s.queue = c.queue \
+                   WHERE c.n <= s.lim \
+                   ORDER BY c.priority DESC, c.available_at, c.created_at, c.seq \
+                   LIMIT {{limit}}), \
                  {settle_picked}"
             )
             .into(),
             lock_keys: "SELECT count(pg_advisory_xact_lock(h)) FROM unnest($1::bigint[]) AS h"
                 .into(),
-            // Each key with unsettled rows, looked up in the key index; a
-            // key whose first pending or claimed row is a due head is
-            // returned with its hash, in its head's claim order. Locks
-            // nothing: the claim locks the keys and claims.
+            // Each served queue's keys with unsettled rows, looked up in the
+            // key index; a key whose first pending or claimed row is a due
+            // head is returned with its queue and hash, each queue's up to
+            // its limit, in its head's claim order. Locks nothing: the claim
+            // locks the keys and claims.
             key_heads: format!(
-                "WITH RECURSIVE {key_fronts} \
-                 SELECT m.ordering_key, hashtextextended(m.ordering_key, 0) AS key_hash \
-                 FROM key_fronts JOIN {t} AS m ON m.id = key_fronts.r \
-                 WHERE m.status = 'pending' AND m.available_at <= {CLAIM_NOW} AND {head} \
-                 ORDER BY m.available_at, m.created_at, m.seq LIMIT {{limit}}"
+                "WITH RECURSIVE {served}, {key_fronts}, \
+                 heads AS ( \
+                   SELECT m.queue, m.ordering_key, m.priority, m.available_at, m.created_at, \
+                     m.seq, row_number() OVER (PARTITION BY m.queue \
+                       ORDER BY m.priority DESC, m.available_at, m.created_at, m.seq) AS n \
+                   FROM key_fronts JOIN {t} AS m ON m.id = key_fronts.r \
+                   WHERE m.status = 'pending' AND m.available_at <= {CLAIM_NOW} AND {head}) \
+                 SELECT h.queue, h.ordering_key, hashtextextended(h.ordering_key, 0) AS key_hash \
+                 FROM heads AS h JOIN served AS s ON s.queue = h.queue \
+                 WHERE h.n <= s.lim \
+                 ORDER BY h.priority DESC, h.available_at, h.created_at, h.seq LIMIT {{limit}}"
             )
             .into(),
             abandoned: format!(
-                "UPDATE {t} AS m SET status = 'dead_lettered', claim_token = NULL, \
-                   claimed_at = NULL, locked_until = NULL, last_error = v.error, \
+                "UPDATE {t} AS m SET \
+                   status = CASE WHEN m.cancel_requested_at IS NOT NULL THEN 'cancelled' \
+                     ELSE 'dead_lettered' END, \
+                   claim_token = NULL, claimed_at = NULL, locked_until = NULL, \
+                   last_error = CASE WHEN m.cancel_requested_at IS NOT NULL THEN m.last_error \
+                     ELSE v.error END, \
                    updated_at = {NOW} \
-                 FROM unnest($2::text[], $3::bigint[], $4::text[]) AS v(id, attempts, error) \
+                 FROM unnest($2::text[], $3::bigint[], $4::text[], $5::bigint[]) \
+                   AS v(id, attempts, error, cap) \
                  WHERE m.id = v.id AND m.attempts = v.attempts \
-                   AND m.attempts >= (CASE WHEN m.max_attempts_set THEN m.max_attempts ELSE $5 END) \
+                   AND (m.attempts >= (CASE WHEN m.max_attempts_set THEN m.max_attempts \
+                       ELSE v.cap END) \
+                     OR m.cancel_requested_at IS NOT NULL) \
                    AND ((m.status = 'pending' AND m.available_at <= {NOW}) \
                      OR (m.status = 'claimed' AND m.locked_until <= {NOW})) \
                  RETURNING {m_all}"
@@ -354,6 +406,7 @@ impl Statements {
         };
         let pending = pending_count(&t);
         let oldest_due = oldest_due(&t, NOW);
+        let blocked = blocked_count(&t);
         let shared = SharedStatements {
             get: format!("SELECT {all} FROM {t} WHERE id = $1").into(),
             stats: format!(
@@ -364,8 +417,8 @@ impl Statements {
                    (SELECT count(*) FROM {t} WHERE status = 'dead_lettered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'claimed' AND locked_until > {NOW}), \
                    {oldest_due}, \
-                   (SELECT count(DISTINCT ordering_key) FROM {t} WHERE ordering_key IS NOT NULL \
-                     AND status = 'dead_lettered' AND skipped_at IS NULL)"
+                   {blocked}, \
+                   (SELECT count(*) FROM {t} WHERE status = 'cancelled')"
             )
             .into(),
             // `now` (`$2` here, `$1` in the next) is NULL on the database's
@@ -389,14 +442,16 @@ impl Statements {
             // transaction holds are left for the next batch.
             purge_batch: format!(
                 "DELETE FROM {t} WHERE id IN ( \
-                   SELECT id FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+                   SELECT id FROM {t} \
+                   WHERE status IN ('delivered', 'dead_lettered', 'cancelled') \
                    AND status = $1 AND updated_at < $2 \
                    ORDER BY status, updated_at LIMIT $3 FOR UPDATE SKIP LOCKED)"
             )
             .into(),
             // The purge's predicate, without its batch limit.
             count_purgeable: format!(
-                "SELECT count(*) FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+                "SELECT count(*) FROM {t} \
+                 WHERE status IN ('delivered', 'dead_lettered', 'cancelled') \
                  AND ($1::text IS NULL OR status = $1) AND updated_at < $2"
             )
             .into(),
@@ -420,6 +475,24 @@ impl Statements {
             // the table when another vacuum (autovacuum, another worker's
             // retention run) holds it, rather than wait.
             vacuum: Some(format!("VACUUM (SKIP_LOCKED) {t}").into()),
+            pause: format!(
+                "INSERT INTO {paused} (queue, paused_at) \
+                 VALUES ($1, coalesce($2::timestamptz, statement_timestamp())) \
+                 ON CONFLICT (queue) DO NOTHING"
+            )
+            .into(),
+            resume: format!("DELETE FROM {paused} WHERE queue = $1").into(),
+            queues: queues(&t, &paused, "NULL::timestamptz"),
+            cancel: CancelStatements::new(
+                &t,
+                ["$1", "coalesce($2::timestamptz, statement_timestamp())"],
+                [
+                    "$1::text",
+                    "$2::text",
+                    "$3::text",
+                    "coalesce($4::timestamptz, statement_timestamp())",
+                ],
+            ),
             table: t.into(),
         };
         (own, shared)
@@ -439,15 +512,15 @@ impl Statements {
     /// often, is a function with a plan forced generic instead: see
     /// `migrations/postgres/0012_claim_function.sql`.)
     ///
-    /// The lease and the attempt cap (`values`) are written out too, and so
-    /// is the time on the database's clock, so that a claim on that clock
-    /// binds only the keys: PostgreSQL plans a statement with parameters
-    /// afresh for its first five runs on each connection. Binds: `$1` now
-    /// when the store runs on the caller's clock; then the keys whose locks
-    /// the transaction holds. Each row comes back with its `outcome`:
-    /// `claimed`; `abandoned` (out of attempts, untouched); or `keyed` (a
-    /// row of a key the transaction does not hold, untouched: every column
-    /// NULL but its `id`, `ordering_key` and `key_hash`).
+    /// The lease (`values`) is written out too, and so is the time on the
+    /// database's clock. Binds: `$1` now when the store runs on the
+    /// caller's clock; then the queues served, their limits and their
+    /// attempt caps, and the queues and keys whose locks the transaction
+    /// holds. Each row comes back with its `outcome`: `claimed`;
+    /// `abandoned` (out of attempts, or with a cancellation request;
+    /// untouched); or `keyed` (a row of a key the transaction does not
+    /// hold, untouched: every column NULL but its `id`, `ordering_key` and
+    /// `key_hash`).
     pub(super) fn claim_locked(&self, limit: usize, block: bool, values: ClaimValues) -> String {
         values.write(
             &self
@@ -461,8 +534,10 @@ impl Statements {
     /// claim whose first pass came back `short`, with the dead-letter policy
     /// `block`. It costs a probe or two per key with unsettled rows, so it
     /// runs only after a `short` first pass; and with JIT compilation off
-    /// (see `claim_first`). Binds as [`Statements::claim_locked`]: `$1` now on
-    /// the caller's clock, nothing on the database's.
+    /// (see `claim_first`). Binds as [`Statements::claim_locked`] up to the
+    /// queues' attempt caps: `$1` now on the caller's clock, then the
+    /// queues, their limits and their caps. Each row is a head's queue, key
+    /// and key hash.
     pub(super) fn key_heads(&self, limit: usize, block: bool, values: ClaimValues) -> String {
         values.write(
             &self
@@ -479,27 +554,35 @@ impl Statements {
 pub(super) struct ClaimValues {
     /// The lease, in whole microseconds.
     pub(super) lease_micros: i64,
-    /// The attempt cap of rows without their own.
-    pub(super) cap: u32,
     /// Whether `now` is the caller's, bound as `$1`; else the database's.
     pub(super) caller_now: bool,
 }
 
 impl ClaimValues {
-    /// `statement` with its `{now}`, `{lease}`, `{cap}` and `{keys}`
-    /// written out.
+    /// `statement` with its `{now}` and `{lease}` written out, and its
+    /// arrays (`{queues}`, `{limits}`, `{caps}`, `{key_queues}`, `{keys}`)
+    /// numbered as the binds after `now`.
     fn write(self, statement: &str) -> String {
         // `statement_timestamp()` is what a NULL `now` meant (see `NOW`).
-        let (now, keys) = if self.caller_now {
-            ("$1::timestamptz", "$2::text[]")
+        let (now, first) = if self.caller_now {
+            ("$1::timestamptz", 2)
         } else {
-            ("statement_timestamp()", "$1::text[]")
+            ("statement_timestamp()", 1)
         };
-        statement
+        let arrays = [
+            ("{queues}", "text[]"),
+            ("{limits}", "integer[]"),
+            ("{caps}", "bigint[]"),
+            ("{key_queues}", "text[]"),
+            ("{keys}", "text[]"),
+        ];
+        let mut written = statement
             .replace("{now}", now)
-            .replace("{lease}", &self.lease_micros.to_string())
-            .replace("{cap}", &self.cap.to_string())
-            .replace("{keys}", keys)
+            .replace("{lease}", &self.lease_micros.to_string());
+        for (n, (slot, kind)) in arrays.into_iter().enumerate() {
+            written = written.replace(slot, &format!("${}::{kind}", first + n));
+        }
+        written
     }
 }
 

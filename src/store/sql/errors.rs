@@ -105,3 +105,19 @@ pub(crate) fn retry_refusal(
         .into()
     })
 }
+
+/// Why a cancel of one message matched nothing: it is settled. A cancel
+/// never refuses a live claim (it records the request), so only the status
+/// is named.
+pub(crate) fn cancel_refusal(
+    id: &str,
+    status: MessageStatus,
+    _locked_until: Option<DateTime<Utc>>,
+    _now: DateTime<Utc>,
+) -> Error {
+    AdminError::NotCancellable {
+        id: id.to_owned(),
+        status,
+    }
+    .into()
+}

@@ -89,7 +89,11 @@ macro_rules! sql_store {
                 &self,
                 params: $crate::RenewClaim,
             ) -> $crate::Result<chrono::DateTime<chrono::Utc>> {
-                self.inner.renew_claim(params).await
+                Ok(self.inner.renew_lease(params).await?.locked_until)
+            }
+
+            async fn renew_lease(&self, params: $crate::RenewClaim) -> $crate::Result<$crate::Lease> {
+                self.inner.renew_lease(params).await
             }
 
             async fn mark_delivered(&self, params: $crate::MarkDelivered) -> $crate::Result<()> {
@@ -97,7 +101,14 @@ macro_rules! sql_store {
             }
 
             async fn mark_failed(&self, params: $crate::MarkFailed) -> $crate::Result<()> {
-                self.inner.mark_failed(params).await
+                self.inner.settle_failure(params).await.map(drop)
+            }
+
+            async fn settle_failure(
+                &self,
+                params: $crate::MarkFailed,
+            ) -> $crate::Result<$crate::MessageStatus> {
+                self.inner.settle_failure(params).await
             }
 
             async fn release_claim(&self, params: $crate::ReleaseClaim) -> $crate::Result<()> {
@@ -180,6 +191,25 @@ macro_rules! sql_store {
 
             async fn blocked_keys(&self, limit: usize) -> $crate::Result<Vec<$crate::BlockedKey>> {
                 self.inner.blocked_keys(limit).await
+            }
+
+            async fn pause_queue(&self, params: $crate::PauseQueue) -> $crate::Result<bool> {
+                self.inner.pause_queue(params).await
+            }
+
+            async fn resume_queue(&self, queue: &str) -> $crate::Result<bool> {
+                self.inner.resume_queue(queue).await
+            }
+
+            async fn queues(&self) -> $crate::Result<Vec<$crate::QueueState>> {
+                self.inner.queues().await
+            }
+
+            async fn cancel_messages(
+                &self,
+                params: $crate::CancelMessages,
+            ) -> $crate::Result<$crate::CancelReport> {
+                self.inner.cancel_messages(params).await
             }
         }
     };

@@ -44,13 +44,14 @@ pub(crate) fn render_migration(sql: &str, table: &TableName, dialect: Dialect) -
         };
         let inner = &after_mark[..close];
         let replacement = if inner.is_empty() {
-            let after_on = out
-                .trim_end()
-                .rsplit(|c: char| c.is_whitespace())
-                .next()
-                .is_some_and(|word| word.eq_ignore_ascii_case("ON"));
+            let previous = out.trim_end().rsplit(|c: char| c.is_whitespace()).next();
+            let after =
+                |keyword: &str| previous.is_some_and(|word| word.eq_ignore_ascii_case(keyword));
+            // A table renamed into place (`RENAME TO`) keeps its schema:
+            // neither database takes a qualified new name.
             match dialect {
-                Dialect::Sqlite if after_on => Some(table.quoted_bare()),
+                _ if after("TO") => Some(table.quoted_bare()),
+                Dialect::Sqlite if after("ON") => Some(table.quoted_bare()),
                 _ => Some(table.quoted()),
             }
         } else {
@@ -141,6 +142,18 @@ mod tests {
              CREATE INDEX IF NOT EXISTS \"jobs_pending\" ON \"app\".\"jobs\" (id);\n\
              SELECT \"outboxed\" FROM \"app\".\"jobs\";"
         );
+    }
+
+    #[test]
+    fn a_table_renamed_into_place_is_named_bare() {
+        let sql = "ALTER TABLE \"outbox_rebuilt\" RENAME TO \"outbox\";";
+        let table = TableName::parse("app.jobs").unwrap();
+        for dialect in [Dialect::Sqlite, Dialect::Postgres] {
+            assert_eq!(
+                render_migration(sql, &table, dialect),
+                "ALTER TABLE \"app\".\"jobs_rebuilt\" RENAME TO \"jobs\";"
+            );
+        }
     }
 
     #[test]

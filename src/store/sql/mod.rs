@@ -64,7 +64,8 @@ pub(crate) use statements::key_fronts_cte;
 #[cfg(feature = "sqlite")]
 pub(crate) use statements::keyed_heads;
 pub(crate) use statements::{
-    SharedStatements, blocked_keys, head_test, keyed_walk, oldest_due, pending_count,
+    CancelStatements, SharedStatements, blocked_count, blocked_keys, head_test, keyed_walk,
+    levels_cte, oldest_due, pending_count, queues,
 };
 pub(crate) use store::SqlOutbox;
 pub use table::{MAX_TABLE_NAME_PART, TableName};

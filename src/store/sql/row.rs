@@ -36,6 +36,9 @@ pub(crate) struct MessageRow {
     pub(crate) delivered_at: Option<DateTime<Utc>>,
     pub(crate) ordering_key: Option<String>,
     pub(crate) skipped_at: Option<DateTime<Utc>>,
+    pub(crate) queue: String,
+    pub(crate) priority: i16,
+    pub(crate) cancel_requested_at: Option<DateTime<Utc>>,
 }
 
 impl MessageRow {
@@ -92,6 +95,9 @@ impl MessageRow {
             delivered_at: self.delivered_at,
             ordering_key: self.ordering_key,
             skipped_at: self.skipped_at,
+            queue: self.queue,
+            priority: self.priority,
+            cancel_requested_at: self.cancel_requested_at,
         })
     }
 }
@@ -122,6 +128,8 @@ pub(crate) fn claimed_view(message: OutboxMessage, cap: u32) -> Result<ClaimedMe
         available_at: message.available_at,
         created_at: message.created_at,
         ordering_key: message.ordering_key,
+        queue: message.queue,
+        priority: message.priority,
         claim_token,
         claimed_at,
         locked_until,
@@ -153,7 +161,7 @@ pub(crate) fn trace_json(trace: Option<&TraceCarrier>) -> Option<String> {
 
 /// The columns of a message row, in the order the stores' statements
 /// select them (after any columns of their own, such as a claim's outcome).
-pub(crate) const MESSAGE_COLUMNS: [&str; 20] = [
+pub(crate) const MESSAGE_COLUMNS: [&str; 23] = [
     "seq",
     "id",
     "kind",
@@ -174,6 +182,9 @@ pub(crate) const MESSAGE_COLUMNS: [&str; 20] = [
     "ordering_key",
     "skipped_at",
     "max_attempts_set",
+    "queue",
+    "priority",
+    "cancel_requested_at",
 ];
 
 /// Where a row holds the [`MESSAGE_COLUMNS`].

@@ -1,7 +1,9 @@
 //! SQL text both stores render the same way for their table: the slots of
-//! the statements the shared half runs, and the parts of a claim (the
-//! ordering keys' head test, the walk of keyed rows, the lookup of each
-//! key's first row) and of the counts that read only unsettled rows.
+//! the statements the shared half runs, the parts of a claim (the ordering
+//! keys' head test, the skip scan of a queue's priorities, the walk of
+//! keyed rows, the lookup of each key's first row), the counts that read
+//! only unsettled rows, and the operator's statements on queues and
+//! cancellations.
 
 use std::sync::Arc;
 
@@ -38,11 +40,112 @@ pub(crate) struct SharedStatements {
     /// Make the space of deleted rows reusable, where the database does not
     /// do so by itself as rows go. Binds nothing.
     pub(crate) vacuum: Option<Arc<str>>,
+    /// Pause a queue unless it is paused; changes a row when it paused it.
+    /// Binds: queue, now.
+    pub(crate) pause: Arc<str>,
+    /// Resume a queue; changes a row when it was paused. Binds: queue.
+    pub(crate) resume: Arc<str>,
+    /// Every queue with pending or claimed messages, and every paused one:
+    /// name, pending, claimed, paused at. Binds nothing.
+    pub(crate) queues: Arc<str>,
+    /// The statements of a cancel; see [`CancelStatements`].
+    pub(crate) cancel: CancelStatements,
 }
 
-/// The claim's test that the row `m` is the head of its ordering key (or has
-/// no key): no earlier message of the key is pending or claimed, or a dead
-/// letter not skipped while `block` (a bound boolean) holds; and no later
+/// The statements of a cancel, by id or by filters, dry or not.
+///
+/// A cancel changes a pending message, or a claimed one whose lease ran
+/// out, to `cancelled` (claim cleared, `updated_at` now); on a live claim
+/// it sets only `cancel_requested_at` (once), leaving the fence columns to
+/// its worker. Each returns the status of every row it changed
+/// (`cancelled`, or `claimed` for a request); the dry ones count the two
+/// kinds instead, changing nothing.
+#[derive(Debug)]
+pub(crate) struct CancelStatements {
+    /// Binds: id, now.
+    pub(crate) one: Arc<str>,
+    /// Binds: name, ordering key, queue (each or NULL), now.
+    pub(crate) matching: Arc<str>,
+    /// [`CancelStatements::one`], counted. Binds: id, now.
+    pub(crate) count_one: Arc<str>,
+    /// [`CancelStatements::matching`], counted. Binds as it.
+    pub(crate) count_matching: Arc<str>,
+}
+
+impl CancelStatements {
+    /// The statements over table `t`: by id with `[id, now]` the SQL of
+    /// their binds, by filters with `[name, key, queue, now]`.
+    pub(crate) fn new(t: &str, [id, id_now]: [&str; 2], filters: [&str; 4]) -> Self {
+        let [name, key, queue, filter_now] = filters;
+        let by_id = (format!("id = {id}"), id_now);
+        let by_filter = (
+            format!(
+                "({name} IS NULL OR name = {name}) AND ({key} IS NULL OR ordering_key = {key}) \
+                 AND ({queue} IS NULL OR queue = {queue})"
+            ),
+            filter_now,
+        );
+        let live = |now: &str| format!("(status = 'claimed' AND locked_until > {now})");
+        let change = |(target, now): &(String, &str)| -> Arc<str> {
+            let live = live(now);
+            format!(
+                "UPDATE {t} SET \
+                   status = CASE WHEN {live} THEN status ELSE 'cancelled' END, \
+                   cancel_requested_at = CASE WHEN {live} \
+                     THEN coalesce(cancel_requested_at, {now}) ELSE cancel_requested_at END, \
+                   claim_token = CASE WHEN {live} THEN claim_token END, \
+                   claimed_at = CASE WHEN {live} THEN claimed_at END, \
+                   locked_until = CASE WHEN {live} THEN locked_until END, \
+                   updated_at = CASE WHEN {live} THEN updated_at ELSE {now} END \
+                 WHERE status IN ('pending', 'claimed') AND {target} \
+                 RETURNING status"
+            )
+            .into()
+        };
+        let count = |(target, now): &(String, &str)| -> Arc<str> {
+            let live = live(now);
+            format!(
+                "SELECT coalesce(sum(CASE WHEN {live} THEN 0 ELSE 1 END), 0), \
+                   coalesce(sum(CASE WHEN {live} THEN 1 ELSE 0 END), 0) \
+                 FROM {t} WHERE status IN ('pending', 'claimed') AND {target}"
+            )
+            .into()
+        };
+        CancelStatements {
+            one: change(&by_id),
+            matching: change(&by_filter),
+            count_one: count(&by_id),
+            count_matching: count(&by_filter),
+        }
+    }
+}
+
+/// The statement listing the queues of table `t` with paused queues in
+/// `paused`: per queue, its pending and claimed messages and when it was
+/// paused, by name. `no_time` is a NULL of the time column's type. Counts
+/// read only the partial indexes of unsettled rows.
+pub(crate) fn queues(t: &str, paused: &str, no_time: &str) -> Arc<str> {
+    format!(
+        "SELECT queue, CAST(sum(pending) AS BIGINT), CAST(sum(claimed) AS BIGINT), \
+           max(paused_at) FROM ( \
+           SELECT queue, count(*) AS pending, 0 AS claimed, {no_time} AS paused_at FROM {t} \
+           WHERE status = 'pending' AND ordering_key IS NULL GROUP BY queue \
+           UNION ALL \
+           SELECT queue, count(*), 0, {no_time} FROM {t} \
+           WHERE status = 'pending' AND ordering_key IS NOT NULL GROUP BY queue \
+           UNION ALL \
+           SELECT queue, 0, count(*), {no_time} FROM {t} WHERE status = 'claimed' GROUP BY queue \
+           UNION ALL \
+           SELECT queue, 0, 0, paused_at FROM {paused}) AS q \
+         GROUP BY queue ORDER BY queue"
+    )
+    .into()
+}
+
+/// The claim's test that the row `m` is the head of its ordering key within
+/// its queue (or has no key): no earlier message of the key in that queue
+/// is pending or claimed, or a dead letter not skipped while `block` (a
+/// bound boolean) holds; and no later
 /// one is claimed under a lease still running at `now` (an earlier one can
 /// appear after a later one was claimed: a requeued dead letter, or on
 /// PostgreSQL a transaction that committed after a later one). A later
@@ -60,8 +163,9 @@ pub(crate) struct SharedStatements {
 pub(crate) fn head_test(t: &str, block: &str, now: &str, key_order: bool) -> String {
     let earlier = format!(
         "FROM {t} AS e \
-         WHERE e.ordering_key = m.ordering_key AND e.ordering_key IS NOT NULL \
-           AND e.status <> 'delivered' AND e.seq < m.seq \
+         WHERE e.queue = m.queue AND e.ordering_key = m.ordering_key \
+           AND e.ordering_key IS NOT NULL \
+           AND e.status <> 'delivered' AND e.status <> 'cancelled' AND e.seq < m.seq \
            AND (e.status <> 'dead_lettered' OR ({block} AND e.skipped_at IS NULL))"
     );
     let no_earlier = if key_order {
@@ -73,93 +177,136 @@ pub(crate) fn head_test(t: &str, block: &str, now: &str, key_order: bool) -> Str
         "(m.ordering_key IS NULL OR ( \
            {no_earlier} \
            AND NOT EXISTS (SELECT 1 FROM {t} AS e \
-             WHERE e.ordering_key = m.ordering_key AND e.ordering_key IS NOT NULL \
+             WHERE e.queue = m.queue AND e.ordering_key = m.ordering_key \
+               AND e.ordering_key IS NOT NULL \
                AND e.status = 'claimed' AND e.seq > m.seq AND e.locked_until > {now})))"
     )
 }
 
-/// The keyed arm of a claim, as common table expressions (the statement
-/// needs `WITH RECURSIVE`) of which the last, `keyed`, holds up to `limit`
-/// pending keyed rows that are due at `now` and pass the `head` test, in
-/// claim order, locking nothing.
+/// A recursive common table expression `name (queue, priority, found)`:
+/// for each queue of `served` (a common table expression with `queue` and
+/// `lim` columns), the priorities in use by its pending rows, keyless or
+/// keyed as `keyed` says, highest first, one probe of their partial index
+/// each (a skip scan), ending with a NULL priority. The claim reads each
+/// level's due rows at `now` as a prefix of the index, so scheduled rows of
+/// any priority are never walked.
 ///
-/// A key has at most one such row, its first pending or claimed message by
-/// `seq`, however many are queued behind it, so walking the keyed rows in
-/// claim order finds few heads among many rows when there are few keys.
-/// The walk ([`keyed_walk_cte`]) stops after `walk` rows; when it found
-/// fewer than `limit` heads and more rows remain, each key's first live row
-/// is looked up instead ([`key_fronts_cte`]). Either way a claim costs
-/// about the rows it takes, the keys, or both, never the backlog. `row` is
-/// the column a key's first row is joined back on (indexed).
-#[cfg(feature = "sqlite")]
-pub(crate) fn keyed_heads(
+/// `found` counts the due rows of the levels above (each counted up to
+/// `bound`); the scan stops once they reach `need` (an expression of `s`,
+/// the served queue), so a claim reads the levels that can fill it and one
+/// more, not every level in use. A level is counted only when a lower one
+/// exists: a queue of one priority costs two probes and no count.
+pub(crate) fn levels_cte(
+    name: &str,
     t: &str,
-    head: &str,
+    keyed: bool,
     now: &str,
-    limit: &str,
-    walk: &str,
-    row: &str,
+    bound: &str,
+    need: &str,
 ) -> String {
-    let walked = keyed_walk_cte(t, head, now, walk);
-    let fronts = key_fronts_cte(
-        t,
-        row,
-        &format!(
-            "(SELECT count(*) FROM walk) >= {walk} \
-             AND (SELECT count(*) FROM walk WHERE head) < {limit}"
-        ),
+    let key = if keyed { "IS NOT NULL" } else { "IS NULL" };
+    let pending = format!("u.status = 'pending' AND u.ordering_key {key}");
+    // `ORDER BY ... LIMIT 1` rather than `max()`: the index's order
+    // answers it with one probe, which the aggregate is not sure to.
+    let top = format!(
+        "(SELECT u.priority FROM {t} AS u WHERE {pending} AND u.queue = s.queue \
+           ORDER BY u.priority DESC LIMIT 1)"
+    );
+    let next = format!(
+        "(SELECT u.priority FROM {t} AS u WHERE {pending} AND u.queue = l.queue \
+           AND u.priority < l.priority ORDER BY u.priority DESC LIMIT 1)"
+    );
+    let due = format!(
+        "(SELECT count(*) FROM (SELECT 1 FROM {t} AS u WHERE {pending} AND u.queue = l.queue \
+           AND u.priority = l.priority AND u.available_at <= {now} LIMIT {bound}) AS d)"
     );
     format!(
-        "{walked}, {fronts}, \
-         keyed AS ( \
-           SELECT id, available_at, created_at, seq, ordering_key FROM walk WHERE head \
-           UNION \
-           SELECT m.id, m.available_at, m.created_at, m.seq, m.ordering_key \
-           FROM key_fronts JOIN {t} AS m ON m.{row} = key_fronts.r \
-           WHERE m.status = 'pending' AND m.available_at <= {now} AND {head} \
-           ORDER BY available_at, created_at, seq LIMIT {limit})"
-    )
-}
-
-/// The common table expression `walk`: the first `walk` pending keyed rows
-/// due at `now`, in claim order, locking nothing, each with whether it
-/// passes the `head` test (column `head`).
-#[cfg(feature = "sqlite")]
-fn keyed_walk_cte(t: &str, head: &str, now: &str, walk: &str) -> String {
-    format!(
-        "walk AS MATERIALIZED ( \
-           SELECT id, available_at, created_at, seq, ordering_key, {head} AS head \
-           FROM {t} AS m \
-           WHERE status = 'pending' AND ordering_key IS NOT NULL AND available_at <= {now} \
-           ORDER BY available_at, created_at, seq LIMIT {walk})"
-    )
-}
-
-/// Two common table expressions (the statement needs `WITH RECURSIVE`):
-/// `key_scan`, every key with unsettled rows, and `key_fronts`, each key's
-/// first pending or claimed row by `seq` (its `row` column), both empty
-/// unless `gate` holds. A skip scan of the `(ordering_key, seq)` index: one
-/// probe per key, then one for its first live row, however many rows are
-/// queued behind it. The gate is tested before the first probe: as a
-/// condition of the probe's own scan, SQLite tested it on every entry of
-/// the index when it failed.
-pub(crate) fn key_fronts_cte(t: &str, row: &str, gate: &str) -> String {
-    format!(
-        "key_scan (k) AS ( \
-           SELECT (SELECT ordering_key FROM {t} \
-             WHERE ordering_key IS NOT NULL AND status <> 'delivered' \
-             ORDER BY ordering_key LIMIT 1) \
-           WHERE {gate} \
+        "{name} (queue, priority, found) AS ( \
+           SELECT s.queue, {top}, CAST(0 AS BIGINT) FROM served AS s \
            UNION ALL \
-           SELECT (SELECT ordering_key FROM {t} \
-             WHERE ordering_key IS NOT NULL AND status <> 'delivered' \
-               AND ordering_key > key_scan.k \
+           SELECT l.queue, {next}, l.found + {due} \
+           FROM {name} AS l JOIN served AS s ON s.queue = l.queue \
+           WHERE l.priority IS NOT NULL AND l.found < {need} AND {next} IS NOT NULL)"
+    )
+}
+
+/// The keyed arm of a claim, as common table expressions (the statement
+/// needs `WITH RECURSIVE`, and a `served (queue, lim)` expression of the
+/// queues it serves) of which the last, `keyed`, holds the pending keyed
+/// rows of those queues that are due at `now` and pass the `head` test,
+/// locking nothing (each queue's own limit is applied to them with the
+/// other arms).
+///
+/// A key has at most one such row in its queue, its first pending or
+/// claimed message by `seq`, however many are queued behind it, so
+/// walking the keyed rows in claim order finds few heads among many rows
+/// when there are few keys. The walk reads each queue's priorities
+/// ([`levels_cte`]) and of each the first `walk` due rows; when some
+/// priority's walk stopped there with fewer heads than its queue's limit,
+/// each key's first live row is looked up instead ([`key_fronts_cte`]).
+/// Either way a claim costs about the rows it takes, the keys, or both,
+/// never the backlog. `row` is the column a key's first row is joined back
+/// on (indexed).
+#[cfg(feature = "sqlite")]
+pub(crate) fn keyed_heads(t: &str, head: &str, now: &str, walk: &str, row: &str) -> String {
+    let levels = levels_cte("keyed_levels", t, true, now, walk, walk);
+    let walked = format!(
+        "walk AS MATERIALIZED ( \
+           SELECT m.id, m.queue, m.priority, m.available_at, m.created_at, m.seq, \
+             {head} AS head \
+           FROM keyed_levels AS l CROSS JOIN {t} AS m \
+           WHERE l.priority IS NOT NULL AND m.seq IN ( \
+             SELECT u.seq FROM {t} AS u \
+             WHERE u.status = 'pending' AND u.ordering_key IS NOT NULL AND u.queue = l.queue \
+               AND u.priority = l.priority AND u.available_at <= {now} \
+             ORDER BY u.available_at, u.created_at, u.seq LIMIT {walk}))"
+    );
+    let gate = format!(
+        "EXISTS (SELECT 1 FROM ( \
+           SELECT w.queue, count(*) AS walked, sum(w.head) AS heads FROM walk AS w \
+           GROUP BY w.queue, w.priority) AS g JOIN served AS s ON s.queue = g.queue \
+         WHERE g.walked >= {walk} AND g.heads < s.lim)"
+    );
+    let fronts = key_fronts_cte(t, row, &gate);
+    format!(
+        "{levels}, {walked}, {fronts}, \
+         keyed AS MATERIALIZED ( \
+           SELECT id, queue, priority, available_at, created_at, seq FROM walk WHERE head \
+           UNION \
+           SELECT m.id, m.queue, m.priority, m.available_at, m.created_at, m.seq \
+           FROM key_fronts JOIN {t} AS m ON m.{row} = key_fronts.r \
+           WHERE m.status = 'pending' AND m.available_at <= {now} AND {head})"
+    )
+}
+
+/// Two common table expressions (the statement needs `WITH RECURSIVE`,
+/// and a `served` expression with a `queue` column): `key_scan`, every
+/// served queue's keys with unsettled rows, and `key_fronts`, each such
+/// key's first pending or claimed row in its queue by `seq` (its `row`
+/// column), both empty unless `gate` holds. A skip scan of the `(queue,
+/// ordering_key, seq)` index: one probe per key, then one for its first
+/// live row, however many rows are queued behind it. The gate is tested
+/// before the first probe: as a condition of the probe's own scan, SQLite
+/// tested it on every entry of the index when it failed.
+pub(crate) fn key_fronts_cte(t: &str, row: &str, gate: &str) -> String {
+    let unsettled = "ordering_key IS NOT NULL AND status <> 'delivered' AND status <> 'cancelled'";
+    format!(
+        "key_scan (q, k) AS ( \
+           SELECT s.queue, (SELECT ordering_key FROM {t} \
+             WHERE queue = s.queue AND {unsettled} \
+             ORDER BY ordering_key LIMIT 1) \
+           FROM served AS s WHERE {gate} \
+           UNION ALL \
+           SELECT key_scan.q, (SELECT ordering_key FROM {t} \
+             WHERE queue = key_scan.q AND {unsettled} AND ordering_key > key_scan.k \
              ORDER BY ordering_key LIMIT 1) \
            FROM key_scan WHERE key_scan.k IS NOT NULL), \
          key_fronts (r) AS ( \
            SELECT (SELECT e.{row} FROM {t} AS e \
-             WHERE e.ordering_key = key_scan.k AND e.ordering_key IS NOT NULL \
-               AND e.status <> 'delivered' AND e.status IN ('pending', 'claimed') \
+             WHERE e.queue = key_scan.q AND e.ordering_key = key_scan.k \
+               AND e.ordering_key IS NOT NULL \
+               AND e.status <> 'delivered' AND e.status <> 'cancelled' \
+               AND e.status IN ('pending', 'claimed') \
              ORDER BY e.seq LIMIT 1) \
            FROM key_scan WHERE key_scan.k IS NOT NULL)"
     )
@@ -206,20 +353,35 @@ pub(crate) fn oldest_due(t: &str, now: &str) -> String {
     )
 }
 
-/// Blocked ordering keys: each key's earliest dead letter not skipped, with
-/// the count of unsettled messages after it, by key, up to `limit`.
+/// Blocked ordering keys: each key's earliest dead letter not skipped (in
+/// its queue), with the count of unsettled messages after it, by key and
+/// queue, up to `limit`. Columns: queue, key, id, name, waiting.
 pub(crate) fn blocked_keys(t: &str, limit: &str) -> Arc<str> {
     format!(
-        "SELECT d.ordering_key, d.id, d.name, \
-           (SELECT count(*) FROM {t} AS w WHERE w.ordering_key = d.ordering_key \
+        "SELECT d.queue, d.ordering_key, d.id, d.name, \
+           (SELECT count(*) FROM {t} AS w WHERE w.queue = d.queue \
+             AND w.ordering_key = d.ordering_key \
              AND w.ordering_key IS NOT NULL AND w.status <> 'delivered' \
+             AND w.status <> 'cancelled' \
              AND w.status IN ('pending', 'claimed') AND w.seq > d.seq) AS waiting \
          FROM {t} AS d \
          WHERE d.ordering_key IS NOT NULL AND d.status = 'dead_lettered' AND d.skipped_at IS NULL \
-           AND NOT EXISTS (SELECT 1 FROM {t} AS e WHERE e.ordering_key = d.ordering_key \
+           AND NOT EXISTS (SELECT 1 FROM {t} AS e WHERE e.queue = d.queue \
+             AND e.ordering_key = d.ordering_key \
              AND e.ordering_key IS NOT NULL AND e.status <> 'delivered' \
+             AND e.status <> 'cancelled' \
              AND e.status = 'dead_lettered' AND e.skipped_at IS NULL AND e.seq < d.seq) \
-         ORDER BY d.ordering_key LIMIT {limit}"
+         ORDER BY d.ordering_key, d.queue LIMIT {limit}"
     )
     .into()
+}
+
+/// The count of ordering keys (in their queues) held by a dead letter not
+/// skipped.
+pub(crate) fn blocked_count(t: &str) -> String {
+    format!(
+        "(SELECT count(*) FROM (SELECT DISTINCT queue, ordering_key FROM {t} \
+           WHERE ordering_key IS NOT NULL AND status = 'dead_lettered' AND skipped_at IS NULL) \
+           AS blocked)"
+    )
 }

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row};
 
 use super::backend::{RowsAffected, SqlBackend, SqlParts, StoredTime};
-use super::errors::{Fence, Refusal, db, requeue_refusal, retry_refusal};
+use super::errors::{Fence, Refusal, cancel_refusal, db, requeue_refusal, retry_refusal};
 use super::row::{ColumnPositions, MESSAGE_COLUMNS, MessageRow, trace_json};
 use super::statements::pending_count;
 use crate::error::{Error, Result, UnreadableMessage};
@@ -20,9 +20,20 @@ use crate::message::{Enqueued, NewMessage, OutboxMessage};
 use crate::store::fenced::{FencedWrite, FencedWriter, SettlementMode};
 use crate::store::kit::check;
 use crate::store::{
-    BlockedKey, ListCursor, MarkDelivered, MarkFailed, MessagePage, OutboxStats, PurgeBatch,
-    PurgeMessages, ReleaseClaim, RenewClaim, RequeueDeadLetters, SkipDeadLetter,
+    BlockedKey, CancelMessages, CancelReport, Lease, ListCursor, MarkDelivered, MarkFailed,
+    MessagePage, OutboxStats, PauseQueue, PurgeBatch, PurgeMessages, QueueState, ReleaseClaim,
+    RenewClaim, RequeueDeadLetters, SkipDeadLetter,
 };
+
+/// What a cancel did, from the status of each row it changed: `cancelled`,
+/// or still `claimed` with the request recorded.
+fn cancel_report(statuses: &[String]) -> CancelReport {
+    let requested = statuses
+        .iter()
+        .filter(|status| status.as_str() == MessageStatus::Claimed.as_str())
+        .count() as u64;
+    CancelReport::new(statuses.len() as u64 - requested, requested)
+}
 
 /// The half both SQL stores share: their core and its fenced writer.
 pub(crate) struct SqlOutbox<B> {
@@ -47,10 +58,13 @@ where
     for<'q> &'q str: Encode<'q, B::Db> + sqlx::Type<B::Db>,
     for<'q> Option<&'q str>: Encode<'q, B::Db>,
     for<'q> Option<String>: Encode<'q, B::Db>,
+    for<'q> String: Encode<'q, B::Db>,
     for<'q> i64: Encode<'q, B::Db>,
     for<'q> Option<B::Time>: Encode<'q, B::Db>,
     for<'r> String: Decode<'r, B::Db> + sqlx::Type<B::Db>,
     for<'r> i64: Decode<'r, B::Db> + sqlx::Type<B::Db>,
+    for<'r> i16: Decode<'r, B::Db> + sqlx::Type<B::Db>,
+    for<'q> i16: Encode<'q, B::Db>,
     for<'q> bool: Encode<'q, B::Db> + Decode<'q, B::Db> + sqlx::Type<B::Db>,
     for<'a> &'a str: ColumnIndex<<B::Db as Database>::Row>,
     usize: ColumnIndex<<B::Db as Database>::Row>,
@@ -75,27 +89,36 @@ where
         self.core.parts()
     }
 
-    async fn fenced(&self, row: FencedWrite) -> Result<()> {
+    /// Apply one fenced write; answers whether the message carries a
+    /// cancellation request.
+    async fn fenced(&self, row: FencedWrite) -> Result<bool> {
         check::fence(&row.id, &row.claim_token)?;
         self.writer.run(row).await
     }
 
-    pub(crate) async fn renew_claim(&self, params: RenewClaim) -> Result<DateTime<Utc>> {
+    pub(crate) async fn renew_lease(&self, params: RenewClaim) -> Result<Lease> {
         let (row, locked_until) = FencedWrite::renew(params)?;
-        self.fenced(row).await?;
-        Ok(locked_until)
+        let cancel_requested = self.fenced(row).await?;
+        Ok(Lease::new(locked_until, cancel_requested))
     }
 
     pub(crate) async fn mark_delivered(&self, params: MarkDelivered) -> Result<()> {
-        self.fenced(params.into()).await
+        self.fenced(params.into()).await.map(drop)
     }
 
-    pub(crate) async fn mark_failed(&self, params: MarkFailed) -> Result<()> {
-        self.fenced(params.into()).await
+    pub(crate) async fn settle_failure(&self, params: MarkFailed) -> Result<MessageStatus> {
+        let dead_letter = params.dead_letter;
+        Ok(if self.fenced(params.into()).await? {
+            MessageStatus::Cancelled
+        } else if dead_letter {
+            MessageStatus::DeadLettered
+        } else {
+            MessageStatus::Pending
+        })
     }
 
     pub(crate) async fn release_claim(&self, params: ReleaseClaim) -> Result<()> {
-        self.fenced(params.into()).await
+        self.fenced(params.into()).await.map(drop)
     }
 
     /// Counts from the partial indexes of pending rows, never touching
@@ -129,6 +152,7 @@ where
             claimed,
             delivered: count(2)?,
             dead_lettered: count(3)?,
+            cancelled: count(7)?,
             live_claims,
             expired_claims: claimed.saturating_sub(live_claims),
             oldest_due_at: oldest.map(StoredTime::load).transpose()?,
@@ -287,15 +311,132 @@ where
             .map_err(db("blocked_keys"))?;
         rows.iter()
             .map(|row| {
-                let waiting: i64 = row.try_get(3).map_err(db("blocked_keys"))?;
-                Ok(BlockedKey::new(
-                    row.try_get(0).map_err(db("blocked_keys"))?,
+                let waiting: i64 = row.try_get(4).map_err(db("blocked_keys"))?;
+                let key = BlockedKey::new(
                     row.try_get(1).map_err(db("blocked_keys"))?,
                     row.try_get(2).map_err(db("blocked_keys"))?,
+                    row.try_get(3).map_err(db("blocked_keys"))?,
                     u64::try_from(waiting).unwrap_or(0),
+                );
+                Ok(key.in_queue(row.try_get(0).map_err(db("blocked_keys"))?))
+            })
+            .collect()
+    }
+
+    pub(crate) async fn pause_queue(&self, params: PauseQueue) -> Result<bool> {
+        check::queue(&params.queue)?;
+        let done = sqlx::query(AssertSqlSafe(self.core.parts().shared.pause.clone()))
+            .bind(params.queue.as_str())
+            .bind(self.admin_now(params.now))
+            .execute(&self.core.parts().pool)
+            .await
+            .map_err(db("pause_queue"))?;
+        Ok(done.count() > 0)
+    }
+
+    pub(crate) async fn resume_queue(&self, queue: &str) -> Result<bool> {
+        check::queue(queue)?;
+        let done = sqlx::query(AssertSqlSafe(self.core.parts().shared.resume.clone()))
+            .bind(queue)
+            .execute(&self.core.parts().pool)
+            .await
+            .map_err(db("resume_queue"))?;
+        let resumed = done.count() > 0;
+        if resumed {
+            // Its messages may be due: drains waiting for work should claim.
+            self.core.after_requeue().await;
+        }
+        Ok(resumed)
+    }
+
+    pub(crate) async fn queues(&self) -> Result<Vec<QueueState>> {
+        let rows = sqlx::query(AssertSqlSafe(self.core.parts().shared.queues.clone()))
+            .fetch_all(&self.core.parts().pool)
+            .await
+            .map_err(db("queues"))?;
+        rows.iter()
+            .map(|row| {
+                let count = |i: usize| -> Result<u64> {
+                    let n: i64 = row.try_get(i).map_err(db("queues"))?;
+                    Ok(u64::try_from(n).unwrap_or(0))
+                };
+                let paused_at: Option<B::Time> = row.try_get(3).map_err(db("queues"))?;
+                Ok(QueueState::new(
+                    row.try_get(0).map_err(db("queues"))?,
+                    count(1)?,
+                    count(2)?,
+                    paused_at.map(StoredTime::load).transpose()?,
                 ))
             })
             .collect()
+    }
+
+    pub(crate) async fn cancel_messages(&self, params: CancelMessages) -> Result<CancelReport> {
+        check::cancel(&params)?;
+        let statements = &self.core.parts().shared.cancel;
+        let now = self.admin_now(params.now);
+        let report = match (&params.id, params.dry_run) {
+            (Some(id), true) => {
+                let counted = sqlx::query(AssertSqlSafe(statements.count_one.clone()))
+                    .bind(id.as_str())
+                    .bind(now);
+                self.counted(counted).await?
+            }
+            (None, true) => {
+                let counted = sqlx::query(AssertSqlSafe(statements.count_matching.clone()))
+                    .bind(params.name.as_deref())
+                    .bind(params.ordering_key.as_deref())
+                    .bind(params.queue.as_deref())
+                    .bind(now);
+                self.counted(counted).await?
+            }
+            (Some(id), false) => {
+                let _write = self.core.write_lock().await;
+                let statuses: Vec<String> =
+                    sqlx::query_scalar(AssertSqlSafe(statements.one.clone()))
+                        .bind(id.as_str())
+                        .bind(now)
+                        .fetch_all(&self.core.parts().pool)
+                        .await
+                        .map_err(db("cancel_messages"))?;
+                cancel_report(&statuses)
+            }
+            (None, false) => {
+                let _write = self.core.write_lock().await;
+                let statuses: Vec<String> =
+                    sqlx::query_scalar(AssertSqlSafe(statements.matching.clone()))
+                        .bind(params.name.as_deref())
+                        .bind(params.ordering_key.as_deref())
+                        .bind(params.queue.as_deref())
+                        .bind(now)
+                        .fetch_all(&self.core.parts().pool)
+                        .await
+                        .map_err(db("cancel_messages"))?;
+                cancel_report(&statuses)
+            }
+        };
+        if let Some(id) = &params.id
+            && report.total() == 0
+        {
+            return Err(self.refusal(id, params.now, cancel_refusal).await);
+        }
+        Ok(report)
+    }
+
+    /// The two counts a dry cancel's `query` selects.
+    async fn counted(
+        &self,
+        query: sqlx::query::Query<'_, B::Db, <B::Db as Database>::Arguments>,
+    ) -> Result<CancelReport> {
+        let row = query
+            .fetch_one(&self.core.parts().pool)
+            .await
+            .map_err(db("cancel_messages"))?;
+        let count = |i: usize| -> Result<u64> {
+            let n: i64 = row.try_get(i).map_err(db("cancel_messages"))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        Ok(CancelReport::new(count(0)?, count(1)?))
     }
 
     /// Run `insert` (which answers whether it stored a row), honouring the
@@ -368,7 +509,7 @@ where
         const BATCH: usize = 10_000;
         let statuses = match params.status {
             Some(status) => vec![status],
-            None => vec![MessageStatus::Delivered, MessageStatus::DeadLettered],
+            None => MessageStatus::TERMINAL.to_vec(),
         };
         let mut deleted = 0;
         for status in statuses {
@@ -416,10 +557,10 @@ where
         Ok(())
     }
 
-    /// The insert of `message` with its twelve common binds, and the id it
-    /// gets: id, kind, name, payload, trace, max attempts, available at, now,
-    /// ordering key, idempotency key, idempotency window end, whether the
-    /// max attempts were set.
+    /// The insert of `message` with its fourteen common binds, and the id
+    /// it gets: id, kind, name, payload, trace, max attempts, available at,
+    /// now, ordering key, idempotency key, idempotency window end, whether
+    /// the max attempts were set, queue, priority.
     /// `available_at` is the message's, else its `now`, else (when
     /// `server_default`) NULL, for the statement to fill in the database's
     /// time.
@@ -462,7 +603,9 @@ where
                     .as_ref()
                     .map(|i| B::Time::store(crate::store::kit::window_end(now, i.window))),
             )
-            .bind(message.max_attempts.is_some());
+            .bind(message.max_attempts.is_some())
+            .bind(message.queue.clone())
+            .bind(message.priority);
         (id, query)
     }
 
@@ -601,6 +744,9 @@ where
             ordering_key: at.get(row, 17).map_err(corrupt)?,
             skipped_at: optional_time(18)?,
             max_attempts_set: at.get(row, 19).map_err(corrupt)?,
+            queue: at.get(row, 20).map_err(corrupt)?,
+            priority: at.get(row, 21).map_err(corrupt)?,
+            cancel_requested_at: optional_time(22)?,
             id: id.clone(),
         })
     }

@@ -1,8 +1,10 @@
 //! The SQLite store's claim, in one `BEGIN IMMEDIATE` transaction: one
-//! statement picks the rows and hands them over as JSON, a second claims
-//! them by rowid (dead-lettering those out of attempts); the rows a
-//! delivery gets are decoded straight from what was picked.
+//! statement picks the rows of the queues served and hands them over as
+//! JSON, a second claims them by rowid (dead-lettering those out of
+//! attempts, cancelling expired claims whose cancellation was requested);
+//! the rows a delivery gets are decoded straight from what was picked.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -21,14 +23,32 @@ use crate::store::{ClaimBatch, ClaimedBatch};
 impl Core {
     pub(super) async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
         check::claim_batch(&params)?;
+        let served = params.served()?;
         let ClaimBatch {
             on_dead_letter,
             limit,
             now,
             lease,
-            max_attempts: cap,
+            ..
         } = params;
         let locked_until = lease_end(now, lease)?;
+        // Each queue's attempt cap, which `served` resolves for every queue.
+        let caps: Caps = served
+            .iter()
+            .map(|queue| (queue.queue.clone(), queue.max_attempts.unwrap_or(1)))
+            .collect();
+        let served_json = serde_json::to_string(
+            &served
+                .iter()
+                .map(|queue| (&queue.queue, queue.limit, caps[&queue.queue]))
+                .collect::<Vec<_>>(),
+        )
+        .expect("names and integers serialize");
+        let level = served
+            .iter()
+            .map(|queue| queue.limit)
+            .max()
+            .unwrap_or(limit);
         let _write = self.write.lock().await;
         let mut conn = self.parts.pool.acquire().await.map_err(db("claim_batch"))?;
         let mut tx = conn
@@ -42,8 +62,9 @@ impl Core {
                 .bind(micros(locked_until))
                 .bind(i64::try_from(limit).unwrap_or(i64::MAX))
                 .bind(on_dead_letter == OnDeadLetter::Block)
-                .bind(i64::from(cap))
+                .bind(served_json.clone())
                 .bind(i64::try_from(sql::keyed_walk(limit)).unwrap_or(i64::MAX))
+                .bind(i64::try_from(level).unwrap_or(i64::MAX))
         };
         let picked = match bound(&self.sql.pick).fetch_one(&mut *tx).await {
             Ok(row) => row
@@ -59,7 +80,7 @@ impl Core {
         let mut selected = Vec::new();
         let rows = match picked {
             Some(picked) => {
-                self.take(&mut tx, &picked, now, locked_until, cap, &mut selected)
+                self.take(&mut tx, &picked, now, locked_until, &caps, &mut selected)
                     .await?
             }
             // A value JSON cannot carry (text that is not UTF-8): claim the
@@ -71,7 +92,7 @@ impl Core {
                 .map_err(db("claim_batch"))?,
         };
         for row in &rows {
-            if let Some(claimed) = claimed_row(row, cap) {
+            if let Some(claimed) = claimed_row(row, &caps) {
                 selected.push(claimed);
                 continue;
             }
@@ -98,7 +119,10 @@ impl Core {
                 }
                 Selected::Abandoned(message) => message,
             };
-            if message.status == MessageStatus::DeadLettered {
+            let cap = cap_of(&caps, &message.queue);
+            if message.status == MessageStatus::Cancelled {
+                batch.cancelled.push(message);
+            } else if message.status == MessageStatus::DeadLettered {
                 let record = ErrorRecord::from_error(&AbandonedClaimError {
                     id: message.id.clone(),
                     attempts: message.attempts,
@@ -122,26 +146,42 @@ impl Core {
 
     /// Claim the rows `picked` in `tx`, pushing onto `selected` each one
     /// claimed whose picked columns decode; returns the rest (out of
-    /// attempts and so dead-lettered, or with a column the delivery cannot
-    /// read) as stored after the claim, for the full decode to sort out.
+    /// attempts and so dead-lettered, cancelled, or with a column the
+    /// delivery cannot read) as stored after the claim, for the full decode
+    /// to sort out.
     async fn take(
         &self,
         tx: &mut SqliteConnection,
         picked: &[Picked],
         now: DateTime<Utc>,
         locked_until: DateTime<Utc>,
-        cap: u32,
+        caps: &Caps,
         selected: &mut Vec<(i64, Selected)>,
     ) -> Result<Vec<SqliteRow>> {
         if picked.is_empty() {
             return Ok(Vec::new());
         }
         let tokens: Vec<String> = picked.iter().map(|_| new_claim_token()).collect();
+        // Each row's columns, read once: its queue names its attempt cap. A
+        // row whose columns do not read gets the lowest cap of the claim;
+        // the full decode then says what it is.
+        let columns: Vec<Option<PickedColumns>> = picked
+            .iter()
+            .map(|Picked(_, columns)| serde_json::from_str(columns.as_deref()?.get()).ok())
+            .collect();
+        let row_caps: Vec<u32> = columns
+            .iter()
+            .map(|columns| match columns {
+                Some(columns) => cap_of(caps, &columns.queue),
+                None => caps.values().copied().min().unwrap_or(1),
+            })
+            .collect();
         let rows = serde_json::to_string(
             &picked
                 .iter()
                 .zip(&tokens)
-                .map(|(picked, token)| (picked.0, token))
+                .zip(&row_caps)
+                .map(|((picked, token), cap)| (picked.0, token, cap))
                 .collect::<Vec<_>>(),
         )
         .expect("integers and strings serialize");
@@ -149,7 +189,6 @@ impl Core {
             .bind(micros(now))
             .bind(micros(locked_until))
             .bind(rows)
-            .bind(i64::from(cap))
             .execute(&mut *tx)
             .await
             .map_err(db("claim_batch"))?;
@@ -169,12 +208,14 @@ impl Core {
         let claimed_at = DateTime::from_timestamp_micros(micros(now));
         let until = DateTime::from_timestamp_micros(micros(locked_until));
         let mut rest = Vec::new();
-        for (Picked(seq, columns), token) in picked.iter().zip(tokens) {
-            let claimed = columns.as_deref().zip(claimed_at.zip(until)).and_then(
-                |(columns, (claimed_at, until))| {
-                    picked_claim(columns, cap, token, claimed_at, until)
-                },
-            );
+        let rows = picked.iter().zip(columns).zip(tokens).zip(row_caps);
+        for (((Picked(seq, _), columns), token), cap) in rows {
+            let claimed =
+                columns
+                    .zip(claimed_at.zip(until))
+                    .and_then(|(columns, (claimed_at, until))| {
+                        picked_claim(columns, cap, token, claimed_at, until)
+                    });
             match claimed {
                 Some(message) => selected.push((*seq, Selected::Claimed(message))),
                 None => rest.push(*seq),
@@ -212,8 +253,19 @@ impl Core {
     }
 }
 
-/// A row a claim selected: claimed, or dead-lettered at claim (out of
-/// attempts), which the caller gets as the full stored message.
+/// The attempt cap of each queue a claim serves.
+type Caps = HashMap<String, u32>;
+
+/// The cap of `queue`'s messages without their own; a queue the claim did
+/// not serve (which no row it took is in) gets the lowest.
+fn cap_of(caps: &Caps, queue: &str) -> u32 {
+    caps.get(queue)
+        .copied()
+        .unwrap_or_else(|| caps.values().copied().min().unwrap_or(1))
+}
+
+/// A row a claim selected: claimed, or dead-lettered (out of attempts) or
+/// cancelled at claim, which the caller gets as the full stored message.
 enum Selected {
     Claimed(ClaimedMessage),
     Abandoned(OutboxMessage),
@@ -231,11 +283,11 @@ impl Selected {
 
 /// A row the claim returned as claimed, decoded by position (the order of
 /// [`statements::COLUMNS`](super::statements::COLUMNS)) straight into the message a delivery gets, with
-/// `cap` the claim's attempt cap. `None` for any other row, or one with a
+/// `caps` the claim's attempt caps. `None` for any other row, or one with a
 /// column the full decode ([`SqlOutbox::decode`](crate::store::sql::SqlOutbox::decode)) would refuse: that decode
 /// then says what the row is, or why it cannot be read. Columns the
 /// delivery does not need are still checked, not copied.
-fn claimed_row(row: &SqliteRow, cap: u32) -> Option<(i64, Selected)> {
+fn claimed_row(row: &SqliteRow, caps: &Caps) -> Option<(i64, Selected)> {
     let text = |i: usize| row.try_get::<&str, _>(i).ok();
     let optional_text = |i: usize| row.try_get::<Option<&str>, _>(i).ok();
     let time = |i: usize| DateTime::from_timestamp_micros(row.try_get::<i64, _>(i).ok()?);
@@ -256,8 +308,11 @@ fn claimed_row(row: &SqliteRow, cap: u32) -> Option<(i64, Selected)> {
     time(15)?;
     optional_time(16)?;
     optional_time(18)?;
+    optional_time(22)?;
     let max_attempts_set: bool = row.try_get(19).ok()?;
     let max_attempts = count(8)?;
+    let queue = text(20)?.to_owned();
+    let cap = cap_of(caps, &queue);
     let message = ClaimedMessage {
         id: text(1)?.to_owned(),
         kind: text(2)?.parse().ok()?,
@@ -270,6 +325,8 @@ fn claimed_row(row: &SqliteRow, cap: u32) -> Option<(i64, Selected)> {
         available_at: time(9)?,
         created_at: time(14)?,
         ordering_key: optional_text(17)?.map(str::to_owned),
+        priority: row.try_get(21).ok()?,
+        queue,
         claim_token: optional_text(10)??.to_owned(),
         claimed_at: optional_time(11)??,
         locked_until: optional_time(12)??,
@@ -284,37 +341,44 @@ fn claimed_row(row: &SqliteRow, cap: u32) -> Option<(i64, Selected)> {
 struct Picked(i64, Option<Box<serde_json::value::RawValue>>);
 
 /// The [`statements::PICKED`](super::statements::PICKED) columns, in their order, as JSON carries
-/// them: a column of another type (an integer stored as text, say) fails
-/// to decode, as it would from the row.
-type PickedColumns = (
-    String,
-    String,
-    String,
-    String,
-    Option<String>,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-    Option<i64>,
-);
+/// them (an array, read field by field): a column of another type (an
+/// integer stored as text, say) fails to decode, as it would from the row.
+#[derive(serde::Deserialize)]
+struct PickedColumns {
+    id: String,
+    kind: String,
+    name: String,
+    payload: String,
+    trace: Option<String>,
+    attempts: i64,
+    max_attempts: i64,
+    max_attempts_set: i64,
+    available_at: i64,
+    created_at: i64,
+    ordering_key: Option<String>,
+    /// Read only to be checked, as the full decode would.
+    #[allow(dead_code)]
+    last_error: Option<String>,
+    delivered_at: Option<i64>,
+    skipped_at: Option<i64>,
+    queue: String,
+    priority: i64,
+    cancel_requested_at: Option<i64>,
+}
 
 /// The message a delivery gets for a picked row that the claim took, with
-/// `cap` the claim's attempt cap and the claim's `token` and times. `None`
-/// when the row was out of attempts (the claim dead-lettered it), or has a
-/// column the full decode would refuse, as [`claimed_row`] decides.
+/// `cap` its queue's attempt cap and the claim's `token` and times. `None`
+/// when the row was out of attempts (the claim dead-lettered it), had a
+/// cancellation request (the claim cancelled it), or has a column the full
+/// decode would refuse, as [`claimed_row`] decides.
 fn picked_claim(
-    columns: &serde_json::value::RawValue,
+    columns: PickedColumns,
     cap: u32,
     token: String,
     claimed_at: DateTime<Utc>,
     locked_until: DateTime<Utc>,
 ) -> Option<ClaimedMessage> {
-    let (
+    let PickedColumns {
         id,
         kind,
         name,
@@ -326,10 +390,16 @@ fn picked_claim(
         available_at,
         created_at,
         ordering_key,
-        _last_error,
+        last_error: _,
         delivered_at,
         skipped_at,
-    ): PickedColumns = serde_json::from_str(columns.get()).ok()?;
+        queue,
+        priority,
+        cancel_requested_at,
+    } = columns;
+    if cancel_requested_at.is_some() {
+        return None;
+    }
     let max_attempts_set = max_attempts_set != 0;
     // As the claim's own test, on the stored integers.
     if attempts
@@ -362,6 +432,8 @@ fn picked_claim(
         available_at: time(available_at)?,
         created_at: time(created_at)?,
         ordering_key,
+        queue,
+        priority: i16::try_from(priority).ok()?,
         claim_token: token,
         claimed_at,
         locked_until,

@@ -130,7 +130,7 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// let now = outbox::SystemClock.now();
 /// let batch = outbox
-///     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now, lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS })
+///     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now, lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS, queues: Vec::new() })
 ///     .await?;
 /// assert_eq!(batch.claimed.len(), 1);
 /// # std::fs::remove_dir_all(&dir).ok();
@@ -289,8 +289,9 @@ impl SqliteOutbox {
     }
 
     /// The statement that picks a claim's rows, whose plan decides what a
-    /// claim costs. Binds: `?1` now and `?2` lease end (µs since the
-    /// epoch), `?3` limit.
+    /// claim costs. Binds as the claim: `?1` now and `?2` lease end (µs
+    /// since the epoch), `?3` limit, `?4` block, `?5` the queues as JSON,
+    /// `?6` the walk, `?7` the largest queue limit.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
     pub fn claim_statement(&self) -> &str {
@@ -298,8 +299,8 @@ impl SqliteOutbox {
     }
 
     /// The statement that claims the rows picked, by rowid. Binds: `?1`
-    /// now and `?2` lease end, `?3` a JSON array of `[seq, token]`, `?4`
-    /// the attempt cap.
+    /// now and `?2` lease end, `?3` a JSON array of `[seq, token, attempt
+    /// cap]`.
     #[cfg(feature = "inspect-statements")]
     #[doc(hidden)]
     pub fn claim_take_statement(&self) -> &str {

@@ -7,15 +7,15 @@ use sqlx::{AssertSqlSafe, Connection};
 use super::statements::FencedWrites;
 use super::{Core, Shared, micros};
 use crate::error::{Error, Result};
-use crate::store::fenced::{FencedBackend, FencedOp, FencedWrite};
+use crate::store::fenced::{CancelRequested, FencedBackend, FencedOp, FencedWrite};
 use crate::store::sql;
 
 impl FencedBackend for Core {
     /// One statement per kind of write in the batch (a batch of renewals is
     /// one statement, renewals and deliveries are two), each row fenced on
     /// its own. A statement that fails fails its rows only.
-    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<()>>> {
-        let mut results: Vec<Option<Result<()>>> = vec![None; rows.len()];
+    async fn apply(&self, rows: &[FencedWrite]) -> Result<Vec<Result<CancelRequested>>> {
+        let mut results: Vec<Option<Result<CancelRequested>>> = vec![None; rows.len()];
         let mut lost = Vec::new();
         {
             let _write = self.write.lock().await;
@@ -31,15 +31,14 @@ impl FencedBackend for Core {
                 match self.write_group(op, &json, group.len()).await {
                     Ok(None) => {
                         for &i in &group {
-                            results[i] = Some(Ok(()));
+                            results[i] = Some(Ok(false));
                         }
                     }
                     Ok(Some(changed)) => {
                         for &i in &group {
-                            if changed.contains(&rows[i].id) {
-                                results[i] = Some(Ok(()));
-                            } else {
-                                lost.push(i);
+                            match changed.get(&rows[i].id) {
+                                Some(&cancel) => results[i] = Some(Ok(cancel)),
+                                None => lost.push(i),
                             }
                         }
                     }
@@ -57,7 +56,7 @@ impl FencedBackend for Core {
             let json = serde_json::to_string(&ids).expect("ids serialize");
             let fences = Shared::fences(&self.parts, &self.sql.fences, json).await;
             for i in lost {
-                results[i] = Some(sql::lost_claim(&rows[i], &fences));
+                results[i] = Some(sql::lost_claim(&rows[i], &fences).map(|()| false));
             }
         }
         Ok(results
@@ -74,15 +73,19 @@ pub(super) const COUNTED_FROM: usize = 8;
 
 impl Core {
     /// Apply one kind of write, `op`, to the `count` rows of `json`: `None`
-    /// when every row applied, else the ids of the rows that did.
+    /// when every row applied (and none carries a cancellation request),
+    /// else the ids of the rows that did, each with whether it carries
+    /// one.
     async fn write_group(
         &self,
         op: FencedOp,
         json: &str,
         count: usize,
-    ) -> sqlx::Result<Option<std::collections::HashSet<String>>> {
+    ) -> sqlx::Result<Option<std::collections::HashMap<String, CancelRequested>>> {
         let mut conn = self.parts.pool.acquire().await?;
-        if count >= COUNTED_FROM {
+        // Only a delivery's answer cannot depend on a cancellation request.
+        let counted = matches!(op, FencedOp::Deliver | FencedOp::Delete);
+        if counted && count >= COUNTED_FROM {
             // Ids are distinct, so each row changes at most one message: a
             // full count means every row applied. A short one is undone and
             // the write run again, returning which rows it changed.
@@ -97,8 +100,8 @@ impl Core {
             }
             tx.rollback().await?;
         }
-        let changed: Vec<String> =
-            sqlx::query_scalar(AssertSqlSafe(self.sql.fenced.get(op).clone()))
+        let changed: Vec<(String, CancelRequested)> =
+            sqlx::query_as(AssertSqlSafe(self.sql.fenced.get(op).clone()))
                 .bind(json)
                 .fetch_all(&mut *conn)
                 .await?;

@@ -3,18 +3,21 @@
 use std::sync::Arc;
 
 use crate::store::fenced::FencedOp;
-use crate::store::sql::{SharedStatements, TableName, keyed_heads, oldest_due, pending_count};
+use crate::store::sql::{
+    CancelStatements, SharedStatements, TableName, blocked_count, keyed_heads, levels_cte,
+    oldest_due, pending_count, queues,
+};
 
 /// Every column, in the order rows are read.
 pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, attempts, max_attempts, \
     available_at, claim_token, claimed_at, locked_until, last_error, created_at, updated_at, \
-    delivered_at, ordering_key, skipped_at, max_attempts_set";
+    delivered_at, ordering_key, skipped_at, max_attempts_set, queue, priority, cancel_requested_at";
 
 /// The columns [`Statements::pick`] writes out for each row, in this
 /// order: those a claim leaves as they are (`attempts` goes up by one),
-/// and the three the full decode checks though a delivery does not need
-/// them.
-pub(super) const PICKED: [&str; 14] = [
+/// and the four the full decode checks though a delivery does not need
+/// them (a row with a cancellation request is cancelled, not claimed).
+pub(super) const PICKED: [&str; 17] = [
     "id",
     "kind",
     "name",
@@ -29,17 +32,24 @@ pub(super) const PICKED: [&str; 14] = [
     "last_error",
     "delivered_at",
     "skipped_at",
+    "queue",
+    "priority",
+    "cancel_requested_at",
 ];
 
-/// The claim's limits, `?3` and `?6`, as expressions rather than bare
-/// parameters: SQLite plans a `LIMIT ?N` for the value bound, and so marks
-/// the statement to be compiled again whenever `?N` is bound again, which
-/// is every claim; the claim, the largest statement of the store, was
+/// The claim's limits, `?3`, `?6` and `?7`, as expressions rather than
+/// bare parameters: SQLite plans a `LIMIT ?N` for the value bound, and so
+/// marks the statement to be compiled again whenever `?N` is bound again,
+/// which is every claim; the claim, the largest statement of the store, was
 /// parsed and planned anew each time. The cast keeps the value and one
 /// plan for any limit. Every other `LIMIT` of the store (purge batches,
 /// listing pages) is written the same way.
 const LIMIT: &str = "CAST(?3 AS INTEGER)";
 const WALK: &str = "CAST(?6 AS INTEGER)";
+/// The most rows read from one priority of one queue: the largest of the
+/// queues' limits. A limit in SQLite cannot name a column of the query
+/// around it, so each queue's own limit is applied after the reads.
+const LEVEL: &str = "CAST(?7 AS INTEGER)";
 
 /// The rendered statements for one table.
 #[derive(Debug)]
@@ -51,8 +61,10 @@ pub(super) struct Statements {
     /// Claim in one statement, returning every column of each row it
     /// changed. Binds: `?1` now and `?2` lease end (µs since the epoch),
     /// `?3` limit, `?4` 1 when a dead letter holds its ordering key, else 0,
-    /// `?5` the attempt cap of messages without their own, `?6` how many
-    /// keyed rows to walk ([`keyed_walk`](crate::store::sql::keyed_walk)).
+    /// `?5` the queues served as a JSON array of `[queue, limit, attempt
+    /// cap]`, `?6` how many keyed rows to walk per queue and priority
+    /// ([`keyed_walk`](crate::store::sql::keyed_walk)), `?7` the largest of
+    /// the queues' limits.
     /// The store claims with [`Statements::pick`] and
     /// [`Statements::take`] instead, and with this only when the rows it
     /// picked cannot be written out as JSON.
@@ -70,7 +82,7 @@ pub(super) struct Statements {
     pub(super) pick: Arc<str>,
     /// Claim the rows picked, as [`Statements::claim`] changes them.
     /// Binds: `?1` now and `?2` lease end, `?3` a JSON array of `[seq,
-    /// claim token]`, `?4` the attempt cap of messages without their own.
+    /// claim token, attempt cap of the row's queue]`.
     pub(super) take: Arc<str>,
     /// Every column of the rows whose `seq` is in the JSON array `?1`.
     pub(super) by_seq: Arc<str>,
@@ -88,41 +100,71 @@ impl Statements {
     /// The store's own statements, and those it runs the shared way.
     pub(super) fn new(table: &TableName) -> (Self, SharedStatements) {
         let t = table.quoted();
+        let paused = table.derived("paused", true);
         let head = head(&t, "?4");
-        let keyed = keyed_heads(&t, &head, "?1", LIMIT, WALK, "seq");
-        // Keyless rows and expired claims are answered from their own
-        // partial indexes, in claim order, keyed heads by `keyed_heads`;
-        // the union is cut to the limit again. The head test reads the
-        // state before the claim, so a claim takes at most one message per
-        // ordering key.
+        let keyed = keyed_heads(&t, &head, "?1", WALK, "seq");
+        let keyless_levels = levels_cte("keyless_levels", &t, false, "?1", LEVEL, "s.lim");
+        // The queues served that are not paused; each queue's pending
+        // keyless rows, one priority at a time, each a prefix of the
+        // index; the expired claims of those queues; the keyed heads of
+        // `keyed_heads`. Each queue's rows are cut to its limit in claim
+        // order (higher priority first), then all to the claim's limit.
+        // Each arm is materialized: pushed into the arms, the join of the
+        // ranking with the queues served made some versions of SQLite
+        // index the whole table by queue for every claim. The head test
+        // reads the state before the claim, so a claim
+        // takes at most one message per ordering key.
+        let ctes = format!(
+            "WITH RECURSIVE \
+             served (queue, lim, cap) AS MATERIALIZED ( \
+               SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?5) \
+               WHERE NOT EXISTS (SELECT 1 FROM {paused} AS z WHERE z.queue = value ->> 0)), \
+             {keyless_levels}, \
+             keyless AS MATERIALIZED ( \
+               SELECT m.seq, m.queue, m.priority, m.available_at, m.created_at \
+               FROM keyless_levels AS l CROSS JOIN {t} AS m \
+               WHERE l.priority IS NOT NULL AND m.seq IN ( \
+                 SELECT u.seq FROM {t} AS u \
+                 WHERE u.status = 'pending' AND u.ordering_key IS NULL AND u.queue = l.queue \
+                   AND u.priority = l.priority AND u.available_at <= ?1 \
+                 ORDER BY u.available_at, u.created_at, u.seq LIMIT {LEVEL})), \
+             expired AS MATERIALIZED ( \
+               SELECT m.seq, m.queue, m.priority, m.available_at, m.created_at \
+               FROM {t} AS m CROSS JOIN served AS s \
+               WHERE m.status = 'claimed' AND m.locked_until <= ?1 AND s.queue = m.queue \
+                 AND {head} \
+               ORDER BY m.priority DESC, m.available_at, m.created_at, m.seq LIMIT {LIMIT}), \
+             {keyed}, \
+             ranked AS ( \
+               SELECT c.seq, c.priority, c.available_at, c.created_at, s.lim, \
+                 row_number() OVER (PARTITION BY c.queue \
+                   ORDER BY c.priority DESC, c.available_at, c.created_at, c.seq) AS n \
+               FROM ( \
+                 SELECT seq, queue, priority, available_at, created_at FROM keyless \
+                 UNION ALL SELECT seq, queue, priority, available_at, created_at FROM expired \
+                 UNION ALL SELECT seq, queue, priority, available_at, created_at FROM keyed) AS c \
+               JOIN served AS s ON s.queue = c.queue)"
+        );
         let picked = format!(
-            "SELECT seq FROM ( \
-               SELECT * FROM ( \
-                 SELECT seq, available_at, created_at FROM {t} AS m \
-                 WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= ?1 \
-                 ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
-               UNION ALL \
-               SELECT * FROM ( \
-                 SELECT seq, available_at, created_at FROM {t} AS m \
-                 WHERE status = 'claimed' AND locked_until <= ?1 AND {head} \
-                 ORDER BY available_at, created_at, seq LIMIT {LIMIT}) \
-               UNION ALL \
-               SELECT seq, available_at, created_at FROM keyed) \
-             ORDER BY available_at, created_at, seq LIMIT {LIMIT}"
+            "SELECT seq FROM ranked WHERE n <= lim \
+             ORDER BY priority DESC, available_at, created_at, seq LIMIT {LIMIT}"
         );
         // What a claim sets, with `cap` the attempt cap of rows without
         // their own and `token` the new claim token: a row out of attempts
-        // is dead-lettered instead.
+        // is dead-lettered instead, and an expired claim whose
+        // cancellation was requested is cancelled.
         let claim_set = |cap: &str, token: &str| {
             let out = format!(
                 "attempts >= (CASE WHEN max_attempts_set THEN max_attempts ELSE {cap} END)"
             );
+            let ended = format!("(cancel_requested_at IS NOT NULL OR {out})");
             format!(
-                "status = CASE WHEN {out} THEN 'dead_lettered' ELSE 'claimed' END, \
-                 attempts = CASE WHEN {out} THEN attempts ELSE attempts + 1 END, \
-                 claim_token = CASE WHEN {out} THEN NULL ELSE {token} END, \
-                 claimed_at = CASE WHEN {out} THEN NULL ELSE ?1 END, \
-                 locked_until = CASE WHEN {out} THEN NULL ELSE ?2 END, \
+                "status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' \
+                   WHEN {out} THEN 'dead_lettered' ELSE 'claimed' END, \
+                 attempts = CASE WHEN {ended} THEN attempts ELSE attempts + 1 END, \
+                 claim_token = CASE WHEN {ended} THEN NULL ELSE {token} END, \
+                 claimed_at = CASE WHEN {ended} THEN NULL ELSE ?1 END, \
+                 locked_until = CASE WHEN {ended} THEN NULL ELSE ?2 END, \
                  updated_at = ?1"
             )
         };
@@ -136,19 +178,23 @@ impl Statements {
             insert: format!(
                 "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
                  available_at, created_at, updated_at, ordering_key, idempotency_key, \
-                 idempotency_until, max_attempts_set) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8, ?9, ?10, ?11, ?12) \
+                 idempotency_until, max_attempts_set, queue, priority) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8, ?9, ?10, ?11, ?12, \
+                   ?13, ?14) \
                  ON CONFLICT DO NOTHING"
             )
             .into(),
             claim: format!(
-                "WITH RECURSIVE {keyed} \
-                 UPDATE {t} SET {set} WHERE seq IN ({picked}) RETURNING {COLUMNS}",
-                set = claim_set("?5", "lower(hex(randomblob(16)))"),
+                "{ctes} \
+                 UPDATE {t} AS m SET {set} WHERE m.seq IN ({picked}) RETURNING {COLUMNS}",
+                set = claim_set(
+                    "(SELECT s.cap FROM served AS s WHERE s.queue = m.queue)",
+                    "lower(hex(randomblob(16)))"
+                ),
             )
             .into(),
             pick: format!(
-                "WITH RECURSIVE {keyed} \
+                "{ctes} \
                  SELECT json_group_array(json_array(seq, \
                    CASE WHEN 'blob' NOT IN ({no_blob}) THEN json_array({picked_columns}) END)) \
                  FROM {t} WHERE seq IN ({picked})"
@@ -157,9 +203,10 @@ impl Statements {
             // Each row found by its `seq`, the table's rowid.
             take: format!(
                 "UPDATE {t} AS m SET {set} \
-                 FROM (SELECT value ->> 0 AS seq, value ->> 1 AS token FROM json_each(?3)) AS v \
+                 FROM (SELECT value ->> 0 AS seq, value ->> 1 AS token, value ->> 2 AS cap \
+                   FROM json_each(?3)) AS v \
                  WHERE m.seq = v.seq",
-                set = claim_set("?4", "v.token"),
+                set = claim_set("v.cap", "v.token"),
             )
             .into(),
             by_seq: format!(
@@ -181,6 +228,7 @@ impl Statements {
         };
         let pending = pending_count(&t);
         let oldest_due = oldest_due(&t, "?1");
+        let blocked = blocked_count(&t);
         let shared = SharedStatements {
             get: format!("SELECT {COLUMNS} FROM {t} WHERE id = ?1").into(),
             stats: format!(
@@ -191,8 +239,8 @@ impl Statements {
                    (SELECT count(*) FROM {t} WHERE status = 'dead_lettered'), \
                    (SELECT count(*) FROM {t} WHERE status = 'claimed' AND locked_until > ?1), \
                    {oldest_due}, \
-                   (SELECT count(DISTINCT ordering_key) FROM {t} WHERE ordering_key IS NOT NULL \
-                     AND status = 'dead_lettered' AND skipped_at IS NULL)"
+                   {blocked}, \
+                   (SELECT count(*) FROM {t} WHERE status = 'cancelled')"
             )
             .into(),
             requeue_one: format!(
@@ -212,14 +260,14 @@ impl Statements {
             // predicate, which SQLite needs to see to use that index.
             purge_batch: format!(
                 "DELETE FROM {t} WHERE seq IN ( \
-                   SELECT seq FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+                   SELECT seq FROM {t} WHERE status IN ('delivered', 'dead_lettered', 'cancelled') \
                    AND status = ?1 AND updated_at < ?2 \
                    ORDER BY status, updated_at LIMIT CAST(?3 AS INTEGER))"
             )
             .into(),
             // The purge's predicate, without its batch limit.
             count_purgeable: format!(
-                "SELECT count(*) FROM {t} WHERE status IN ('delivered', 'dead_lettered') \
+                "SELECT count(*) FROM {t} WHERE status IN ('delivered', 'dead_lettered', 'cancelled') \
                  AND (?1 IS NULL OR status = ?1) AND updated_at < ?2"
             )
             .into(),
@@ -240,6 +288,14 @@ impl Statements {
             .into(),
             // Freed pages go back to the file's free list as rows go.
             vacuum: None,
+            pause: format!(
+                "INSERT INTO {paused} (queue, paused_at) VALUES (?1, ?2) \
+                 ON CONFLICT (queue) DO NOTHING"
+            )
+            .into(),
+            resume: format!("DELETE FROM {paused} WHERE queue = ?1").into(),
+            queues: queues(&t, &paused, "NULL"),
+            cancel: CancelStatements::new(&t, ["?1", "?2"], ["?1", "?2", "?3", "?4"]),
             table: t.into(),
         };
         (own, shared)
@@ -289,6 +345,14 @@ impl FencedWrites {
         };
         const WHERE: &str = "m.id = v.id AND +m.status = 'claimed' AND m.claim_token = v.token \
                              AND +m.locked_until > v.now";
+        // What a failure or a release leaves instead of `otherwise` when
+        // the message's cancellation was requested while it was claimed.
+        let unless_cancelled = |otherwise: &str| {
+            format!(
+                "status = CASE WHEN m.cancel_requested_at IS NULL THEN '{otherwise}' \
+                 ELSE 'cancelled' END"
+            )
+        };
         let write = |fields: &[&str], set: &str| {
             let rows = rows(fields);
             format!("UPDATE {t} AS m SET {set} FROM {rows} WHERE {WHERE}")
@@ -315,38 +379,44 @@ impl FencedWrites {
             write(
                 &[&FENCE[..], &["available", "error"]].concat(),
                 &format!(
-                    "status = 'pending', available_at = v.available, {CLEAR}, \
-                     last_error = v.error, updated_at = v.now"
+                    "{}, available_at = v.available, {CLEAR}, \
+                     last_error = v.error, updated_at = v.now",
+                    unless_cancelled("pending")
                 ),
             ),
             write(
                 &[&FENCE[..], &["error"]].concat(),
                 &format!(
-                    "status = 'dead_lettered', {CLEAR}, last_error = v.error, updated_at = v.now"
+                    "{}, {CLEAR}, last_error = v.error, updated_at = v.now",
+                    unless_cancelled("dead_lettered")
                 ),
             ),
             write(
                 &FENCE,
                 &format!(
-                    "status = 'pending', attempts = max(m.attempts - 1, 0), available_at = v.now, \
-                     {CLEAR}, updated_at = v.now"
+                    "{}, attempts = max(m.attempts - 1, 0), available_at = v.now, \
+                     {CLEAR}, updated_at = v.now",
+                    unless_cancelled("pending")
                 ),
             ),
         ];
         FencedWrites {
             returning: counted
                 .clone()
-                .map(|sql| format!("{sql} RETURNING id").into()),
+                .map(|sql| format!("{sql} RETURNING id, cancel_requested_at IS NOT NULL").into()),
             counted: counted.map(Arc::from),
         }
     }
 
-    /// The statement for `op`, returning the id of each row it changed.
+    /// The statement for `op`, returning the id of each row it changed and
+    /// whether it carries a cancellation request (for a failure or a
+    /// release: whether it was cancelled).
     pub(super) fn get(&self, op: FencedOp) -> &Arc<str> {
         &self.returning[Self::index(op)]
     }
 
-    /// The statement for `op`, returning nothing.
+    /// The statement for `op`, returning nothing: only for writes whose
+    /// answer does not depend on a cancellation request (deliveries).
     pub(super) fn counted(&self, op: FencedOp) -> &Arc<str> {
         &self.counted[Self::index(op)]
     }

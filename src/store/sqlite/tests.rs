@@ -70,6 +70,7 @@ async fn claimed(file: &TempFile, count: usize) -> (SqliteOutbox, Vec<crate::Cla
             now: t0(),
             lease: Duration::from_secs(30),
             max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .unwrap();
@@ -168,6 +169,7 @@ async fn a_claimed_row_decodes_as_the_full_decode_does() {
             now: t0(),
             lease: Duration::from_secs(30),
             max_attempts: cap,
+            queues: Vec::new(),
         })
         .await
         .unwrap();

@@ -45,6 +45,11 @@ pub(crate) async fn page<S: OutboxAdmin>(
                     tr { th { "Kind" } td { (message.kind) } }
                     tr { th { "Name" } td { (message.name) } }
                     tr { th { "Status" } td #status { (message.status) } }
+                    tr { th { "Queue" } td #queue { (message.queue) } }
+                    tr { th { "Priority" } td #priority { (message.priority) } }
+                    @if let Some(at) = message.cancel_requested_at {
+                        tr { th { "Cancel requested" } td #cancel-requested { (time(at, now)) } }
+                    }
                     tr { th { "Attempts" } td {
                         (message.attempts) " of " (message.effective_max_attempts(dashboard.config.max_attempts))
                         @if !message.max_attempts_set { " " span.muted { "(the drain's cap)" } }
@@ -101,6 +106,17 @@ pub(crate) async fn page<S: OutboxAdmin>(
                             input type="hidden" name="id" value=(message.id);
                             button #retry type="submit" { "Retry now" }
                         }
+                    }
+                }
+                @if show_actions && matches!(message.status, MessageStatus::Pending | MessageStatus::Claimed) && message.cancel_requested_at.is_none() {
+                    form method="post" action="cancel" data-confirm=(if live {
+                        "Cancel this message? It is being delivered: its handler is told, and it ends cancelled unless the handler succeeds."
+                    } else {
+                        "Cancel this message? It will not be delivered."
+                    }) {
+                        (csrf_field())
+                        input type="hidden" name="id" value=(message.id);
+                        button #cancel type="submit" { "Cancel" }
                     }
                 }
                 p { a href=(format!("messages?status={}", message.status.as_str())) { "All " (status_label(message.status)) " messages" } }

@@ -11,6 +11,7 @@ pub(crate) mod messages;
 pub(crate) mod not_found;
 pub(crate) mod overview;
 pub(crate) mod purge;
+pub(crate) mod queues;
 pub(crate) mod requeue;
 pub(crate) mod retry;
 

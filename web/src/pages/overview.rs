@@ -1,5 +1,6 @@
-//! GET `/`: counts per status, claims, the oldest due message, blocked
-//! ordering keys and the last hour's activity.
+//! GET `/`: counts per status, claims, the oldest due message, the queues
+//! (with their pause and resume buttons), blocked ordering keys and the
+//! last hour's activity.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
@@ -7,7 +8,7 @@ use maud::html;
 use outbox::{MessageStatus, OutboxAdmin};
 
 use super::{Shared, now};
-use crate::guard::require_access;
+use crate::guard::{csrf_field, require_access};
 use crate::refusal::Refusal;
 use crate::render::{activity_chart, query_value, status_label, time};
 use crate::response;
@@ -15,13 +16,14 @@ use crate::response;
 /// Blocked keys listed on the overview; the count covers the rest.
 const BLOCKED_SHOWN: usize = 20;
 
-/// The statuses given a card; delivered last, as the one that never needs
-/// the operator.
-const STATUSES: [MessageStatus; 4] = [
+/// The statuses given a card; the settled ones that never need the
+/// operator last.
+const STATUSES: [MessageStatus; 5] = [
     MessageStatus::Pending,
     MessageStatus::Claimed,
     MessageStatus::DeadLettered,
     MessageStatus::Delivered,
+    MessageStatus::Cancelled,
 ];
 
 /// The overview, reloading itself as often as the configuration says.
@@ -41,6 +43,8 @@ pub(crate) async fn page<S: OutboxAdmin>(
     } else {
         Vec::new()
     };
+    let queues = dashboard.store.queues().await?;
+    let actions = !dashboard.config.read_only;
     let refresh = dashboard.config.refresh.map(|every| every.as_secs().max(1));
     Ok(response::page(StatusCode::OK, "Overview", refresh, || {
         html! {
@@ -69,6 +73,43 @@ pub(crate) async fn page<S: OutboxAdmin>(
                 } }
                 tr { th { "All messages" } td { (stats.total()) } }
                 tr { th { "Blocked ordering keys" } td id="blocked-keys" { (stats.blocked_keys) } }
+            }
+            @if !queues.is_empty() {
+                h2 { "Queues" }
+                table #queues {
+                    tr { th { "Queue" } th { "Pending" } th { "Claimed" } th { "State" } @if actions { th {} } }
+                    @for queue in &queues {
+                        tr id=(format!("queue-{}", queue.queue)) {
+                            td { (queue.queue) }
+                            td { (queue.pending) }
+                            td { (queue.claimed) }
+                            td.state {
+                                @match queue.paused_at {
+                                    Some(at) => { b.paused { "paused" } " since " (time(at, now)) },
+                                    None => "served",
+                                }
+                            }
+                            @if actions {
+                                td {
+                                    @if queue.is_paused() {
+                                        form method="post" action="resume" {
+                                            (csrf_field())
+                                            input type="hidden" name="queue" value=(queue.queue);
+                                            button.resume type="submit" { "Resume" }
+                                        }
+                                    } @else {
+                                        form method="post" action="pause" data-confirm=(format!("Pause queue {}? No drain claims from it until it is resumed.", queue.queue)) {
+                                            (csrf_field())
+                                            input type="hidden" name="queue" value=(queue.queue);
+                                            button.pause type="submit" { "Pause" }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                p.muted { "A paused queue's running deliveries finish and settle; nothing more is claimed from it, in any process, until it is resumed." }
             }
             @if !blocked.is_empty() {
                 h2 { "Blocked ordering keys" }

@@ -22,14 +22,18 @@ pub(crate) struct PurgeQuery {
     status: Option<String>,
 }
 
-/// `delivered`, `dead_lettered`, or both (`None`), from a form value.
+/// `delivered`, `dead_lettered`, `cancelled`, or all three (`None`, asked
+/// for as `both`, the name the form gave it before cancelled messages
+/// existed), from a form value.
 fn purged_status(text: Option<&str>) -> Result<Option<MessageStatus>, String> {
     match text.unwrap_or("both") {
         "both" => Ok(None),
         "delivered" => Ok(Some(MessageStatus::Delivered)),
         "dead_lettered" => Ok(Some(MessageStatus::DeadLettered)),
+        "cancelled" => Ok(Some(MessageStatus::Cancelled)),
         other => Err(format!(
-            "`status` is {other:?}: only delivered, dead_lettered or both can be purged"
+            "`status` is {other:?}: only delivered, dead_lettered, cancelled or both (all \
+             three) can be purged"
         )),
     }
 }
@@ -74,13 +78,14 @@ pub(crate) async fn page<S: OutboxAdmin>(
         None,
         || {
             html! {
-                p { "Deletes delivered and dead-lettered messages whose last change is older than the horizon. Pending and claimed messages are never purged." }
+                p { "Deletes delivered, dead-lettered and cancelled messages whose last change is older than the horizon. Pending and claimed messages are never purged." }
                 form method="get" action="purge" {
                     label { "Older than " input type="text" name="older_than" value=(older_than); } " "
                     label { "Status " select name="status" {
-                        option value="both" selected[status_text == "both"] { "delivered and dead-lettered" }
+                        option value="both" selected[status_text == "both"] { "delivered, dead-lettered and cancelled" }
                         option value="delivered" selected[status_text == "delivered"] { "delivered" }
                         option value="dead_lettered" selected[status_text == "dead_lettered"] { "dead-lettered" }
+                        option value="cancelled" selected[status_text == "cancelled"] { "cancelled" }
                     } } " "
                     button type="submit" { "Count (dry run)" }
                 }
