@@ -44,6 +44,12 @@
 //!   wake-ups).
 //! - `any.rs`: `AnyOutbox`, either SQL store picked by URL, and
 //!   `AnyTransaction`, a transaction on either database.
+//!
+//! Beside the port, [`schedules`] is what a store keeps for periodic
+//! schedules: [`ScheduleStore`](schedules::ScheduleStore), reached through
+//! [`OutboxStore::schedules`], and the rows
+//! [`OutboxAdmin::list_schedules`] reads. It imports only the message model,
+//! so every store file may build on it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -56,6 +62,7 @@ use crate::error::Result;
 use crate::error::{ErrorRecord, UnreadableMessage};
 use crate::kind::MessageStatus;
 use crate::message::{ClaimedMessage, Enqueued, NewMessage, OnDeadLetter, OutboxMessage};
+use schedules::{ScheduleState, ScheduleStore};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
@@ -69,6 +76,7 @@ pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub(crate) mod postgres;
+pub(crate) mod schedules;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub(crate) mod sql;
@@ -344,6 +352,13 @@ pub trait OutboxStore: Send + Sync + 'static {
     fn warm_up(&self, claims: usize) -> impl Future<Output = Result<()>> + Send {
         let _ = claims;
         std::future::ready(Ok(()))
+    }
+
+    /// The store's periodic schedules, when it keeps them (the bundled
+    /// stores do); `None` by default. A drain with schedules refuses to
+    /// start on a store without them.
+    fn schedules(&self) -> Option<&dyn ScheduleStore> {
+        None
     }
 
     /// How many messages are `Pending` (due or not), when the store can
@@ -648,6 +663,13 @@ pub trait OutboxAdmin: Send + Sync + 'static {
     /// [`AdminError::NotPending`](crate::AdminError::NotPending), an unknown
     /// id with [`Error::NotFound`](crate::Error::NotFound).
     fn retry_now(&self, params: RetryNow) -> impl Future<Output = Result<()>> + Send;
+
+    /// Every periodic schedule declared in this outbox, by name: its
+    /// definition and progress (see [`ScheduleState`]). The default, for
+    /// stores that keep no schedules, is none.
+    fn list_schedules(&self) -> impl Future<Output = Result<Vec<ScheduleState>>> + Send {
+        std::future::ready(Ok(Vec::new()))
+    }
 }
 
 /// The per-minute counts of `(minute, status, count)` rows, merged by
@@ -701,6 +723,10 @@ pub trait DynOutboxStore: Send + Sync + 'static {
         let _ = claims;
         Box::pin(std::future::ready(Ok(())))
     }
+    /// See [`OutboxStore::schedules`].
+    fn schedules(&self) -> Option<&dyn ScheduleStore> {
+        None
+    }
 }
 
 impl<S: OutboxStore> DynOutboxStore for S {
@@ -736,6 +762,9 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn warm_up(&self, claims: usize) -> BoxFuture<'_, Result<()>> {
         Box::pin(OutboxStore::warm_up(self, claims))
+    }
+    fn schedules(&self) -> Option<&dyn ScheduleStore> {
+        OutboxStore::schedules(self)
     }
 }
 

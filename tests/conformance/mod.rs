@@ -30,6 +30,7 @@ pub(crate) mod enqueue;
 pub(crate) mod fenced;
 pub(crate) mod ordering;
 pub(crate) mod retention;
+pub(crate) mod schedules;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
