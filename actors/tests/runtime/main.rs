@@ -10,6 +10,8 @@
 //! - `passes`, `prefetch`, `claims`, `lease`, `settlement`, `outages`, `shutdown`, `registry`, `faults`: one
 //!   test per behaviour, against the scriptable fault store of `support`,
 //!   through the [`Harness`] below.
+//! - `schedules`: periodic schedules on the memory store, several
+//!   coordinators at once, on virtual time.
 //! - `telemetry`, and `telemetry_otel` with the `opentelemetry` feature:
 //!   spans, events and metrics.
 //! - `events`: the list of tracing events checked against the code that
@@ -34,6 +36,7 @@ mod passes;
 mod prefetch;
 mod registry;
 mod retention;
+mod schedules;
 mod settlement;
 mod shutdown;
 mod telemetry;
