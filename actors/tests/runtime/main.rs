@@ -11,7 +11,9 @@
 //!   test per behaviour, against the scriptable fault store of `support`,
 //!   through the [`Harness`] below.
 //! - `schedules`: periodic schedules on the memory store, several
-//!   coordinators at once, on virtual time.
+//!   coordinators at once, on virtual time; `schedules_sql`, with a store
+//!   feature: the same on one SQLite file and one PostgreSQL table, still on
+//!   virtual time (each store call on a blocking thread).
 //! - `telemetry`, and `telemetry_otel` with the `opentelemetry` feature:
 //!   spans, events and metrics.
 //! - `events`: the list of tracing events checked against the code that
@@ -51,6 +53,8 @@ mod actix_web;
 mod pg_restart;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod schedules_sql;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql_support;
 #[cfg(feature = "sqlite")]
