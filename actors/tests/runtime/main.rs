@@ -18,6 +18,8 @@
 //!   spans, events and metrics.
 //! - `events`: the list of tracing events checked against the code that
 //!   emits them.
+//! - `testing`, with the `testing` feature: the helpers applications' tests
+//!   use.
 //! - `sqlite` and `postgres`, with the feature of the same name, sharing
 //!   `sql_support`: end to end on real databases.
 //! - `pg_restart`, with the `postgres` feature: PostgreSQL restarted as a
@@ -44,6 +46,8 @@ mod shutdown;
 mod telemetry;
 #[cfg(feature = "opentelemetry")]
 mod telemetry_otel;
+#[cfg(feature = "testing")]
+mod testing;
 
 // Gated on the features they need, since one test binary cannot use
 // `required-features` per module.
