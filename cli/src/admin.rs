@@ -6,14 +6,15 @@ use chrono::{DateTime, Utc};
 use outbox::kit::check;
 use outbox::{
     AnyOutbox, BlockedKey, Clock, ListCursor, ListMessages, MessagePage, OutboxAdmin,
-    OutboxMessage, OutboxStats, PurgeMessages, RequeueDeadLetters, SkipDeadLetter, SystemClock,
-    UnreadableMessage,
+    OutboxMessage, OutboxStats, PurgeMessages, RequeueDeadLetters, ScheduleState, SkipDeadLetter,
+    SystemClock, UnreadableMessage,
 };
 use serde::Serialize;
 
 use crate::cli::{ListArgs, PurgeArgs, RequeueArgs, ShowArgs, SkipArgs, StatusArgs};
 use crate::fail::Failure;
 use crate::output::{Table, age, pretty, pretty_json, relative, relative_short, time, truncate};
+use crate::schedules;
 
 /// Most blocked keys `status` prints.
 const BLOCKED_SHOWN: usize = 20;
@@ -72,6 +73,7 @@ pub(crate) async fn status(store: &AnyOutbox, args: StatusArgs) -> Outcome {
     let oldest_age = stats
         .oldest_due_at
         .map(|at| (now - at).to_std().unwrap_or_default());
+    let schedules = schedules::read(store).await?;
     if args.json {
         let document = StatusDocument {
             table: store.table().to_string(),
@@ -80,6 +82,7 @@ pub(crate) async fn status(store: &AnyOutbox, args: StatusArgs) -> Outcome {
             stats,
             oldest_due_age_seconds: oldest_age.map(|age| age.as_secs_f64()),
             blocked: &blocked,
+            schedules: schedules.states(),
         };
         outln!("{}", pretty(&document));
         return Ok(());
@@ -156,6 +159,7 @@ pub(crate) async fn status(store: &AnyOutbox, args: StatusArgs) -> Outcome {
             },
         );
     }
+    schedules::print(&schedules, now);
     Ok(())
 }
 
@@ -170,6 +174,8 @@ struct StatusDocument<'a> {
     oldest_due_age_seconds: Option<f64>,
     /// The first blocked ordering keys, by key.
     blocked: &'a [BlockedKey],
+    /// The periodic schedules, by name.
+    schedules: &'a [ScheduleState],
 }
 
 /// What `list --json` prints.

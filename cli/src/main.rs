@@ -12,6 +12,7 @@
 //! - `cli.rs`: the command line as clap sees it, with every `--help` text.
 //! - `open.rs`: opening the outbox the flags name, and its failures.
 //! - `admin.rs`: `migrate`, `status`, `list`, `show`, `requeue`, `skip`, `purge`.
+//! - `schedules.rs`: the periodic schedules `status` shows.
 //! - `drain.rs`: `drain`, and the passes `relay` runs too.
 //! - `relay.rs`: `relay`, to a broker of `outbox-brokers`.
 //! - `web.rs`: `web`, the dashboard of `outbox-web`.
@@ -47,6 +48,7 @@ mod fail;
 mod open;
 mod output;
 mod relay;
+mod schedules;
 mod web;
 
 use std::process::ExitCode;
