@@ -23,6 +23,7 @@ pre{background:#fff;border:1px solid #dde1e8;padding:.6rem;overflow:auto;max-hei
 .refused{background:#fdecea;border:1px solid #e6a39b;padding:.5rem .8rem}
 form.inline{display:inline}
 .muted{color:#687085}
+.overdue{color:#a5281b}
 ";
 
 /// Attaches the confirmation dialogs: a form with `data-confirm` asks first.
@@ -51,6 +52,7 @@ pub(crate) fn layout(title: &str, nonce: &str, refresh: Option<u64>, body: Marku
                     a href="messages?status=claimed" { "Claimed" }
                     a href="messages?status=dead_lettered" { "Dead letters" }
                     a href="messages?status=delivered" { "Delivered" }
+                    a href="schedules" { "Schedules" }
                     a href="purge" { "Purge" }
                 }
                 main {
