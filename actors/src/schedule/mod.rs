@@ -212,7 +212,10 @@ impl Schedule {
                         reason: e.to_string(),
                     }
                 })?;
-                (Cadence::Cron(cron), format!("cron {}", expression.trim()))
+                (
+                    Cadence::Cron(Box::new(cron)),
+                    format!("cron {}", expression.trim()),
+                )
             }
             Declared::Every(interval) => {
                 let reason = if interval.is_zero() {

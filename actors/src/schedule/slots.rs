@@ -29,8 +29,9 @@ use chrono_tz::Tz;
 /// The cadence of a checked schedule.
 #[derive(Debug, Clone)]
 pub(crate) enum Cadence {
-    /// A cron expression, read in the zone.
-    Cron(croner::Cron),
+    /// A cron expression, read in the zone; boxed, as a parsed pattern is
+    /// twenty times an interval's size.
+    Cron(Box<croner::Cron>),
     /// A fixed interval, from the zone's 1970 midnight; positive.
     Every(chrono::Duration),
 }

@@ -18,7 +18,10 @@ fn utc(text: &str) -> DateTime<Utc> {
 
 fn cron(expression: &str, zone: &str) -> Slots {
     let cron = croner::Cron::from_str(expression).expect("a cron expression");
-    Slots::new(Cadence::Cron(cron), zone.parse::<Tz>().expect("a zone"))
+    Slots::new(
+        Cadence::Cron(Box::new(cron)),
+        zone.parse::<Tz>().expect("a zone"),
+    )
 }
 
 fn every(interval: chrono::Duration, zone: &str) -> Slots {
