@@ -196,7 +196,8 @@ pub trait ScheduleStore: Send + Sync {
 
 /// The checks every store runs before a schedule operation writes anything.
 pub(crate) mod check {
-    use super::*;
+    use crate::error::{Error, Result};
+    use crate::store::schedules::{DeclareSchedule, EnqueueSlot, schedule_name_problem};
 
     pub(crate) fn declare(params: &DeclareSchedule) -> Result<()> {
         name("name", &params.name)?;
