@@ -106,6 +106,13 @@
 //!   - `store/any.rs`: `AnyOutbox`, either SQL store chosen by URL at
 //!     start-up, with `AnyTransaction` to enqueue in a transaction of
 //!     either database.
+//!   - `store/schedules.rs`: what a store keeps for periodic schedules:
+//!     [`ScheduleStore`] (declare a schedule, enqueue one of its slots
+//!     once) and the [`ScheduleState`] operators read; each store adds a
+//!     `schedules.rs` of its own.
+//! - `testing` (feature `testing`): [`testing`], helpers for an
+//!   application's own tests: what was enqueued, by type, and a handler
+//!   that records what was delivered.
 //!
 //! A file's tests beyond a few cases live beside it, in a `tests.rs` of the
 //! folder named after it (`config/tests.rs`, `store/fenced/tests.rs`, ...).
@@ -119,6 +126,8 @@
 //! - `opentelemetry`: capture the current span's trace context at enqueue as
 //!   a W3C [`TraceCarrier`] and turn stored carriers back into OpenTelemetry
 //!   contexts; see [`TraceCarrier`].
+//! - `testing`: the [`testing`] module, for an application's tests (enable
+//!   it in `[dev-dependencies]`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clock;
@@ -133,6 +142,9 @@ mod queue;
 mod registry;
 mod retry;
 mod store;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod trace;
 mod transport;
 
@@ -165,6 +177,10 @@ pub use store::kit;
 pub use store::memory::MemoryOutbox;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{MIGRATOR as POSTGRES_MIGRATOR, PostgresOutbox, PostgresOutboxBuilder};
+pub use store::schedules::{
+    DeclareSchedule, EnqueueSlot, MAX_SCHEDULE_NAME_LEN, ScheduleState, ScheduleStore, SlotOutcome,
+    schedule_name_problem, slot_key,
+};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::sql::{MAX_TABLE_NAME_PART, SettlementMode, TableName};
 #[cfg(feature = "sqlite")]

@@ -72,6 +72,7 @@ mod on_sqlite {
     }
 
     crate::conformance::conformance_suite!(setup);
+    crate::conformance::schedules::schedule_suite!(setup);
 
     #[tokio::test]
     async fn enqueue_in_a_transaction_commits_and_rolls_back() {
@@ -220,6 +221,7 @@ mod on_postgres {
     }
 
     crate::conformance::conformance_suite!(setup);
+    crate::conformance::schedules::schedule_suite!(setup);
 
     #[tokio::test]
     async fn enqueue_in_a_transaction_commits_and_rolls_back() {

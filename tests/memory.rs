@@ -9,3 +9,4 @@ async fn setup() -> MemoryOutbox {
 }
 
 conformance::conformance_suite!(setup);
+conformance::schedules::schedule_suite!(setup);

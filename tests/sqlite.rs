@@ -75,6 +75,7 @@ async fn setup() -> SqliteOutbox {
 }
 
 conformance::conformance_suite!(setup);
+conformance::schedules::schedule_suite!(setup);
 
 /// A database file of its own for a contract case.
 async fn database() -> (TempDir, SqlitePool) {

@@ -42,9 +42,11 @@ use outbox::{ArmWakeups, OutboxStore, SharedStore};
 use tokio::sync::oneshot;
 
 mod builder;
+mod schedules;
 
 pub use builder::DrainCoordinatorBuilder;
 use builder::Parts;
+pub use schedules::GetSchedules;
 
 use crate::claimer::{self, Claimer, Refill, WindDown};
 use crate::context::{DrainContext, after, until};
@@ -188,7 +190,8 @@ pub struct DrainCoordinator {
     follow_up: Option<Vec<Waiter>>,
     /// `Some` once shutdown began: who waits for it to complete.
     shutdown: Option<Vec<oneshot::Sender<DrainReport>>>,
-    /// The schedule and the wake-up stream, cancelled at shutdown.
+    /// The schedule, the wake-up stream and the periodic schedules'
+    /// runners, cancelled at shutdown.
     background: Vec<SpawnHandle>,
     /// A retention run is going; the next tick skips rather than overlap.
     retaining: bool,
@@ -206,6 +209,8 @@ pub struct DrainCoordinator {
     totals: DrainReport,
     /// When the pending gauge was last sampled.
     pending_sampled: Option<tokio::time::Instant>,
+    /// The periodic schedules it runs, each in a future of `background`.
+    schedules: Vec<crate::schedule::runner::Runner>,
 }
 
 impl std::fmt::Debug for DrainCoordinator {
@@ -260,6 +265,7 @@ impl DrainCoordinator {
             passes: 0,
             last_report: None,
             totals: DrainReport::default(),
+            schedules: parts.schedules,
         }
     }
 
@@ -493,6 +499,7 @@ impl Actor for DrainCoordinator {
                 );
             }));
         }
+        self.start_schedules(ctx);
         if self.wake_on_insert
             && let Some(wakeups) = self.drain.store.wakeups()
         {

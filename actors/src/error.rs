@@ -2,8 +2,8 @@
 //!
 //! The errors only a running drain can meet live here rather than in
 //! [`outbox::Error`]: a lease that could not be confirmed, a delivery past
-//! `max_active`, a store call that did not answer in time, and a registry
-//! with no transport. Everything the core and its stores report arrives
+//! `max_active`, a store call that did not answer in time, a registry
+//! with no transport, and a periodic schedule that cannot run. Everything the core and its stores report arrives
 //! boxed in as [`Error::Outbox`].
 
 use std::time::Duration;
@@ -51,6 +51,10 @@ pub enum Error {
     /// The coordinator stopped before it could answer.
     #[error("the drain coordinator stopped before answering")]
     Stopped,
+    /// A periodic schedule given to the coordinator's builder is invalid;
+    /// nothing was started.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
 }
 
 impl Error {
@@ -109,6 +113,99 @@ impl MaxActiveDurationError {
         MaxActiveDurationError {
             id: id.to_owned(),
             max_active,
+        }
+    }
+}
+
+/// Why a periodic schedule cannot run. Each variant names the field of the
+/// schedule that is wrong ([`ScheduleError::field`]); the coordinator's
+/// builder refuses to start with any of them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// The schedule's name is empty, too long or not printable.
+    #[error("invalid schedule `name` {name:?}: {reason}")]
+    InvalidName {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Two schedules of one coordinator have the same name.
+    #[error("two schedules are named {name:?}; each schedule's `name` must be unique")]
+    DuplicateName {
+        /// The name given twice.
+        name: String,
+    },
+    /// The cron expression does not parse.
+    #[error("schedule {schedule:?}: invalid `cron` expression {expression:?}: {reason}")]
+    InvalidCron {
+        /// The schedule's name.
+        schedule: String,
+        /// The expression as given.
+        expression: String,
+        /// What the parser found wrong.
+        reason: String,
+    },
+    /// The time zone is not an IANA time zone name.
+    #[error(
+        "schedule {schedule:?}: unknown `time_zone` {zone:?}; use an IANA name such as \
+         `Europe/Paris`, `America/New_York` or `UTC`"
+    )]
+    UnknownTimeZone {
+        /// The schedule's name.
+        schedule: String,
+        /// The zone as given.
+        zone: String,
+    },
+    /// The interval is zero, or longer than a year.
+    #[error("schedule {schedule:?}: invalid `interval`: {reason}")]
+    InvalidInterval {
+        /// The schedule's name.
+        schedule: String,
+        /// What the interval must be instead.
+        reason: String,
+    },
+    /// The schedule has no message to enqueue, or its payload does not
+    /// serialize.
+    #[error("schedule {schedule:?}: invalid `message`: {reason}")]
+    InvalidMessage {
+        /// The schedule's name.
+        schedule: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The catch-up horizon is zero, or longer than a year.
+    #[error("schedule {schedule:?}: invalid `catch_up_within`: {reason}")]
+    InvalidCatchUp {
+        /// The schedule's name.
+        schedule: String,
+        /// What the horizon must be instead.
+        reason: String,
+    },
+    /// The coordinator's store keeps no schedules
+    /// ([`OutboxStore::schedules`](outbox::OutboxStore::schedules) is
+    /// `None`).
+    #[error(
+        "the drain's `store` keeps no periodic schedules; use the memory, SQLite or \
+         PostgreSQL store, or give the coordinator no schedules"
+    )]
+    Unsupported,
+}
+
+impl ScheduleError {
+    /// The field of the schedule (or of the coordinator) that is wrong:
+    /// `name`, `cron`, `time_zone`, `interval`, `message`,
+    /// `catch_up_within` or `store`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            ScheduleError::InvalidName { .. } | ScheduleError::DuplicateName { .. } => "name",
+            ScheduleError::InvalidCron { .. } => "cron",
+            ScheduleError::UnknownTimeZone { .. } => "time_zone",
+            ScheduleError::InvalidInterval { .. } => "interval",
+            ScheduleError::InvalidMessage { .. } => "message",
+            ScheduleError::InvalidCatchUp { .. } => "catch_up_within",
+            ScheduleError::Unsupported => "store",
         }
     }
 }

@@ -63,7 +63,7 @@ macro_rules! events {
         )*
 
         /// Every event the runtime emits, grouped by what it is about:
-        /// a delivery, a job's own record, a pass, retention.
+        /// a delivery, a job's own record, a pass, retention, schedules.
         pub const ALL: &[TracingEvent] = &[$(
             TracingEvent {
                 name: $constant,
@@ -183,4 +183,23 @@ events! {
     RETENTION_VACUUM_FAILED = "outbox.retention_vacuum_failed" at WARN,
         fields [error]:
         "The vacuum after a retention run failed; the next run tries again.";
+    SCHEDULE_SLOT_ENQUEUED = "outbox.schedule_slot_enqueued" at INFO,
+        fields [schedule, slot, id, late_ms]:
+        "This process enqueued the message of a periodic schedule's slot, `late_ms` after \
+         the slot (more than a few milliseconds when it caught up on a missed slot).";
+    SCHEDULE_SLOT_TAKEN = "outbox.schedule_slot_taken" at DEBUG,
+        fields [schedule, slot, last_slot]:
+        "Another process had already enqueued the slot (the schedule was at `last_slot`): \
+         this one wrote nothing.";
+    SCHEDULE_SLOTS_MISSED = "outbox.schedule_slots_missed" at INFO,
+        fields [schedule, after, before, catch_up]:
+        "The slots after `after` (the last slot enqueued, or the schedule's first \
+         declaration) and before `before` (the slot enqueued now) passed while no process \
+         ran the schedule, and are passed over: those older than the catch-up horizon, and \
+         under `catch_up` = `latest` all but the latest.";
+    SCHEDULE_FAILED = "outbox.schedule_failed" at WARN,
+        fields [schedule, error, retry_ms]:
+        "Declaring a periodic schedule, or enqueueing one of its slots, failed in the store; \
+         this process tries again after `retry_ms` (other processes running the schedule \
+         may enqueue the slot meanwhile).";
 }

@@ -73,12 +73,20 @@
 //! `Recipient`s of the parent. The modules are listed from the top of the
 //! tree down, and each module imports only modules listed after it:
 //!
+//! - `testing` (feature `testing`): [`testing`], helpers for an
+//!   application's tests: a paused actix system, draining until idle, and
+//!   the core's helpers re-exported.
 //! - `coordinator`: [`DrainCoordinator`], long-lived, one per outbox. Runs
 //!   passes on [`Drain`], on its schedule and on store wake-ups (never two
 //!   at once, and back to back while claims come back full), tallies
 //!   [`DrainReport`]s, fans out notifications to [`Subscribe`]rs, and
 //!   handles [`Shutdown`]. Its [`DrainCoordinatorBuilder`] checks the
-//!   settings and registrations before it starts.
+//!   settings, registrations and schedules before it starts; it runs each
+//!   periodic schedule as a future of its own and answers [`GetSchedules`].
+//! - `schedule`: periodic messages: [`Schedule`] (a cron expression or an
+//!   interval, in a time zone) and its [`CatchUp`] policy, when its slots
+//!   fall, and the loop that enqueues each slot once through the store
+//!   however many processes run it.
 //! - `claimer`: one per pass; claims only as many messages as there are free
 //!   delivery slots and refills a slot as soon as it frees.
 //! - `delivery`: one `DeliveryActor` per message; runs the handler (a panic
@@ -149,6 +157,9 @@
 //! - The stores, `sqlite` (default) and `postgres`: forwarded to [`outbox`].
 //! - Trace propagation from enqueue to delivery, `opentelemetry`: forwarded
 //!   to `outbox/opentelemetry`, as above.
+//! - Helpers for an application's tests, `testing`: the [`testing`] module
+//!   (and `outbox/testing`); it turns on tokio's `test-util`, so enable it
+//!   in `[dev-dependencies]` only.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod claimer;
@@ -166,30 +177,36 @@ mod recipient;
 mod registrations;
 mod report;
 mod retention;
+mod schedule;
 mod settlement;
 mod telemetry;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 
 pub use outbox;
 
 pub use context::{DrainObserver, ObserverResult};
 pub use coordinator::{
-    CoordinatorStatus, Drain, DrainCoordinator, DrainCoordinatorBuilder, GetStatus, Shutdown,
-    Subscribe,
+    CoordinatorStatus, Drain, DrainCoordinator, DrainCoordinatorBuilder, GetSchedules, GetStatus,
+    Shutdown, Subscribe,
 };
-pub use error::{Error, LeaseLostError, MaxActiveDurationError, Result};
+pub use error::{Error, LeaseLostError, MaxActiveDurationError, Result, ScheduleError};
 pub use notices::{
     CancelledMessage, DeadLetter, HandlerResult, LeaseLost, LeaseOperation, LeaseState,
     OutcomeNotice, SettleOperation, SettlementFailed,
 };
 pub use recipient::{DeliverEvent, DeliverJob, RecipientBus, RecipientJobs};
 pub use report::{DrainReport, Outcome};
+pub use schedule::{CatchUp, DEFAULT_CATCH_UP_WITHIN, Schedule, ScheduleStatus};
 
 /// The names most drain programs need: `use outbox_actors::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        CoordinatorStatus, DeadLetter, DeliverEvent, DeliverJob, Drain, DrainCoordinator,
-        DrainObserver, DrainReport, GetStatus, HandlerResult, LeaseLost, LeaseOperation,
-        LeaseState, OutcomeNotice, RecipientBus, RecipientJobs, Shutdown, Subscribe,
+        CatchUp, CoordinatorStatus, DeadLetter, DeliverEvent, DeliverJob, Drain, DrainCoordinator,
+        DrainObserver, DrainReport, GetSchedules, GetStatus, HandlerResult, LeaseLost,
+        LeaseOperation, LeaseState, OutcomeNotice, RecipientBus, RecipientJobs, Schedule, Shutdown,
+        Subscribe,
     };
     pub use outbox::prelude::*;
 }

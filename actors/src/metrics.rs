@@ -24,6 +24,7 @@
 //! | `outbox_delivery_duration_seconds` | histogram | seconds | `kind`, `name`, `outcome` | handler start to settled, for `outcome` `delivered`, `retried` or `dead_lettered` |
 //! | `outbox_enqueue_to_delivered_seconds` | histogram | seconds | `kind`, `name` | `created_at` to settled as delivered: waiting, deliberate delays and retries included |
 //! | `outbox_retention_deleted_total` | counter | messages | `status` | settled messages deleted by retention runs, and delivered ones deleted as they settle (`delete_on_delivery`); `status` is `delivered` or `dead_lettered` |
+//! | `outbox_schedule_slots_total` | counter | slots | `schedule`, `outcome` | slots of a periodic schedule this process tried: `outcome` is `enqueued` (this process wrote it), `taken` (another process had) or `failed` (a store call for the schedule failed; tried again) |
 //! | `outbox_active_deliveries` | gauge | deliveries | none | deliveries running now, in this process |
 //! | `outbox_pending_messages` | gauge | messages | none | `Pending` messages in the store, sampled after each drain pass |
 //!
@@ -72,6 +73,8 @@ pub const CLAIM_FAILED: &str = "outbox_claim_failed_total";
 pub const LEASE_FAILURES: &str = "outbox_lease_failures_total";
 /// Counter: settled messages deleted by retention, label `status`.
 pub const RETENTION_DELETED: &str = "outbox_retention_deleted_total";
+/// Counter: slots of a periodic schedule tried, labels `schedule` and `outcome`.
+pub const SCHEDULE_SLOTS: &str = "outbox_schedule_slots_total";
 /// Histogram (seconds): handler start to settled, label `outcome`.
 pub const DELIVERY_DURATION: &str = "outbox_delivery_duration_seconds";
 /// Histogram (seconds): enqueue (`created_at`) to settled as delivered.
@@ -116,6 +119,10 @@ pub(crate) fn describe() {
         (
             CANCELLED,
             "Messages cancelled while claimed, after their handler or at claim.",
+        ),
+        (
+            SCHEDULE_SLOTS,
+            "Slots of periodic schedules tried: enqueued, taken by another process, failed.",
         ),
     ];
     for (name, help) in counters {
@@ -194,6 +201,10 @@ pub(crate) fn release_failed(message: &ClaimedMessage) {
 
 pub(crate) fn claim_failed() {
     counter!(CLAIM_FAILED).increment(1);
+}
+
+pub(crate) fn schedule_slot(schedule: &str, outcome: &'static str) {
+    counter!(SCHEDULE_SLOTS, "schedule" => name(schedule), "outcome" => outcome).increment(1);
 }
 
 pub(crate) fn retention_deleted(status: outbox::MessageStatus, deleted: u64) {

@@ -360,3 +360,44 @@ pub(crate) fn pass_finished(
         }
     });
 }
+
+/// This process enqueued a schedule's slot, at `now`.
+pub(crate) fn schedule_slot_enqueued(
+    schedule: &str,
+    slot: DateTime<Utc>,
+    id: &str,
+    now: DateTime<Utc>,
+) {
+    let late_ms = until(slot, now).as_millis() as u64;
+    tracing::info!(target: "outbox", event = events::SCHEDULE_SLOT_ENQUEUED,
+        schedule, slot = %slot, id, late_ms, "outbox schedule slot enqueued");
+    metrics::schedule_slot(schedule, "enqueued");
+}
+
+/// Another process had the slot already.
+pub(crate) fn schedule_slot_taken(schedule: &str, slot: DateTime<Utc>, last_slot: DateTime<Utc>) {
+    tracing::debug!(target: "outbox", event = events::SCHEDULE_SLOT_TAKEN,
+        schedule, slot = %slot, last_slot = %last_slot,
+        "outbox schedule slot already enqueued by another process");
+    metrics::schedule_slot(schedule, "taken");
+}
+
+/// Slots between `after` and `before` are passed over.
+pub(crate) fn schedule_slots_missed(
+    schedule: &str,
+    after: DateTime<Utc>,
+    before: DateTime<Utc>,
+    catch_up: &'static str,
+) {
+    tracing::info!(target: "outbox", event = events::SCHEDULE_SLOTS_MISSED,
+        schedule, after = %after, before = %before, catch_up,
+        "outbox schedule slots missed while no process ran it are passed over");
+}
+
+/// A schedule's store call failed; it is tried again after `retry`.
+pub(crate) fn schedule_failed(schedule: &str, error: &outbox::Error, retry: Duration) {
+    tracing::warn!(target: "outbox", event = events::SCHEDULE_FAILED,
+        schedule, %error, retry_ms = retry.as_millis() as u64,
+        "outbox schedule failed in the store; retrying");
+    metrics::schedule_slot(schedule, "failed");
+}

@@ -6,7 +6,8 @@ use chrono::{DateTime, Utc};
 use outbox::kit::check;
 use outbox::{
     AnyOutbox, BlockedKey, Clock, ListCursor, ListMessages, MessagePage, OutboxAdmin,
-    OutboxMessage, OutboxStats, PurgeMessages, QueueState, RequeueDeadLetters, SkipDeadLetter,
+    OutboxMessage, OutboxStats, PurgeMessages, QueueState, RequeueDeadLetters, ScheduleState,
+    SkipDeadLetter,
     SystemClock, UnreadableMessage,
 };
 use serde::Serialize;
@@ -14,6 +15,7 @@ use serde::Serialize;
 use crate::cli::{ListArgs, PurgeArgs, RequeueArgs, ShowArgs, SkipArgs, StatusArgs};
 use crate::fail::Failure;
 use crate::output::{Table, age, pretty, pretty_json, relative, relative_short, time, truncate};
+use crate::schedules;
 
 /// Most blocked keys `status` prints.
 const BLOCKED_SHOWN: usize = 20;
@@ -73,6 +75,7 @@ pub(crate) async fn status(store: &AnyOutbox, args: StatusArgs) -> Outcome {
     let oldest_age = stats
         .oldest_due_at
         .map(|at| (now - at).to_std().unwrap_or_default());
+    let schedules = schedules::read(store).await?;
     if args.json {
         let document = StatusDocument {
             table: store.table().to_string(),
@@ -82,6 +85,7 @@ pub(crate) async fn status(store: &AnyOutbox, args: StatusArgs) -> Outcome {
             oldest_due_age_seconds: oldest_age.map(|age| age.as_secs_f64()),
             blocked: &blocked,
             queues: &queues,
+            schedules: schedules.states(),
         };
         outln!("{}", pretty(&document));
         return Ok(());
@@ -192,6 +196,7 @@ pub(crate) async fn status(store: &AnyOutbox, args: StatusArgs) -> Outcome {
             },
         );
     }
+    schedules::print(&schedules, now);
     Ok(())
 }
 
@@ -208,6 +213,8 @@ struct StatusDocument<'a> {
     blocked: &'a [BlockedKey],
     /// Every queue with pending or claimed messages, and every paused one.
     queues: &'a [QueueState],
+    /// The periodic schedules, by name.
+    schedules: &'a [ScheduleState],
 }
 
 /// What `list --json` prints.

@@ -13,6 +13,7 @@
 //! - `open.rs`: opening the outbox the flags name, and its failures.
 //! - `admin.rs`: `migrate`, `status`, `list`, `show`, `requeue`, `skip`, `purge`.
 //! - `queues.rs`: `pause`, `resume`, `cancel`.
+//! - `schedules.rs`: the periodic schedules `status` shows.
 //! - `drain.rs`: `drain`, and the passes `relay` runs too.
 //! - `relay.rs`: `relay`, to a broker of `outbox-brokers`.
 //! - `web.rs`: `web`, the dashboard of `outbox-web`.
@@ -49,6 +50,7 @@ mod open;
 mod output;
 mod queues;
 mod relay;
+mod schedules;
 mod web;
 
 use std::process::ExitCode;

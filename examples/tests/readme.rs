@@ -222,7 +222,9 @@ struct Dependency {
 /// The `[dependencies]` a reader is told to add: every ```` ```toml ````
 /// block opening with that table in the README's Installation section and
 /// in the guide's pages, merged by crate (features added up), with the
-/// repository's git address replaced by this checkout's path.
+/// repository's git address replaced by this checkout's path. A guide
+/// page's `[dev-dependencies]` block counts too (a test's helpers belong
+/// there): the snippets are binaries, so here they are dependencies.
 fn dependencies(readme: &str, guide: &[Document], root: &Path) -> String {
     let mut sources = vec![(
         "the README's Installation section",
@@ -236,7 +238,10 @@ fn dependencies(readme: &str, guide: &[Document], root: &Path) -> String {
     let mut table: BTreeMap<String, Dependency> = BTreeMap::new();
     for (source, text) in sources {
         for (info, line, body) in fences(text) {
-            if info != "toml" || body.lines().next() != Some("[dependencies]") {
+            let table_name = body.lines().next();
+            if info != "toml"
+                || !matches!(table_name, Some("[dependencies]" | "[dev-dependencies]"))
+            {
                 continue;
             }
             for entry in body.lines().skip(1).filter(|l| !l.trim().is_empty()) {

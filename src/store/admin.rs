@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use crate::error::{Error, Result, UnreadableMessage};
 use crate::kind::MessageStatus;
 use crate::message::OutboxMessage;
+use crate::store::schedules::ScheduleState;
 
 /// Counts per status and the health figures an operator looks at first.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -493,6 +494,13 @@ pub trait OutboxAdmin: Send + Sync + 'static {
     ) -> impl Future<Output = Result<CancelReport>> + Send {
         let _ = params;
         std::future::ready(Err(unsupported("cancel messages")))
+    }
+
+    /// Every periodic schedule declared in this outbox, by name: its
+    /// definition and progress (see [`ScheduleState`]). The default, for
+    /// stores that keep no schedules, is none.
+    fn list_schedules(&self) -> impl Future<Output = Result<Vec<ScheduleState>>> + Send {
+        std::future::ready(Ok(Vec::new()))
     }
 }
 

@@ -27,6 +27,7 @@ use crate::message::{Enqueued, NewMessage, OutboxMessage};
 use crate::payload::{Event, Job};
 #[cfg(feature = "postgres")]
 use crate::store::postgres::PostgresOutbox;
+use crate::store::schedules::{ScheduleState, ScheduleStore};
 use crate::store::sql::TableName;
 #[cfg(feature = "sqlite")]
 use crate::store::sqlite::SqliteOutbox;
@@ -646,6 +647,10 @@ impl OutboxStore for AnyOutbox {
     async fn warm_up(&self, claims: usize) -> Result<()> {
         on_backend!(self, AnyOutbox, |store| store.warm_up(claims).await)
     }
+
+    fn schedules(&self) -> Option<&dyn ScheduleStore> {
+        on_backend!(self, AnyOutbox, |store| OutboxStore::schedules(store))
+    }
 }
 
 impl OutboxAdmin for AnyOutbox {
@@ -687,6 +692,10 @@ impl OutboxAdmin for AnyOutbox {
         on_backend!(self, AnyOutbox, |store| store
             .skip_dead_letter(params)
             .await)
+    }
+
+    async fn list_schedules(&self) -> Result<Vec<ScheduleState>> {
+        on_backend!(self, AnyOutbox, |store| store.list_schedules().await)
     }
 
     async fn blocked_keys(&self, limit: usize) -> Result<Vec<BlockedKey>> {

@@ -47,6 +47,12 @@
 //!   wake-ups).
 //! - `any.rs`: `AnyOutbox`, either SQL store picked by URL, and
 //!   `AnyTransaction`, a transaction on either database.
+//!
+//! Beside the port, [`schedules`] is what a store keeps for periodic
+//! schedules: [`ScheduleStore`](schedules::ScheduleStore), reached through
+//! [`OutboxStore::schedules`], and the rows
+//! [`OutboxAdmin::list_schedules`] reads. It imports only the message model,
+//! so every store file may build on it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -69,6 +75,7 @@ pub use admin::{
     MinuteActivity, OutboxAdmin, OutboxStats, PauseQueue, PurgeMessages, QueueState,
     RequeueDeadLetters, RetryNow, SkipDeadLetter,
 };
+use schedules::{ScheduleState, ScheduleStore};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
@@ -82,6 +89,7 @@ pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub(crate) mod postgres;
+pub(crate) mod schedules;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub(crate) mod sql;
@@ -496,6 +504,13 @@ pub trait OutboxStore: Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
+    /// The store's periodic schedules, when it keeps them (the bundled
+    /// stores do); `None` by default. A drain with schedules refuses to
+    /// start on a store without them.
+    fn schedules(&self) -> Option<&dyn ScheduleStore> {
+        None
+    }
+
     /// How many messages are `Pending` (due or not), when the store can
     /// count them cheaply; the runtime samples it after each drain pass for
     /// its pending-messages gauge. The default, `None`, leaves that gauge
@@ -554,6 +569,10 @@ pub trait DynOutboxStore: Send + Sync + 'static {
         let _ = claims;
         Box::pin(std::future::ready(Ok(())))
     }
+    /// See [`OutboxStore::schedules`].
+    fn schedules(&self) -> Option<&dyn ScheduleStore> {
+        None
+    }
 }
 
 impl<S: OutboxStore> DynOutboxStore for S {
@@ -595,6 +614,9 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn warm_up(&self, claims: usize) -> BoxFuture<'_, Result<()>> {
         Box::pin(OutboxStore::warm_up(self, claims))
+    }
+    fn schedules(&self) -> Option<&dyn ScheduleStore> {
+        OutboxStore::schedules(self)
     }
 }
 

@@ -33,6 +33,7 @@ pub(crate) mod ordering;
 pub(crate) mod priority;
 pub(crate) mod queues;
 pub(crate) mod retention;
+pub(crate) mod schedules;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

@@ -130,6 +130,7 @@ async fn setup() -> PostgresOutbox {
 }
 
 conformance::conformance_suite!(setup);
+conformance::schedules::schedule_suite!(setup);
 
 /// The shared test database; tables of their own keep the cases apart.
 async fn database() -> ((), PgPool) {

@@ -49,6 +49,7 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
             "events_pending_keyed",
             "events_pending_keyless",
             "events_pkey",
+            "events_schedules_pkey",
             "events_settled"
         ]
     );

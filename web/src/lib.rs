@@ -24,8 +24,9 @@
 //! message, live and expired claims, the queues with their pause and
 //! resume buttons, delivered and dead-lettered per minute over the last
 //! hour, refreshed every few seconds), a list per status with
-//! filters and keyset pagination (`messages`), one message (`message?id=…`)
-//! and the purge page (`purge`). Every link is relative to the mount point,
+//! filters and keyset pagination (`messages`), one message (`message?id=…`),
+//! the periodic schedules with their last and next slot (`schedules`) and
+//! the purge page (`purge`). Every link is relative to the mount point,
 //! so any prefix works.
 //!
 //! Safe by default:
@@ -66,8 +67,8 @@
 //! - `guard`: the access token, read-only mode and the CSRF token, checked
 //!   before a handler reads anything else.
 //! - `pages`: one file per page, with its GET handler and its POST action:
-//!   `overview`, `messages` (a list), `message` (one), `purge`, `requeue`,
-//!   `retry`, `queues` (pause, resume and cancel) and `not_found`.
+//!   `overview`, `messages` (a list), `message` (one), `schedules`, `purge`,
+//!   `requeue`, `retry`, `queues` (pause, resume and cancel) and `not_found`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,7 +76,7 @@ use std::time::Duration;
 use actix_web::{HttpResponse, Scope, web};
 use outbox::OutboxAdmin;
 
-use pages::{message, messages, not_found, overview, purge, queues, requeue, retry};
+use pages::{message, messages, not_found, overview, purge, queues, requeue, retry, schedules};
 
 mod guard;
 mod input;
@@ -194,6 +195,7 @@ impl<S: OutboxAdmin> Dashboard<S> {
             .route("/messages", web::get().to(messages::page::<S>))
             .route("/message", web::get().to(message::page::<S>))
             .route("/purge", web::get().to(purge::page::<S>))
+            .route("/schedules", web::get().to(schedules::page::<S>))
             .route("/requeue", web::post().to(requeue::action::<S>))
             .route("/retry", web::post().to(retry::action::<S>))
             .route("/purge", web::post().to(purge::action::<S>))

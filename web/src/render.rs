@@ -25,6 +25,7 @@ form.inline{display:inline}
 .muted{color:#687085}
 .paused{color:#a15c00}
 #queues form{margin:0}
+.overdue{color:#a5281b}
 ";
 
 /// Attaches the confirmation dialogs: a form with `data-confirm` asks first.
@@ -54,6 +55,7 @@ pub(crate) fn layout(title: &str, nonce: &str, refresh: Option<u64>, body: Marku
                     a href="messages?status=dead_lettered" { "Dead letters" }
                     a href="messages?status=delivered" { "Delivered" }
                     a href="messages?status=cancelled" { "Cancelled" }
+                    a href="schedules" { "Schedules" }
                     a href="purge" { "Purge" }
                 }
                 main {

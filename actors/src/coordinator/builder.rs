@@ -17,9 +17,10 @@ use outbox::{
 };
 
 use crate::context::{DrainContext, DrainObserver};
-use crate::error::Result;
+use crate::error::{Result, ScheduleError};
 use crate::notices::{LeaseLost, OutcomeNotice};
 use crate::registrations;
+use crate::schedule::{self, Schedule, runner::Runner};
 
 /// Configures and starts a [`DrainCoordinator`](crate::DrainCoordinator).
 #[must_use = "a builder does nothing until `start` is called"]
@@ -47,6 +48,10 @@ pub struct DrainCoordinatorBuilder {
     lease_subscribers: Vec<Recipient<LeaseLost>>,
     /// Subscribed to settlement failures and dead letters from the start.
     outcome_subscribers: Vec<Recipient<OutcomeNotice>>,
+    /// The periodic schedules this coordinator runs, checked at start.
+    schedules: Vec<Schedule>,
+    /// This process's name in the schedules' `last_enqueued_by`.
+    process_name: Option<String>,
 }
 
 /// What a builder whose settings and registrations hold hands the
@@ -60,6 +65,8 @@ pub(super) struct Parts {
     pub(super) lease_subscribers: Vec<Recipient<LeaseLost>>,
     /// Subscribed to settlement failures and dead letters from the start.
     pub(super) outcome_subscribers: Vec<Recipient<OutcomeNotice>>,
+    /// The periodic schedules, checked, to run from the start.
+    pub(super) schedules: Vec<Runner>,
 }
 
 impl std::fmt::Debug for DrainCoordinatorBuilder {
@@ -87,6 +94,8 @@ impl DrainCoordinatorBuilder {
             wake_on_insert: true,
             lease_subscribers: Vec::new(),
             outcome_subscribers: Vec::new(),
+            schedules: Vec::new(),
+            process_name: None,
         }
     }
 
@@ -177,6 +186,25 @@ impl DrainCoordinatorBuilder {
         self
     }
 
+    /// Run this periodic schedule: enqueue its message at each of its
+    /// slots. Any number of processes may run the same schedule (same name,
+    /// same outbox): each slot is enqueued once, by the first of them to
+    /// get there. `start` checks every schedule, and refuses two with one
+    /// name and a store that keeps no schedules, with an
+    /// [`Error::Schedule`](crate::Error::Schedule) that names the field.
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
+    /// How this process is named in its schedules' `last_enqueued_by`
+    /// (what `outbox status` and the dashboard show); its host name and
+    /// process id unless set.
+    pub fn process_name(mut self, name: impl Into<String>) -> Self {
+        self.process_name = Some(name.into());
+        self
+    }
+
     /// Validate the settings and the registrations together, and hand
     /// over what the coordinator is made of.
     pub(super) fn into_parts(mut self) -> Result<Parts> {
@@ -192,6 +220,18 @@ impl DrainCoordinatorBuilder {
             }
             (Err(config), _) => return Err(outbox::Error::from(config).into()),
         };
+        let schedules = schedule::check_all(&self.schedules)?;
+        if !schedules.is_empty() && self.store.schedules().is_none() {
+            return Err(ScheduleError::Unsupported.into());
+        }
+        let process: std::sync::Arc<str> = self
+            .process_name
+            .unwrap_or_else(schedule::runner::default_process_name)
+            .into();
+        let schedules = schedules
+            .into_iter()
+            .map(|schedule| Runner::new(schedule, process.clone()))
+            .collect();
         let heartbeat = self.config.heartbeat();
         Ok(Parts {
             drain: DrainContext {
@@ -208,6 +248,7 @@ impl DrainCoordinatorBuilder {
             wake_on_insert: self.wake_on_insert,
             lease_subscribers: self.lease_subscribers,
             outcome_subscribers: self.outcome_subscribers,
+            schedules,
         })
     }
 }

@@ -12,10 +12,16 @@
 //!   through the [`Harness`] below.
 //! - `queues`: named queues, pausing and cancelling, over the memory
 //!   store (its admin side pauses and cancels).
+//! - `schedules`: periodic schedules on the memory store, several
+//!   coordinators at once, on virtual time; `schedules_sql`, with a store
+//!   feature: the same on one SQLite file and one PostgreSQL table, still on
+//!   virtual time (each store call on a blocking thread).
 //! - `telemetry`, and `telemetry_otel` with the `opentelemetry` feature:
 //!   spans, events and metrics.
 //! - `events`: the list of tracing events checked against the code that
 //!   emits them.
+//! - `testing`, with the `testing` feature: the helpers applications' tests
+//!   use.
 //! - `sqlite` and `postgres`, with the feature of the same name, sharing
 //!   `sql_support`: end to end on real databases.
 //! - `pg_restart`, with the `postgres` feature: PostgreSQL restarted as a
@@ -37,11 +43,14 @@ mod prefetch;
 mod queues;
 mod registry;
 mod retention;
+mod schedules;
 mod settlement;
 mod shutdown;
 mod telemetry;
 #[cfg(feature = "opentelemetry")]
 mod telemetry_otel;
+#[cfg(feature = "testing")]
+mod testing;
 
 // Gated on the features they need, since one test binary cannot use
 // `required-features` per module.
@@ -53,6 +62,8 @@ mod failover;
 mod pg_restart;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod schedules_sql;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql_support;
 #[cfg(feature = "sqlite")]

@@ -3,6 +3,7 @@
 //! `index.rs` is the index engine: the messages and the ordered indexes a
 //! claim walks, kept in step with every change. This file is the store's
 //! operations over it, each a few index operations under one lock.
+//! `schedules.rs` keeps the periodic schedules beside them.
 
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -21,10 +22,12 @@ use crate::kind::MessageStatus;
 use crate::message::{
     ClaimedMessage, Enqueued, NewMessage, OnDeadLetter, OutboxMessage, new_claim_token,
 };
+use crate::store::schedules::{ScheduleState, ScheduleStore};
 use index::{Place, State, Stored, clear_claim, split_key_id, status_index};
 
 mod cancel;
 mod index;
+mod schedules;
 
 /// An outbox held in process memory. Cheap to clone; clones share the data.
 ///
@@ -43,6 +46,10 @@ pub struct MemoryOutbox {
     // index operations, and a std lock is several times cheaper uncontended.
     state: Arc<Mutex<State>>,
     wake: WakeupSender,
+    /// The periodic schedules, by name. A lock of their own, always taken
+    /// before `state`'s: a slot's enqueue holds it across the insert, so
+    /// the check of `last_slot` and the message go together.
+    schedules: Arc<Mutex<std::collections::BTreeMap<String, ScheduleState>>>,
 }
 
 impl std::fmt::Debug for MemoryOutbox {
@@ -602,6 +609,10 @@ impl OutboxStore for MemoryOutbox {
         self.purge_batch_now(params)
     }
 
+    fn schedules(&self) -> Option<&dyn ScheduleStore> {
+        Some(self)
+    }
+
     async fn pending_count(&self) -> Result<Option<u64>> {
         Ok(Some(
             self.lock().counts[status_index(MessageStatus::Pending)],
@@ -691,6 +702,10 @@ impl OutboxAdmin for MemoryOutbox {
 
     async fn skip_dead_letter(&self, params: SkipDeadLetter) -> Result<()> {
         self.skip_now(params)
+    }
+
+    async fn list_schedules(&self) -> Result<Vec<ScheduleState>> {
+        Ok(self.schedules_now())
     }
 
     async fn blocked_keys(&self, limit: usize) -> Result<Vec<BlockedKey>> {

@@ -12,6 +12,8 @@
 //! - `claim.rs`: the claim.
 //! - `settle.rs`: the fenced writes (renewals and settlements).
 //! - `admin.rs`: its listing and activity.
+//! - `schedules.rs`: the periodic schedules: a slot's enqueue in one
+//!   transaction with the move of its schedule's `last_slot`.
 //!
 //! What it shares with the SQLite store (fenced-write forwarding, requeue,
 //! purge, stats, reading rows) is in [`crate::store::sql`].
@@ -86,6 +88,7 @@ mod admin;
 mod claim;
 mod enqueue;
 mod listener;
+mod schedules;
 mod settle;
 mod statements;
 
@@ -439,6 +442,8 @@ struct Core {
     /// How many settlement statements may be in flight at once; see
     /// [`Core::warm_up`].
     settlement_statements: usize,
+    /// The periodic schedules' statements.
+    schedules: sql::ScheduleStatements,
 }
 
 impl Core {
@@ -450,8 +455,10 @@ impl Core {
         settlement_statements: usize,
     ) -> Self {
         let (sql, shared) = Statements::new(&table, notify);
+        let schedules = sql::ScheduleStatements::new(&table, Dialect::Postgres);
         Core {
             sql,
+            schedules,
             channel: channel_of(&table),
             notify,
             server_clock,

@@ -8,8 +8,9 @@
 ///
 /// The store is a struct with a field `inner: SqlOutbox<Core>`, and has the
 /// inherent methods `enqueue_now` (enqueue through the store's own pool),
-/// `subscribe` (its wake-ups) and `enqueue_in`; its `Core` has `claim` and
-/// `list`. The builder has a field `settlement`.
+/// `subscribe` (its wake-ups), `enqueue_in` and `schedules_now` (its
+/// periodic schedules), and implements `ScheduleStore`; its `Core` has
+/// `claim` and `list`. The builder has a field `settlement`.
 macro_rules! sql_store {
     ($store:ident, $builder:ident, $pool:ty, $conn:ty) => {
         impl $builder {
@@ -136,6 +137,10 @@ macro_rules! sql_store {
             async fn warm_up(&self, claims: usize) -> $crate::Result<()> {
                 self.inner.core.warm_up(claims).await
             }
+
+            fn schedules(&self) -> Option<&dyn $crate::ScheduleStore> {
+                Some(self)
+            }
         }
 
         impl $crate::OutboxAdmin for $store {
@@ -210,6 +215,10 @@ macro_rules! sql_store {
                 params: $crate::CancelMessages,
             ) -> $crate::Result<$crate::CancelReport> {
                 self.inner.cancel_messages(params).await
+            }
+
+            async fn list_schedules(&self) -> $crate::Result<Vec<$crate::ScheduleState>> {
+                self.schedules_now().await
             }
         }
     };

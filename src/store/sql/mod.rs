@@ -32,6 +32,8 @@
 //! - `row.rs`: message rows, their columns and decoding into messages.
 //! - `errors.rs`: database errors, claim losses and admin refusals.
 //! - `store.rs`: `SqlOutbox`, the shared half itself.
+//! - `schedules.rs`: the periodic schedules' table: its statements and its
+//!   rows read back (each store runs them around its own enqueue).
 //! - `facade.rs`: the `sql_store!` macro, the public impls of each store.
 //!
 //! The switch for fenced writes, [`SettlementMode`], lives with the writer in
@@ -42,6 +44,7 @@ mod errors;
 mod facade;
 mod migrate;
 mod row;
+mod schedules;
 mod statements;
 mod store;
 mod table;
@@ -59,6 +62,7 @@ pub(crate) use row::ColumnPositions;
 #[cfg(any(feature = "postgres", test))]
 pub(crate) use row::MESSAGE_COLUMNS;
 pub(crate) use row::{activity_rows, claimed_view};
+pub(crate) use schedules::{ScheduleStatements, state_from, states_from};
 #[cfg(feature = "postgres")]
 pub(crate) use statements::key_fronts_cte;
 #[cfg(feature = "sqlite")]

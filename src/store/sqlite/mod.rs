@@ -10,6 +10,8 @@
 //! - `claim.rs`: the claim, and decoding what it claimed.
 //! - `settle.rs`: the fenced writes (renewals and settlements).
 //! - `admin.rs`: its listing and activity.
+//! - `schedules.rs`: the periodic schedules: a slot's enqueue in one
+//!   immediate transaction with the move of its schedule's `last_slot`.
 //!
 //! What it shares with the PostgreSQL store (fenced-write forwarding,
 //! requeue, purge, stats, reading rows) is in [`crate::store::sql`].
@@ -90,6 +92,7 @@ use statements::Statements;
 mod admin;
 mod claim;
 mod enqueue;
+mod schedules;
 mod settle;
 mod statements;
 
@@ -336,11 +339,14 @@ struct Core {
     write: tokio::sync::Mutex<()>,
     /// Wakes drains when the store commits messages.
     wake: WakeupSender,
+    /// The periodic schedules' statements.
+    schedules: sql::ScheduleStatements,
 }
 
 impl Core {
     fn new(pool: SqlitePool, table: TableName) -> Self {
         let (sql, shared) = Statements::new(&table);
+        let schedules = sql::ScheduleStatements::new(&table, Dialect::Sqlite);
         Core {
             sql,
             parts: SqlParts {
@@ -350,6 +356,7 @@ impl Core {
             },
             write: tokio::sync::Mutex::new(()),
             wake: WakeupSender::new(),
+            schedules,
         }
     }
 

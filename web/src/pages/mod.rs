@@ -14,6 +14,7 @@ pub(crate) mod purge;
 pub(crate) mod queues;
 pub(crate) mod requeue;
 pub(crate) mod retry;
+pub(crate) mod schedules;
 
 /// What every handler is given: the dashboard it serves.
 type Shared<S> = web::Data<Dashboard<S>>;
