@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use crate::store::fenced::FencedOp;
-use crate::store::sql::{SharedStatements, TableName, keyed_heads, oldest_due, pending_count};
+use crate::store::sql::{
+    INSERT_COLUMNS, SharedStatements, TableName, keyed_heads, oldest_due, pending_count,
+};
 
 /// Every column, in the order rows are read.
 pub(super) const COLUMNS: &str = "seq, id, kind, name, payload, trace, status, attempts, max_attempts, \
@@ -45,9 +47,14 @@ const WALK: &str = "CAST(?6 AS INTEGER)";
 #[derive(Debug)]
 pub(super) struct Statements {
     /// Insert one message unless its id or idempotency key is taken (then
-    /// nothing changes). Binds: `?1` id ... `?12` max attempts set (see
-    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)).
-    pub(super) insert: Arc<str>,
+    /// nothing changes): [`Statements::insert`] of one row, kept rendered.
+    insert_one: Arc<str>,
+    /// `INSERT INTO <table> (<columns>) VALUES `, what every insert starts
+    /// with.
+    insert_into: String,
+    /// The rows inserted by one insert, whose `seq` is above `?1` and at
+    /// most `?2`, as one JSON array of ids.
+    pub(super) inserted: Arc<str>,
     /// Claim in one statement, returning every column of each row it
     /// changed. Binds: `?1` now and `?2` lease end (µs since the epoch),
     /// `?3` limit, `?4` 1 when a dead letter holds its ordering key, else 0,
@@ -84,7 +91,60 @@ pub(super) struct Statements {
     pub(super) fences: Arc<str>,
 }
 
+/// `prefix` (see [`Statements::insert_into`]) and `rows` rows of values,
+/// each message binding [`BINDS_PER_ROW`] values (`?1` id ... `?12` max
+/// attempts set for the first row, as
+/// [`InsertRow`](crate::store::sql::InsertRow) lists them, then `?13` ...
+/// for the second), inserting each row unless its id or idempotency key is
+/// taken.
+///
+/// A taken id or key skips its row (`ON CONFLICT DO NOTHING`) and raises
+/// nothing. No `RETURNING`: SQLite's worker thread hands each returned row
+/// over on its own, which cost a batch a third of its time; the rows one
+/// statement inserts get consecutive `seq`s (the next rowid is the largest
+/// plus one, and the statement holds the write lock throughout), so
+/// [`Statements::inserted`] finds them when some were skipped.
+fn insert(prefix: &str, rows: usize) -> String {
+    let mut sql = String::with_capacity(prefix.len() + rows * 100 + 32);
+    sql.push_str(prefix);
+    for row in 0..rows {
+        let at = |k: usize| row * BINDS_PER_ROW + k;
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!(
+            "(?{}, ?{}, ?{}, ?{}, ?{}, 'pending', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
+            at(1),
+            at(2),
+            at(3),
+            at(4),
+            at(5),
+            at(6),
+            at(7),
+            at(8),
+            at(8),
+            at(9),
+            at(10),
+            at(11),
+            at(12),
+        ));
+    }
+    sql.push_str(" ON CONFLICT DO NOTHING");
+    sql
+}
+
+/// The values one row of an insert binds.
+pub(super) const BINDS_PER_ROW: usize = 12;
+
 impl Statements {
+    /// The insert of `rows` messages; see [`insert`].
+    pub(super) fn insert(&self, rows: usize) -> Arc<str> {
+        match rows {
+            1 => self.insert_one.clone(),
+            rows => insert(&self.insert_into, rows).into(),
+        }
+    }
+
     /// The store's own statements, and those it runs the shared way.
     pub(super) fn new(table: &TableName) -> (Self, SharedStatements) {
         let t = table.quoted();
@@ -132,15 +192,14 @@ impl Statements {
             .collect::<Vec<_>>()
             .join(", ");
         let picked_columns = PICKED.join(", ");
+        let insert_into = format!("INSERT INTO {t} ({INSERT_COLUMNS}) VALUES ");
         let own = Statements {
-            insert: format!(
-                "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
-                 available_at, created_at, updated_at, ordering_key, idempotency_key, \
-                 idempotency_until, max_attempts_set) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8, ?9, ?10, ?11, ?12) \
-                 ON CONFLICT DO NOTHING"
-            )
-            .into(),
+            insert_one: insert(&insert_into, 1).into(),
+            // One row handed over, however many ids: the worker thread
+            // hands rows over one by one.
+            inserted: format!("SELECT json_group_array(id) FROM {t} WHERE seq > ?1 AND seq <= ?2")
+                .into(),
+            insert_into,
             claim: format!(
                 "WITH RECURSIVE {keyed} \
                  UPDATE {t} SET {set} WHERE seq IN ({picked}) RETURNING {COLUMNS}",
@@ -229,8 +288,9 @@ impl Statements {
             )
             .into(),
             blocked: crate::store::sql::blocked_keys(&t, "?1"),
-            idempotency_holder: format!(
-                "SELECT id, idempotency_until FROM {t} WHERE idempotency_key = ?1"
+            idempotency_holders: format!(
+                "SELECT idempotency_key, id, idempotency_until FROM {t} \
+                 WHERE idempotency_key IN (SELECT value FROM json_each(?1))"
             )
             .into(),
             idempotency_release: format!(
