@@ -28,8 +28,8 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
 /// written.
 ///
 /// A batch is one statement: on SQLite a multi-row `INSERT` with a bound
-/// value per column and row, and SQLite takes at most 32 766 of them, so the
-/// bound leaves room for twice today's columns. Larger batches would gain
+/// value per column and row (13 today), and SQLite takes at most 32 766 of
+/// them, so the bound leaves room for twice today's columns. Larger batches would gain
 /// little (a thousand rows already spread a statement's fixed cost thin) and
 /// would hold the table's write lock, and on PostgreSQL the rows' locks,
 /// longer.

@@ -104,6 +104,27 @@ impl Inserts for Core {
         conn: &mut PgConnection,
         messages: &[&NewMessage],
     ) -> Result<HashSet<String>> {
+        if let [message] = messages {
+            let row = InsertRow::of(message, self.server_clock);
+            let mut query = sqlx::query(AssertSqlSafe(self.sql.insert_one.clone()))
+                .bind(row.id)
+                .bind(row.kind)
+                .bind(row.name)
+                .bind(row.payload)
+                .bind(row.trace)
+                .bind(row.max_attempts)
+                .bind(row.available_at)
+                .bind(row.now)
+                .bind(row.ordering_key)
+                .bind(row.idempotency_key)
+                .bind(row.idempotency_until)
+                .bind(row.max_attempts_set);
+            if self.notify {
+                query = query.bind(self.channel.as_str());
+            }
+            let stored = query.fetch_optional(conn).await.map_err(enqueue_error)?;
+            return Ok(stored.map(|_| row.id.to_owned()).into_iter().collect());
+        }
         let n = messages.len();
         let mut ids = Vec::with_capacity(n);
         let mut kinds = Vec::with_capacity(n);

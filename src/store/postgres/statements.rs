@@ -54,6 +54,13 @@ pub(super) fn columns(prefix: &str) -> String {
 /// The rendered statements for one table.
 #[derive(Debug)]
 pub(super) struct Statements {
+    /// Insert one message unless its id or idempotency key is taken (and,
+    /// when the store notifies and it inserted, wake a drain that waits);
+    /// returns a row when it inserted. A NULL `available_at` is the
+    /// database's time. Binds: `$1` id ... `$12` max attempts set, the
+    /// values of [`InsertRow`](crate::store::sql::InsertRow) in its order;
+    /// `$13` the channel.
+    pub(super) insert_one: Arc<str>,
     /// Insert messages, each unless its id or idempotency key is taken
     /// (and, when the store notifies and it inserted any, wake a drain that
     /// waits); returns one row: the array of the ids it inserted. A NULL
@@ -227,19 +234,35 @@ impl Statements {
              ORDER BY n \
              ON CONFLICT DO NOTHING RETURNING id"
         );
+        // One row, its values bound as they are: in a transaction with one
+        // enqueue, the batch's form (arrays, a sort) cost nearly as much
+        // again as the insert itself.
+        let insert_one = format!(
+            "INSERT INTO {t} ({INSERT_COLUMNS}) \
+             VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, \
+               coalesce($7, statement_timestamp()), $8, $8, $9, $10, $11, $12) \
+             ON CONFLICT DO NOTHING RETURNING 1"
+        );
+        let wake = table.derived("wake", true);
         let drains = table.derived("drains", true);
         let own = Statements {
             // The wake-up in the inserting statement, so it costs no round
-            // trip, and once per statement however many rows it stored: a
-            // NOTIFY (when a drain waits for one) is delivered at commit,
-            // never for a rollback. The ids come back as one array, one row
-            // to transfer.
+            // trip: a NOTIFY (when a drain waits for one) is delivered at
+            // commit, never for a rollback. Either form returns a row only
+            // when it inserted.
+            insert_one: if notify {
+                format!("WITH inserted AS ({insert_one}) SELECT {wake}($13) FROM inserted")
+            } else {
+                insert_one
+            }
+            .into(),
+            // As `insert_one`, and once per statement however many rows it
+            // stored. The ids come back as one array, one row to transfer.
             insert: if notify {
                 format!(
                     "WITH inserted AS ({insert}) \
                      SELECT ARRAY(SELECT id FROM inserted), \
-                       CASE WHEN EXISTS (SELECT FROM inserted) THEN {wake}($13) END",
-                    wake = table.derived("wake", true)
+                       CASE WHEN EXISTS (SELECT FROM inserted) THEN {wake}($13) END"
                 )
             } else {
                 format!("WITH inserted AS ({insert}) SELECT ARRAY(SELECT id FROM inserted)")

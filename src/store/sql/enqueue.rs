@@ -40,8 +40,9 @@ pub(crate) trait Inserts: Send + Sync {
 
     /// Insert `messages` (ids resolved, no two sharing an id or an
     /// idempotency key) in one statement, in the order given, each unless
-    /// its id or key is taken; and wake drains once if any was stored.
-    /// Returns the ids it stored.
+    /// its id or key is taken; returns the ids it stored. Where the store
+    /// wakes drains from the inserting statement (PostgreSQL), it does so
+    /// once, and only if it stored a row.
     fn insert_rows(
         &self,
         conn: &mut Self::Conn,

@@ -139,6 +139,7 @@ impl Inserts for Core {
                 .bind(row.max_attempts)
                 .bind(row.available_at.map(micros))
                 .bind(micros(row.now))
+                .bind(micros(row.now))
                 .bind(row.ordering_key)
                 .bind(row.idempotency_key)
                 .bind(row.idempotency_until.map(micros))

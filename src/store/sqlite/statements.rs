@@ -92,49 +92,35 @@ pub(super) struct Statements {
 }
 
 /// `prefix` (see [`Statements::insert_into`]) and `rows` rows of values,
-/// each message binding [`BINDS_PER_ROW`] values (`?1` id ... `?12` max
-/// attempts set for the first row, as
-/// [`InsertRow`](crate::store::sql::InsertRow) lists them, then `?13` ...
-/// for the second), inserting each row unless its id or idempotency key is
-/// taken.
+/// each binding 13 values in order: those of
+/// [`InsertRow`](crate::store::sql::InsertRow), with its `now` twice
+/// (`created_at`, then `updated_at`) after `available_at`; each row is
+/// inserted unless its id or idempotency key is taken.
+///
+/// Anonymous `?` placeholders, not numbered ones: sqlx binds a statement's
+/// values by asking SQLite for each parameter's name, which walks the list
+/// of names, so a thousand rows of numbered parameters spent nine tenths of
+/// their insert binding them.
 ///
 /// A taken id or key skips its row (`ON CONFLICT DO NOTHING`) and raises
 /// nothing. No `RETURNING`: SQLite's worker thread hands each returned row
-/// over on its own, which cost a batch a third of its time; the rows one
-/// statement inserts get consecutive `seq`s (the next rowid is the largest
+/// over on its own (see [`Statements::pick`]); the rows one statement
+/// inserts get consecutive `seq`s instead (the next rowid is the largest
 /// plus one, and the statement holds the write lock throughout), so
 /// [`Statements::inserted`] finds them when some were skipped.
 fn insert(prefix: &str, rows: usize) -> String {
-    let mut sql = String::with_capacity(prefix.len() + rows * 100 + 32);
+    const ROW: &str = "(?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, ?, ?, ?)";
+    let mut sql = String::with_capacity(prefix.len() + rows * (ROW.len() + 2) + 32);
     sql.push_str(prefix);
     for row in 0..rows {
-        let at = |k: usize| row * BINDS_PER_ROW + k;
         if row > 0 {
             sql.push_str(", ");
         }
-        sql.push_str(&format!(
-            "(?{}, ?{}, ?{}, ?{}, ?{}, 'pending', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
-            at(1),
-            at(2),
-            at(3),
-            at(4),
-            at(5),
-            at(6),
-            at(7),
-            at(8),
-            at(8),
-            at(9),
-            at(10),
-            at(11),
-            at(12),
-        ));
+        sql.push_str(ROW);
     }
     sql.push_str(" ON CONFLICT DO NOTHING");
     sql
 }
-
-/// The values one row of an insert binds.
-pub(super) const BINDS_PER_ROW: usize = 12;
 
 impl Statements {
     /// The insert of `rows` messages; see [`insert`].
