@@ -11,11 +11,11 @@
 //!
 //! **Batches.** `--messages` messages (100 000) go into two tables of the
 //! same shape (both set up by the store's migrations, indexes included), in
-//! batches of `--batch` (1 000, at most
-//! [`MAX_ENQUEUE_BATCH`](outbox::MAX_ENQUEUE_BATCH)): into one through
-//! [`OutboxStore::enqueue_batch`] (a transaction of its own per batch), into
-//! the other as one hand-written multi-row `INSERT` per batch, committed on
-//! its own, binding the same values. The two take turns batch by batch, so
+//! batches of `--batch` (1 000, at most [`MAX_ENQUEUE_BATCH`]): into one
+//! through [`OutboxStore::enqueue_batch`](outbox::OutboxStore::enqueue_batch)
+//! (a transaction of its own per batch), into the other as one hand-written
+//! multi-row `INSERT` per batch, committed on its own, binding the same
+//! values. The two take turns batch by batch, so
 //! both see the same machine; the rows are the same, ids included.
 //!
 //! **Transactions.** `--transactions` transactions (2 000) of each of two
