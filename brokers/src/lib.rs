@@ -4,9 +4,9 @@
 //! [`outbox::JobDispatcher`], so a drain publishes under the same leases,
 //! retries, dead letters and notifications as an in-process handler: a
 //! message is settled as delivered only once the broker acknowledged it.
-//! Delivery is at-least-once, so every transport hands the broker the outbox
-//! message id to deduplicate on; each transport's docs say what window that
-//! covers.
+//! Delivery is at-least-once, so every transport puts the outbox message id
+//! on what it publishes, for the broker or the consumers to deduplicate on;
+//! each transport's docs say which, and over what window.
 //!
 //! ```
 //! # #[cfg(feature = "nats")]
@@ -34,12 +34,15 @@
 //! - `lib.rs` (this file): the headers every transport sets.
 //! - `naming`: [`NameMap`], message names to destinations.
 //! - `error`: [`BrokerError`] and its [`FailureClass`], retried or not.
-//! - `nats`, `amqp`, `redis`: one transport each, behind a feature of the
-//!   same name, with its configuration.
+//! - `nats`, `amqp`, `redis`, `kafka`: one transport each, behind a feature
+//!   of the same name, with its configuration (`kafka` is a folder: the
+//!   transport, its configuration, topic names, failure classes).
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
 mod error;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod naming;
 #[cfg(feature = "nats")]
 pub mod nats;
@@ -49,6 +52,8 @@ pub mod redis;
 #[cfg(feature = "amqp")]
 pub use amqp::{AmqpConfig, AmqpTransport};
 pub use error::{BrokerError, FailureClass};
+#[cfg(feature = "kafka")]
+pub use kafka::{KafkaConfig, KafkaTransport};
 pub use naming::NameMap;
 #[cfg(feature = "nats")]
 pub use nats::{NatsConfig, NatsTransport};
