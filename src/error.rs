@@ -127,6 +127,18 @@ pub enum Error {
         .0.id, .0.reason
     )]
     Unreadable(Box<UnreadableMessage>),
+    /// A batch enqueue held more messages than one batch takes; nothing of
+    /// it was written.
+    #[error(
+        "a batch of {messages} messages is over the limit of {max} per batch; nothing was \
+         written; split it into batches of at most {max}"
+    )]
+    BatchTooLarge {
+        /// How many messages the batch held.
+        messages: usize,
+        /// The most one batch takes, [`MAX_ENQUEUE_BATCH`](crate::MAX_ENQUEUE_BATCH).
+        max: usize,
+    },
 }
 
 impl Error {

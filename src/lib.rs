@@ -157,7 +157,7 @@ pub use error::{
     UnreadableMessage, UrlError,
 };
 pub use kind::{MessageKind, MessageStatus};
-pub use limits::{DEFAULT_MAX_ATTEMPTS, MAX_DURATION, MIN_LEASE};
+pub use limits::{DEFAULT_MAX_ATTEMPTS, MAX_DURATION, MAX_ENQUEUE_BATCH, MIN_LEASE};
 pub use message::{
     ClaimedMessage, EnqueueOptions, Enqueued, Idempotency, MAX_KEY_LEN, NewMessage, OnDeadLetter,
     OutboxMessage,

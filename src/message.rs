@@ -483,6 +483,40 @@ impl NewMessage {
     pub fn resolve_id(&self) -> String {
         self.id.clone().unwrap_or_else(new_message_id)
     }
+
+    /// Check a batch as every store does before writing any of it: at most
+    /// [`MAX_ENQUEUE_BATCH`](crate::MAX_ENQUEUE_BATCH) messages, else
+    /// [`Error::BatchTooLarge`]; each one [valid](NewMessage::validate),
+    /// else its error, with its position in the reason (see
+    /// [`NewMessage::refused_in_batch`]).
+    pub fn validate_batch(messages: &[NewMessage]) -> Result<()> {
+        if messages.len() > crate::limits::MAX_ENQUEUE_BATCH {
+            return Err(Error::BatchTooLarge {
+                messages: messages.len(),
+                max: crate::limits::MAX_ENQUEUE_BATCH,
+            });
+        }
+        for (index, message) in messages.iter().enumerate() {
+            message
+                .validate()
+                .map_err(|e| Self::refused_in_batch(e, index))?;
+        }
+        Ok(())
+    }
+
+    /// `error`, which refused the message at `index` of a batch, saying
+    /// so: an [`Error::InvalidInput`] keeps its field and gets the position
+    /// in its reason, so code that matches on the field works the same for
+    /// a batch as for one message. Other errors are returned as they are.
+    pub fn refused_in_batch(error: Error, index: usize) -> Error {
+        match error {
+            Error::InvalidInput { field, reason } => Error::InvalidInput {
+                field,
+                reason: format!("{reason} (message {index} of the batch; nothing was written)"),
+            },
+            other => other,
+        }
+    }
 }
 
 fn check_key(field: &'static str, key: &str) -> Result<()> {

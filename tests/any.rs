@@ -85,6 +85,11 @@ mod on_sqlite {
     }
 
     #[tokio::test]
+    async fn a_batch_in_a_transaction_commits_and_rolls_back() {
+        super::a_batch_in_a_transaction(setup().await).await;
+    }
+
+    #[tokio::test]
     async fn opening_a_table_sets_nothing_up_until_asked() {
         let url = sqlite_url();
         super::opening_sets_nothing_up_until_asked(&url, &unique("opened")).await;
@@ -234,6 +239,11 @@ mod on_postgres {
     }
 
     #[tokio::test]
+    async fn a_batch_in_a_transaction_commits_and_rolls_back() {
+        super::a_batch_in_a_transaction(setup().await).await;
+    }
+
+    #[tokio::test]
     async fn a_transaction_of_the_other_database_is_refused() {
         let postgres = setup().await;
         let sqlite = sqlite().await;
@@ -245,6 +255,14 @@ mod on_postgres {
         assert!(
             matches!(&refused, Error::InvalidInput { field: "tx", reason }
                 if reason.contains("SQLite transaction") && reason.contains("PostgreSQL outbox")),
+            "{refused}"
+        );
+        let refused = postgres
+            .enqueue_batch_in(&mut tx, vec![event("y", 1, t0())])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, Error::InvalidInput { field: "tx", .. }),
             "{refused}"
         );
         tx.rollback().await.unwrap();
@@ -422,6 +440,70 @@ async fn message_reaches_the_store_unchanged(outbox: AnyOutbox) {
     assert_eq!(stored.created_at, t0());
     let payload: serde_json::Value = serde_json::from_str(stored.payload.as_str()).unwrap();
     assert_eq!(payload, serde_json::json!({ "n": 5 }));
+}
+
+/// A batch in a transaction of either database: answered in order, a
+/// duplicate id in its place, the transaction usable after it; committed
+/// with the business row, or gone with it.
+async fn a_batch_in_a_transaction(outbox: AnyOutbox) {
+    let orders = unique("orders");
+    outbox
+        .execute(
+            outbox::sqlx::AssertSqlSafe(format!("CREATE TABLE {orders} (id BIGINT PRIMARY KEY)")),
+            &[],
+        )
+        .await
+        .unwrap();
+    let insert = format!("INSERT INTO {orders} (id) VALUES ($1)");
+    let mut tx = outbox.begin().await.unwrap();
+    let answers = outbox
+        .enqueue_batch_in(
+            &mut tx,
+            vec![
+                event("b-1", 1, t0()),
+                event("b-1", 2, t0()),
+                event("b-2", 3, t0()),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        [
+            Enqueued::Inserted("b-1".into()),
+            Enqueued::AlreadyExists("b-1".into()),
+            Enqueued::Inserted("b-2".into()),
+        ]
+    );
+    tx.execute(
+        outbox::sqlx::AssertSqlSafe(insert.clone()),
+        &[SqlValue::from(1_i64)],
+    )
+    .await
+    .unwrap();
+    let jobs = outbox
+        .enqueue_jobs_in(&mut tx, [&OrderJob { n: 1 }, &OrderJob { n: 2 }])
+        .await
+        .unwrap();
+    assert!(jobs.iter().all(Enqueued::is_inserted));
+    tx.commit().await.unwrap();
+    assert_eq!(outbox.stats(t0()).await.unwrap().pending, 4);
+    let stored = outbox.get_message("b-1").await.unwrap();
+    assert_eq!(stored.payload.to_value()["n"], 1);
+
+    let mut tx = outbox.begin().await.unwrap();
+    tx.execute(
+        outbox::sqlx::AssertSqlSafe(insert),
+        &[SqlValue::from(2_i64)],
+    )
+    .await
+    .unwrap();
+    outbox
+        .enqueue_events_in(&mut tx, &[OrderPlaced { order_id: 2 }])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(outbox.stats(t0()).await.unwrap().pending, 4);
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]

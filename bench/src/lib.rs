@@ -20,6 +20,7 @@
 //! | `bench` | drain throughput of the actor runtime against a baseline in the same run, on memory, SQLite or PostgreSQL; with `--sweep`, against concurrency |
 //! | `bench_plot` | nothing: draws a `bench --sweep` JSON line as a PNG |
 //! | `claim_bench` | what a claim costs with a thousand or a million pending messages, behind live claims, and with ordering keys |
+//! | `enqueue_bench` | the producer's side: a batch enqueue against a raw multi-row `INSERT` of the same rows, and what `enqueue_in` adds to the caller's transaction |
 //! | `latency` | enqueue → handler latency at a fixed rate, with wake-ups and no schedule |
 //! | `relay_bench` | relay throughput to NATS, RabbitMQ and Redis against the broker client's own publishing loop |
 //! | `retention_bench` | claim cost and table size over a long stream with retention deleting what settled |

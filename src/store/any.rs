@@ -245,6 +245,20 @@ fn failed(operation: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
     }
 }
 
+/// The refusal of a transaction on another database than the store's.
+#[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+fn other_database(store: &AnyOutbox, tx: &AnyTransaction) -> Error {
+    Error::invalid(
+        "tx",
+        format!(
+            "a {} transaction cannot enqueue into a {} outbox; begin it with this outbox's \
+             `begin()`",
+            tx.kind(),
+            store.kind()
+        ),
+    )
+}
+
 /// The database `url` names by its scheme. A store whose feature is not
 /// enabled is still named: its URL then goes to the other store, whose
 /// check refuses it with the error that names the missing feature.
@@ -433,16 +447,60 @@ impl AnyOutbox {
                 store.enqueue_in(tx, message).await
             }
             #[allow(unreachable_patterns)]
-            (store, tx) => Err(Error::invalid(
-                "tx",
-                format!(
-                    "a {} transaction cannot enqueue into a {} outbox; begin it with this \
-                     outbox's `begin()`",
-                    tx.kind(),
-                    store.kind()
-                ),
-            )),
+            (store, tx) => Err(other_database(store, tx)),
         }
+    }
+
+    /// Enqueue `messages` inside `tx` as one batch, unchanged, with the
+    /// backend's `enqueue_batch_in`: one statement for a batch whose
+    /// messages repeat no id or idempotency key, each message answered in
+    /// order (see [`OutboxStore::enqueue_batch`]). A transaction of the
+    /// other database is refused as by [`AnyOutbox::enqueue_in`].
+    pub async fn enqueue_batch_in(
+        &self,
+        tx: &mut AnyTransaction,
+        messages: Vec<NewMessage>,
+    ) -> Result<Vec<Enqueued>> {
+        match (self, tx) {
+            #[cfg(feature = "sqlite")]
+            (AnyOutbox::Sqlite(store), AnyTransaction::Sqlite(tx)) => {
+                store.enqueue_batch_in(tx, messages).await
+            }
+            #[cfg(feature = "postgres")]
+            (AnyOutbox::Postgres(store), AnyTransaction::Postgres(tx)) => {
+                store.enqueue_batch_in(tx, messages).await
+            }
+            #[allow(unreachable_patterns)]
+            (store, tx) => Err(other_database(store, tx)),
+        }
+    }
+
+    /// [`AnyOutbox::enqueue_batch_in`] for events of registered type `E`,
+    /// one per payload.
+    pub async fn enqueue_events_in<'p, E: Event + 'p>(
+        &self,
+        tx: &mut AnyTransaction,
+        payloads: impl IntoIterator<Item = &'p E>,
+    ) -> Result<Vec<Enqueued>> {
+        let messages = payloads
+            .into_iter()
+            .map(NewMessage::event)
+            .collect::<Result<Vec<_>>>()?;
+        self.enqueue_batch_in(tx, messages).await
+    }
+
+    /// [`AnyOutbox::enqueue_batch_in`] for jobs of registered type `J`, one
+    /// per payload.
+    pub async fn enqueue_jobs_in<'p, J: Job + 'p>(
+        &self,
+        tx: &mut AnyTransaction,
+        payloads: impl IntoIterator<Item = &'p J>,
+    ) -> Result<Vec<Enqueued>> {
+        let messages = payloads
+            .into_iter()
+            .map(NewMessage::job)
+            .collect::<Result<Vec<_>>>()?;
+        self.enqueue_batch_in(tx, messages).await
     }
 
     /// [`AnyOutbox::enqueue_in`] for an event of registered type `E`.
@@ -598,6 +656,10 @@ impl AnyTransaction {
 impl OutboxStore for AnyOutbox {
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued> {
         on_backend!(self, AnyOutbox, |store| store.enqueue(message).await)
+    }
+
+    async fn enqueue_batch(&self, messages: Vec<NewMessage>) -> Result<Vec<Enqueued>> {
+        on_backend!(self, AnyOutbox, |store| store.enqueue_batch(messages).await)
     }
 
     async fn claim_batch(&self, params: ClaimBatch) -> Result<ClaimedBatch> {

@@ -410,6 +410,41 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// written.
     fn enqueue(&self, message: NewMessage) -> impl Future<Output = Result<Enqueued>> + Send;
 
+    /// Store a batch of new messages, all or nothing, and answer each one,
+    /// in order, as [`enqueue`](OutboxStore::enqueue) would have answered
+    /// it with the batch's earlier messages stored before it: a message
+    /// whose id, or whose idempotency key within its window, an earlier
+    /// message of the batch took answers [`Enqueued::AlreadyExists`] with
+    /// that message's id, like one already stored. Each message keeps its
+    /// own id, idempotency key and options, and the batch's messages take
+    /// their places in enqueue order (what ordering keys follow) in the
+    /// order given.
+    ///
+    /// Refused before anything is written: more than
+    /// [`MAX_ENQUEUE_BATCH`](crate::MAX_ENQUEUE_BATCH) messages, with
+    /// [`Error::BatchTooLarge`](crate::Error::BatchTooLarge); an invalid
+    /// message, with its error, which names its position (see
+    /// [`NewMessage::validate_batch`]). An empty batch writes nothing.
+    ///
+    /// The bundled stores write a batch in one statement (the SQL stores
+    /// in a transaction of their own; see their `enqueue_batch_in` for one
+    /// in yours) and wake drains once for it. The default enqueues the
+    /// messages one at a time after checking them all, and is all or
+    /// nothing only as far as a failure before the first write goes.
+    fn enqueue_batch(
+        &self,
+        messages: Vec<NewMessage>,
+    ) -> impl Future<Output = Result<Vec<Enqueued>>> + Send {
+        async move {
+            NewMessage::validate_batch(&messages)?;
+            let mut answers = Vec::with_capacity(messages.len());
+            for message in messages {
+                answers.push(self.enqueue(message).await?);
+            }
+            Ok(answers)
+        }
+    }
+
     /// Claim eligible messages; see [`ClaimBatch`].
     fn claim_batch(&self, params: ClaimBatch) -> impl Future<Output = Result<ClaimedBatch>> + Send;
 
@@ -538,6 +573,8 @@ pub struct PurgeBatch {
 pub trait DynOutboxStore: Send + Sync + 'static {
     /// See [`OutboxStore::enqueue`].
     fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<Enqueued>>;
+    /// See [`OutboxStore::enqueue_batch`].
+    fn enqueue_batch(&self, messages: Vec<NewMessage>) -> BoxFuture<'_, Result<Vec<Enqueued>>>;
     /// See [`OutboxStore::claim_batch`].
     fn claim_batch(&self, params: ClaimBatch) -> BoxFuture<'_, Result<ClaimedBatch>>;
     /// See [`OutboxStore::renew_claim`].
@@ -578,6 +615,9 @@ pub trait DynOutboxStore: Send + Sync + 'static {
 impl<S: OutboxStore> DynOutboxStore for S {
     fn enqueue(&self, message: NewMessage) -> BoxFuture<'_, Result<Enqueued>> {
         Box::pin(OutboxStore::enqueue(self, message))
+    }
+    fn enqueue_batch(&self, messages: Vec<NewMessage>) -> BoxFuture<'_, Result<Vec<Enqueued>>> {
+        Box::pin(OutboxStore::enqueue_batch(self, messages))
     }
     fn claim_batch(&self, params: ClaimBatch) -> BoxFuture<'_, Result<ClaimedBatch>> {
         Box::pin(OutboxStore::claim_batch(self, params))

@@ -24,6 +24,7 @@
 //! - after every refusal the test re-reads what it refused to touch.
 
 pub(crate) mod admin;
+pub(crate) mod batch;
 pub(crate) mod budget;
 pub(crate) mod cancel;
 pub(crate) mod claim;
@@ -112,6 +113,18 @@ macro_rules! conformance_suite {
             conformance_trace_carrier_round_trips => enqueue::trace_carrier_round_trips,
             conformance_oversized_error_is_stored_truncated
                 => enqueue::oversized_error_is_stored_truncated,
+            conformance_a_batch_is_stored_whole_and_answered_in_order
+                => batch::a_batch_is_stored_whole_and_answered_in_order,
+            conformance_a_batch_answers_each_duplicate_in_its_place
+                => batch::a_batch_answers_each_duplicate_in_its_place,
+            conformance_a_batch_honours_each_idempotency_key
+                => batch::a_batch_honours_each_idempotency_key,
+            conformance_a_batch_takes_its_places_in_enqueue_order
+                => batch::a_batch_takes_its_places_in_enqueue_order,
+            conformance_an_oversized_or_invalid_batch_changes_nothing
+                => batch::an_oversized_or_invalid_batch_changes_nothing,
+            conformance_a_batch_answers_as_enqueues_one_after_another
+                => batch::a_batch_answers_as_enqueues_one_after_another,
             conformance_stats_counts_statuses_and_claims => admin::stats_counts_statuses_and_claims,
             conformance_get_missing_message_is_not_found => admin::get_missing_message_is_not_found,
             conformance_list_filters_by_status_and_name => admin::list_filters_by_status_and_name,

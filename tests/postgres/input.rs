@@ -92,12 +92,22 @@ async fn input_postgres_refuses_is_refused_without_aborting_the_transaction() {
         (raw("{}").available_at(far_past), "available_at"),
     ];
     for (message, field) in cases {
-        match outbox.enqueue_in(&mut tx, message).await {
+        match outbox.enqueue_in(&mut tx, message.clone()).await {
             Err(Error::InvalidInput { field: f, reason }) => {
                 assert_eq!(f, field);
                 assert!(reason.contains("PostgreSQL"), "{reason}");
             }
             other => panic!("{field}: {other:?}"),
+        }
+        // In a batch, behind a good message: the whole batch is refused,
+        // naming the message, and nothing is sent.
+        let batch = vec![raw("{}").with_id("fine"), message];
+        match outbox.enqueue_batch_in(&mut tx, batch).await {
+            Err(Error::InvalidInput { field: f, reason }) => {
+                assert_eq!(f, field);
+                assert!(reason.contains("message 1 of the batch"), "{reason}");
+            }
+            other => panic!("{field} in a batch: {other:?}"),
         }
     }
     // Escaped backslashes and whole surrogate pairs are stored as they are.
@@ -122,6 +132,10 @@ async fn input_postgres_refuses_is_refused_without_aborting_the_transaction() {
             .await
             .unwrap();
     assert_eq!(committed, 2);
+    assert!(matches!(
+        outbox.get_message("fine").await,
+        Err(Error::NotFound { .. })
+    ));
     let stored = outbox.get_message("kept").await.unwrap().payload.to_value();
     assert_eq!(stored["path"], "C:\\u0000");
     assert_eq!(stored["pair"], "📦");

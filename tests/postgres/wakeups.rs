@@ -157,6 +157,57 @@ async fn enqueues_notify_only_when_a_drain_armed() {
     assert_eq!(outbox.stats(t0()).await.unwrap().pending, n - 1);
 }
 
+/// A batch wakes an armed drain as one message does, from one statement
+/// however many rows it stores; keeps a drain from arming while its
+/// transaction is open; and wakes nobody when it stored nothing.
+#[tokio::test]
+async fn a_batch_notifies_when_it_stored_a_message() {
+    let pool = pool().await;
+    let outbox = store(&pool, &unique("batch_wake"), SettlementMode::default()).await;
+    let mut listener = PgListener::connect(&database_url()).await.unwrap();
+    listener.listen(outbox.channel()).await.unwrap();
+    let wakeups = outbox.wakeups().unwrap();
+    let arm = wakeups.arm().unwrap();
+    let heard = async |listener: &mut PgListener| {
+        sqlx::query("SELECT pg_notify($1, 'marker')")
+            .bind(outbox.channel())
+            .execute(&pool)
+            .await
+            .unwrap();
+        let mut heard = Vec::new();
+        loop {
+            let payload = listener.recv().await.unwrap().payload().to_owned();
+            if payload == "marker" {
+                return heard;
+            }
+            heard.push(payload);
+        }
+    };
+    let batch = |from: u64| -> Vec<outbox::NewMessage> {
+        (from..from + 50)
+            .map(|n| event(&format!("b{n}"), n, t0()))
+            .collect()
+    };
+
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    outbox.enqueue_batch(batch(0)).await.unwrap();
+    assert_eq!(heard(&mut listener).await, [""]);
+
+    // Every id taken: nothing stored, no wake-up, the drain still armed.
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    let answers = outbox.enqueue_batch(batch(0)).await.unwrap();
+    assert!(answers.iter().all(|answer| !answer.is_inserted()));
+    assert!(heard(&mut listener).await.is_empty());
+
+    // In a transaction: no arming until it ends, one wake-up at commit.
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue_batch_in(&mut tx, batch(50)).await.unwrap();
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::EnqueueInFlight);
+    tx.commit().await.unwrap();
+    assert_eq!(heard(&mut listener).await, [""]);
+    assert_eq!(outbox.stats(t0()).await.unwrap().pending, 100);
+}
+
 #[tokio::test]
 async fn wakeups_listen_reconnect_and_stop_with_the_last_receiver() {
     let name = unique("wake");

@@ -388,6 +388,105 @@ macro_rules! sql_conformance_suite {
         }
 
         #[tokio::test]
+        async fn a_batch_with_duplicate_ids_keeps_the_transaction_and_its_business_rows() {
+            use $crate::sql_support::OrderPlaced;
+            use outbox::{Enqueued, MessageKind, NewMessage, OutboxAdmin, Payload, SettlementMode};
+            use sqlx::AssertSqlSafe;
+
+            let (_database, pool) = $database().await;
+            let outbox = $open(&pool, &$tx_table, SettlementMode::default()).await;
+            let (orders, create_orders, insert_order) = $orders();
+            sqlx::query(AssertSqlSafe(create_orders))
+                .execute(&pool)
+                .await
+                .unwrap();
+            let order = |n: i64, id: &str| {
+                NewMessage::new(
+                    MessageKind::Event,
+                    "order.placed",
+                    Payload::from(serde_json::json!({ "order_id": n })),
+                )
+                .with_id(id)
+            };
+            assert!(outbox.enqueue(order(1, "order-1")).await.unwrap().is_inserted());
+
+            // A business row, a batch holding an id already stored and an id
+            // twice, another business row and a second batch: every
+            // statement after the duplicates still runs, and the commit
+            // keeps them all.
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query(AssertSqlSafe(insert_order.clone()))
+                .bind(30_i64)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let answers = outbox
+                .enqueue_batch_in(
+                    &mut tx,
+                    vec![
+                        order(2, "order-2"),
+                        order(3, "order-1"),
+                        order(4, "order-2"),
+                        order(5, "order-5"),
+                    ],
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                answers,
+                [
+                    Enqueued::Inserted("order-2".to_owned()),
+                    Enqueued::AlreadyExists("order-1".to_owned()),
+                    Enqueued::AlreadyExists("order-2".to_owned()),
+                    Enqueued::Inserted("order-5".to_owned()),
+                ]
+            );
+            sqlx::query(AssertSqlSafe(insert_order.clone()))
+                .bind(31_i64)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let typed = outbox
+                .enqueue_events_in(&mut tx, &[OrderPlaced { order_id: 6 }, OrderPlaced { order_id: 7 }])
+                .await
+                .unwrap();
+            assert!(typed.iter().all(Enqueued::is_inserted));
+            tx.commit().await.unwrap();
+
+            let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT count(*) FROM {orders} WHERE id IN (30, 31)"
+            )))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(rows, 2, "both business rows committed");
+            let payload = |id: &str| {
+                let outbox = outbox.clone();
+                let id = id.to_owned();
+                async move {
+                    outbox.get_message(&id).await.unwrap().payload.to_value()["order_id"].clone()
+                }
+            };
+            assert_eq!(payload("order-1").await, 1, "left untouched");
+            assert_eq!(payload("order-2").await, 2, "the first of the batch's two");
+            assert_eq!(payload("order-5").await, 5);
+            assert_eq!(payload(typed[1].id()).await, 7);
+            let stats = outbox.stats(chrono::Utc::now()).await.unwrap();
+            assert_eq!(stats.pending, 5);
+
+            // Rolled back, a batch leaves nothing.
+            let mut tx = pool.begin().await.unwrap();
+            let answers = outbox
+                .enqueue_batch_in(&mut tx, vec![order(8, "order-8"), order(9, "order-9")])
+                .await
+                .unwrap();
+            assert!(answers.iter().all(Enqueued::is_inserted));
+            tx.rollback().await.unwrap();
+            assert_eq!(outbox.stats(chrono::Utc::now()).await.unwrap().pending, 5);
+            assert!(outbox.get_message("order-8").await.is_err());
+        }
+
+        #[tokio::test]
         async fn an_idempotent_enqueue_in_a_transaction_keeps_it_and_its_business_rows() {
             use $crate::sql_support::OrderPlaced;
             use outbox::{EnqueueOptions, Enqueued, OutboxAdmin, SettlementMode};

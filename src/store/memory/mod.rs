@@ -101,9 +101,45 @@ impl MemoryOutbox {
 
     fn enqueue_now(&self, message: NewMessage) -> Result<Enqueued> {
         message.validate()?;
+        let enqueued = Self::insert(&mut self.lock(), message);
+        if enqueued.is_inserted() {
+            self.wake.wake();
+        }
+        Ok(enqueued)
+    }
+
+    /// The whole batch under one lock, so no claim sees part of it, and one
+    /// wake-up for it.
+    fn enqueue_batch_now(&self, messages: Vec<NewMessage>) -> Result<Vec<Enqueued>> {
+        NewMessage::validate_batch(&messages)?;
+        let answers: Vec<Enqueued> = {
+            let mut state = self.lock();
+            messages
+                .into_iter()
+                .map(|message| Self::insert(&mut state, message))
+                .collect()
+        };
+        if answers.iter().any(Enqueued::is_inserted) {
+            self.wake.wake();
+        }
+        Ok(answers)
+    }
+
+    /// Store a validated message unless its idempotency key is held by a
+    /// message whose window is still open at its `now`, or its id is taken.
+    fn insert(state: &mut State, message: NewMessage) -> Enqueued {
         let id: Arc<str> = Arc::from(message.resolve_id());
         let now = message.now;
         let queue: Arc<str> = Arc::from(message.queue.as_str());
+        if let Some(idempotency) = &message.idempotency
+            && let Some((holder, until)) = state.idempotency.get(&idempotency.key)
+            && *until > now
+        {
+            return Enqueued::AlreadyExists(holder.to_string());
+        }
+        if state.ids.contains_key(&id) {
+            return Enqueued::AlreadyExists(id.to_string());
+        }
         let stored = Stored {
             message: OutboxMessage {
                 id: id.to_string(),
@@ -134,16 +170,6 @@ impl MemoryOutbox {
             place: Place::Pending,
             idempotency_key: message.idempotency.as_ref().map(|i| i.key.clone()),
         };
-        let mut state = self.lock();
-        if let Some(idempotency) = &message.idempotency
-            && let Some((holder, until)) = state.idempotency.get(&idempotency.key)
-            && *until > now
-        {
-            return Ok(Enqueued::AlreadyExists(holder.to_string()));
-        }
-        if state.ids.contains_key(&id) {
-            return Ok(Enqueued::AlreadyExists(id.to_string()));
-        }
         if let Some(idempotency) = message.idempotency {
             let until = crate::store::kit::window_end(now, idempotency.window);
             state
@@ -151,9 +177,7 @@ impl MemoryOutbox {
                 .insert(idempotency.key, (id.clone(), until));
         }
         state.insert(id.clone(), stored);
-        drop(state);
-        self.wake.wake();
-        Ok(Enqueued::Inserted(id.to_string()))
+        Enqueued::Inserted(id.to_string())
     }
 
     fn claim_now(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
@@ -571,6 +595,10 @@ impl MemoryOutbox {
 impl OutboxStore for MemoryOutbox {
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued> {
         self.enqueue_now(message)
+    }
+
+    async fn enqueue_batch(&self, messages: Vec<NewMessage>) -> Result<Vec<Enqueued>> {
+        self.enqueue_batch_now(messages)
     }
 
     async fn claim_batch(&self, params: ClaimBatch) -> Result<ClaimedBatch> {

@@ -1,14 +1,20 @@
-//! The PostgreSQL store's enqueue: through its pool or on the caller's
-//! connection, refusing first what PostgreSQL would refuse, so the caller's
-//! transaction is never aborted by a message.
+//! The PostgreSQL store's enqueue, of one message or a batch: through its
+//! pool or on the caller's connection, refusing first what PostgreSQL would
+//! refuse, so the caller's transaction is never aborted by a message. Its
+//! insert (one statement over arrays, whatever the number of rows) binds
+//! here; what both SQL stores do alike (ids, idempotency keys, batches in
+//! runs) is in [`crate::store::sql`].
+
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Connection, Row};
 
-use super::{Core, PostgresOutbox, Shared};
+use super::{Core, PostgresOutbox};
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, NewMessage};
-use crate::store::sql::db;
+use crate::store::sql::{self, InsertRow, Inserts, KeyHolder, db};
 
 impl PostgresOutbox {
     /// Enqueue on the caller's connection, inside the caller's transaction
@@ -29,51 +35,200 @@ impl PostgresOutbox {
     ) -> Result<Enqueued> {
         message.validate()?;
         storable(&message)?;
-        self.inner.core.insert(conn, message).await
+        sql::enqueue_one(&*self.inner.core, conn, message).await
+    }
+
+    /// Enqueue a batch on the caller's connection, inside the caller's
+    /// transaction when there is one (`&mut *tx`), answering each message
+    /// in order as
+    /// [`OutboxStore::enqueue_batch`](crate::OutboxStore::enqueue_batch)
+    /// does: one `INSERT ... SELECT FROM unnest(...)` for a batch whose
+    /// messages repeat no id or idempotency key, which wakes drains once.
+    /// As with [`PostgresOutbox::enqueue_in`], a taken id or key raises
+    /// nothing and input PostgreSQL would refuse is refused before anything
+    /// is sent (the error names the message's position), so the transaction
+    /// stays usable.
+    pub async fn enqueue_batch_in(
+        &self,
+        conn: &mut PgConnection,
+        messages: Vec<NewMessage>,
+    ) -> Result<Vec<Enqueued>> {
+        storable_batch(&messages)?;
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        sql::enqueue_batch(&*self.inner.core, conn, messages).await
     }
 
     /// Enqueue through the store's pool, in a transaction of its own.
     pub(super) async fn enqueue_now(&self, message: NewMessage) -> Result<Enqueued> {
         message.validate()?;
         storable(&message)?;
-        let mut conn = self
-            .inner
+        let mut conn = self.acquire().await?;
+        sql::enqueue_one(&*self.inner.core, &mut conn, message).await
+    }
+
+    /// A batch through the store's pool, in a transaction of its own, so it
+    /// is stored whole or not at all.
+    pub(super) async fn enqueue_batch_now(
+        &self,
+        messages: Vec<NewMessage>,
+    ) -> Result<Vec<Enqueued>> {
+        storable_batch(&messages)?;
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.acquire().await?;
+        let mut tx = conn.begin().await.map_err(db("enqueue"))?;
+        let answers = sql::enqueue_batch(&*self.inner.core, &mut *tx, messages).await?;
+        tx.commit().await.map_err(db("enqueue"))?;
+        Ok(answers)
+    }
+
+    async fn acquire(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>> {
+        self.inner
             .core
             .parts
             .pool
             .acquire()
             .await
-            .map_err(db("enqueue"))?;
-        self.inner.core.insert(&mut conn, message).await
+            .map_err(db("enqueue"))
     }
 }
 
-impl Core {
-    /// Insert unless the id is taken. A taken id is not a unique violation
-    /// (`ON CONFLICT DO NOTHING`), which would abort the caller's
-    /// transaction; the statement returns a row only when it inserted.
-    async fn insert(&self, conn: &mut PgConnection, message: NewMessage) -> Result<Enqueued> {
-        let id = message.resolve_id();
-        let message = NewMessage {
-            id: Some(id.clone()),
-            ..message
-        };
-        let sql = self.sql.insert.clone();
-        Shared::insert_idempotent(&self.parts, conn, &message, id, |conn| {
-            let (_, mut query) = Shared::insert(&sql, &message, self.server_clock);
+impl Inserts for Core {
+    type Conn = PgConnection;
+
+    async fn insert_rows(
+        &self,
+        conn: &mut PgConnection,
+        messages: &[&NewMessage],
+    ) -> Result<HashSet<String>> {
+        if let [message] = messages {
+            let row = InsertRow::of(message, self.server_clock);
+            let mut query = sqlx::query(AssertSqlSafe(self.sql.insert_one.clone()))
+                .bind(row.id)
+                .bind(row.kind)
+                .bind(row.name)
+                .bind(row.payload)
+                .bind(row.trace)
+                .bind(row.max_attempts)
+                .bind(row.available_at)
+                .bind(row.now)
+                .bind(row.ordering_key)
+                .bind(row.idempotency_key)
+                .bind(row.idempotency_until)
+                .bind(row.max_attempts_set)
+                .bind(row.queue)
+                .bind(row.priority);
             if self.notify {
-                query = query.bind(self.channel.clone());
+                query = query.bind(self.channel.as_str());
             }
-            Box::pin(async move {
-                Ok(query
-                    .fetch_optional(conn)
-                    .await
-                    .map_err(enqueue_error)?
-                    .is_some())
-            })
-        })
-        .await
+            let stored = query.fetch_optional(conn).await.map_err(enqueue_error)?;
+            return Ok(stored.map(|_| row.id.to_owned()).into_iter().collect());
+        }
+        let n = messages.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut kinds = Vec::with_capacity(n);
+        let mut names = Vec::with_capacity(n);
+        let mut payloads = Vec::with_capacity(n);
+        let mut traces = Vec::with_capacity(n);
+        let mut max_attempts = Vec::with_capacity(n);
+        let mut available_at = Vec::with_capacity(n);
+        let mut created_at = Vec::with_capacity(n);
+        let mut ordering_keys = Vec::with_capacity(n);
+        let mut idempotency_keys = Vec::with_capacity(n);
+        let mut idempotency_until = Vec::with_capacity(n);
+        let mut max_attempts_set = Vec::with_capacity(n);
+        let mut queues = Vec::with_capacity(n);
+        let mut priorities = Vec::with_capacity(n);
+        for message in messages {
+            let row = InsertRow::of(message, self.server_clock);
+            ids.push(row.id);
+            kinds.push(row.kind);
+            names.push(row.name);
+            payloads.push(row.payload);
+            traces.push(row.trace);
+            max_attempts.push(row.max_attempts);
+            available_at.push(row.available_at);
+            created_at.push(row.now);
+            ordering_keys.push(row.ordering_key);
+            idempotency_keys.push(row.idempotency_key);
+            idempotency_until.push(row.idempotency_until);
+            max_attempts_set.push(row.max_attempts_set);
+            queues.push(row.queue);
+            priorities.push(row.priority);
+        }
+        let mut query = sqlx::query(AssertSqlSafe(self.sql.insert.clone()))
+            .bind(ids)
+            .bind(kinds)
+            .bind(names)
+            .bind(payloads)
+            .bind(traces)
+            .bind(max_attempts)
+            .bind(available_at)
+            .bind(created_at)
+            .bind(ordering_keys)
+            .bind(idempotency_keys)
+            .bind(idempotency_until)
+            .bind(max_attempts_set)
+            .bind(queues)
+            .bind(priorities);
+        if self.notify {
+            query = query.bind(self.channel.as_str());
+        }
+        let row = query.fetch_one(conn).await.map_err(enqueue_error)?;
+        let stored: Vec<String> = row.try_get(0).map_err(db("enqueue"))?;
+        Ok(stored.into_iter().collect())
     }
+
+    async fn key_holders(
+        &self,
+        conn: &mut PgConnection,
+        keys: &[&str],
+    ) -> Result<HashMap<String, KeyHolder>> {
+        let rows = sqlx::query(AssertSqlSafe(self.parts.shared.idempotency_holders.clone()))
+            .bind(keys)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("enqueue"))?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get(0).map_err(db("enqueue"))?,
+                    KeyHolder {
+                        id: row.try_get(1).map_err(db("enqueue"))?,
+                        until: row.try_get(2).map_err(db("enqueue"))?,
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    async fn release_key(
+        &self,
+        conn: &mut PgConnection,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        sqlx::query(AssertSqlSafe(self.parts.shared.idempotency_release.clone()))
+            .bind(key)
+            .bind(now)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("enqueue"))?;
+        Ok(())
+    }
+}
+
+/// [`storable`] for each message of a batch, after the checks every store
+/// makes; a refusal names the message's position.
+fn storable_batch(messages: &[NewMessage]) -> Result<()> {
+    NewMessage::validate_batch(messages)?;
+    for (index, message) in messages.iter().enumerate() {
+        storable(message).map_err(|e| NewMessage::refused_in_batch(e, index))?;
+    }
+    Ok(())
 }
 
 /// The earliest time a `timestamptz` holds: 4714-11-24 BC (year -4713).

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use crate::store::sql::{
-    CancelStatements, MESSAGE_COLUMNS, SharedStatements, TableName, blocked_count, head_test,
-    key_fronts_cte, levels_cte, oldest_due, pending_count, queues,
+    CancelStatements, INSERT_COLUMNS, MESSAGE_COLUMNS, SharedStatements, TableName,
+    blocked_count, head_test, key_fronts_cte, levels_cte, oldest_due, pending_count, queues,
 };
 
 /// The time a statement judges leases by: the caller's (`$1`, bound when
@@ -53,13 +53,20 @@ pub(super) fn columns(prefix: &str) -> String {
 /// The rendered statements for one table.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// Insert one message unless its id is taken (and, when the store
-    /// notifies and it inserted, wake a drain that waits); returns a row
-    /// when it inserted. A NULL
-    /// `available_at` is the database's time. Binds: `$1` id ... `$14`
-    /// priority (see
-    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)), `$15`
-    /// the channel.
+    /// Insert one message unless its id or idempotency key is taken (and,
+    /// when the store notifies and it inserted, wake a drain that waits);
+    /// returns a row when it inserted. A NULL `available_at` is the
+    /// database's time. Binds: `$1` id ... `$14` priority, the values of
+    /// [`InsertRow`](crate::store::sql::InsertRow) in its order; `$15` the
+    /// channel.
+    pub(super) insert_one: Arc<str>,
+    /// Insert messages, each unless its id or idempotency key is taken
+    /// (and, when the store notifies and it inserted any, wake a drain that
+    /// waits); returns one row: the array of the ids it inserted. A NULL
+    /// `available_at` is the database's time. Binds fourteen arrays of
+    /// equal length, one per column of
+    /// [`InsertRow`](crate::store::sql::InsertRow), in its order: `$1` ids
+    /// ... `$14` the priorities; `$15` the channel.
     pub(super) insert: Arc<str>,
     /// The first pass of a claim: a call of the table's `claim` function
     /// (`migrations/postgres/0014_queues.sql`). Binds: `$1` the queues,
@@ -237,28 +244,57 @@ impl Statements {
                FOR UPDATE OF m SKIP LOCKED)"
         );
         let key_fronts = key_fronts_cte(&t, "id", "true");
+        // The rows come as one array per column, so the statement is the
+        // same for any number of rows and prepared once. `ORDER BY n`: the
+        // rows take their `seq` (evaluated after the sort) in the order
+        // given, which is enqueue order for their ordering keys.
         let insert = format!(
-            "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
-             available_at, created_at, updated_at, ordering_key, idempotency_key, \
-             idempotency_until, max_attempts_set, queue, priority) \
+            "INSERT INTO {t} ({INSERT_COLUMNS}) \
+             SELECT id, kind, name, payload::jsonb, trace, 'pending', 0, max_attempts, \
+               coalesce(available_at, statement_timestamp()), created_at, created_at, \
+               ordering_key, idempotency_key, idempotency_until, max_attempts_set, queue, \
+               priority \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+               $6::int8[], $7::timestamptz[], $8::timestamptz[], $9::text[], $10::text[], \
+               $11::timestamptz[], $12::bool[], $13::text[], $14::int2[]) WITH ORDINALITY \
+               AS r(id, kind, name, payload, trace, max_attempts, available_at, created_at, \
+                 ordering_key, idempotency_key, idempotency_until, max_attempts_set, queue, \
+                 priority, n) \
+             ORDER BY n \
+             ON CONFLICT DO NOTHING RETURNING id"
+        );
+        // One row, its values bound as they are: in a transaction with one
+        // enqueue, the batch's form (arrays, a sort) cost nearly as much
+        // again as the insert itself.
+        let insert_one = format!(
+            "INSERT INTO {t} ({INSERT_COLUMNS}) \
              VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, \
                coalesce($7, statement_timestamp()), $8, $8, $9, $10, $11, $12, $13, $14) \
              ON CONFLICT DO NOTHING RETURNING 1"
         );
+        let wake = table.derived("wake", true);
         let drains = table.derived("drains", true);
         let own = Statements {
             // The wake-up in the inserting statement, so it costs no round
             // trip: a NOTIFY (when a drain waits for one) is delivered at
             // commit, never for a rollback. Either form returns a row only
             // when it inserted.
+            insert_one: if notify {
+                format!("WITH inserted AS ({insert_one}) SELECT {wake}($15) FROM inserted")
+            } else {
+                insert_one
+            }
+            .into(),
+            // As `insert_one`, and once per statement however many rows it
+            // stored. The ids come back as one array, one row to transfer.
             insert: if notify {
                 format!(
                     "WITH inserted AS ({insert}) \
-                     SELECT {wake}($15) FROM inserted",
-                    wake = table.derived("wake", true)
+                     SELECT ARRAY(SELECT id FROM inserted), \
+                       CASE WHEN EXISTS (SELECT FROM inserted) THEN {wake}($15) END"
                 )
             } else {
-                insert
+                format!("WITH inserted AS ({insert}) SELECT ARRAY(SELECT id FROM inserted)")
             }
             .into(),
             // One statement, so the advisory lock is held only while it
@@ -462,8 +498,9 @@ impl Statements {
             )
             .into(),
             blocked: crate::store::sql::blocked_keys(&t, "$1"),
-            idempotency_holder: format!(
-                "SELECT id, idempotency_until FROM {t} WHERE idempotency_key = $1"
+            idempotency_holders: format!(
+                "SELECT idempotency_key, id, idempotency_until FROM {t} \
+                 WHERE idempotency_key = ANY ($1::text[])"
             )
             .into(),
             idempotency_release: format!(

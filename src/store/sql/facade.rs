@@ -7,10 +7,11 @@
 /// `enqueue_event_in`/`enqueue_job_in`.
 ///
 /// The store is a struct with a field `inner: SqlOutbox<Core>`, and has the
-/// inherent methods `enqueue_now` (enqueue through the store's own pool),
-/// `subscribe` (its wake-ups), `enqueue_in` and `schedules_now` (its
-/// periodic schedules), and implements `ScheduleStore`; its `Core` has
-/// `claim` and `list`. The builder has a field `settlement`.
+/// inherent methods `enqueue_now` and `enqueue_batch_now` (enqueue through
+/// the store's own pool), `subscribe` (its wake-ups), `enqueue_in`,
+/// `enqueue_batch_in` and `schedules_now` (its periodic schedules), and
+/// implements `ScheduleStore`; its `Core` has `claim` and `list`. The
+/// builder has a field `settlement`.
 macro_rules! sql_store {
     ($store:ident, $builder:ident, $pool:ty, $conn:ty) => {
         impl $builder {
@@ -72,11 +73,44 @@ macro_rules! sql_store {
             ) -> $crate::Result<$crate::Enqueued> {
                 self.enqueue_in(conn, $crate::NewMessage::job(payload)?).await
             }
+
+            #[doc = concat!("[`", stringify!($store), "::enqueue_batch_in`] for events of registered type `E`, one per payload, answered in order.")]
+            pub async fn enqueue_events_in<'p, E: $crate::Event + 'p>(
+                &self,
+                conn: &mut $conn,
+                payloads: impl IntoIterator<Item = &'p E>,
+            ) -> $crate::Result<Vec<$crate::Enqueued>> {
+                let messages = payloads
+                    .into_iter()
+                    .map($crate::NewMessage::event)
+                    .collect::<$crate::Result<Vec<_>>>()?;
+                self.enqueue_batch_in(conn, messages).await
+            }
+
+            #[doc = concat!("[`", stringify!($store), "::enqueue_batch_in`] for jobs of registered type `J`, one per payload, answered in order.")]
+            pub async fn enqueue_jobs_in<'p, J: $crate::Job + 'p>(
+                &self,
+                conn: &mut $conn,
+                payloads: impl IntoIterator<Item = &'p J>,
+            ) -> $crate::Result<Vec<$crate::Enqueued>> {
+                let messages = payloads
+                    .into_iter()
+                    .map($crate::NewMessage::job)
+                    .collect::<$crate::Result<Vec<_>>>()?;
+                self.enqueue_batch_in(conn, messages).await
+            }
         }
 
         impl $crate::OutboxStore for $store {
             async fn enqueue(&self, message: $crate::NewMessage) -> $crate::Result<$crate::Enqueued> {
                 self.enqueue_now(message).await
+            }
+
+            async fn enqueue_batch(
+                &self,
+                messages: Vec<$crate::NewMessage>,
+            ) -> $crate::Result<Vec<$crate::Enqueued>> {
+                self.enqueue_batch_now(messages).await
             }
 
             async fn claim_batch(

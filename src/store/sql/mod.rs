@@ -10,7 +10,8 @@
 //! writes take (if any) and what follows a requeue. `SqlOutbox` builds on
 //! that: the fenced writes (renewals and settlements, through the
 //! `FencedWriter`), `get_message`, `stats`, `pending_count`, requeues with
-//! their refusal, `purge`, and reading rows back. The `sql_store!` macro
+//! their refusal, `purge`, and reading rows back; `enqueue.rs` the enqueue
+//! of one message or a batch. The `sql_store!` macro
 //! then writes the public trait impls, the builder's `settlement` setter and
 //! the typed `enqueue_*_in` methods for each store, forwarding to the shared
 //! half or to the few operations each store does its own way (enqueue, claim,
@@ -30,6 +31,9 @@
 //! - `backend.rs`: the `SqlBackend` trait a store's core implements, the
 //!   parts every core holds, stored times.
 //! - `row.rs`: message rows, their columns and decoding into messages.
+//! - `enqueue.rs`: enqueue of one message or a batch, with ids and
+//!   idempotency keys honoured per message, over the `Inserts` trait a
+//!   store's core implements (its insert statement, its key lookups).
 //! - `errors.rs`: database errors, claim losses and admin refusals.
 //! - `store.rs`: `SqlOutbox`, the shared half itself.
 //! - `schedules.rs`: the periodic schedules' table: its statements and its
@@ -40,6 +44,7 @@
 //! `store/fenced.rs` and is re-exported here.
 
 mod backend;
+mod enqueue;
 mod errors;
 mod facade;
 mod migrate;
@@ -54,6 +59,7 @@ pub(crate) use backend::PgTime;
 #[cfg(feature = "sqlite")]
 pub(crate) use backend::StoredTime;
 pub(crate) use backend::{SqlBackend, SqlParts};
+pub(crate) use enqueue::{InsertRow, Inserts, KeyHolder, enqueue_batch, enqueue_one};
 pub(crate) use errors::{db, lost_claim};
 pub(crate) use facade::sql_store;
 pub(crate) use migrate::{Dialect, migrator_for};
@@ -68,8 +74,8 @@ pub(crate) use statements::key_fronts_cte;
 #[cfg(feature = "sqlite")]
 pub(crate) use statements::keyed_heads;
 pub(crate) use statements::{
-    CancelStatements, SharedStatements, blocked_count, blocked_keys, head_test, keyed_walk,
-    levels_cte, oldest_due, pending_count, queues,
+    CancelStatements, INSERT_COLUMNS, SharedStatements, blocked_count, blocked_keys, head_test,
+    keyed_walk, levels_cte, oldest_due, pending_count, queues,
 };
 pub(crate) use store::SqlOutbox;
 pub use table::{MAX_TABLE_NAME_PART, TableName};

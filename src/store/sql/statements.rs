@@ -7,6 +7,14 @@
 
 use std::sync::Arc;
 
+/// The columns an enqueue writes, in the order both stores' inserts list
+/// their values: those of [`InsertRow`](super::InsertRow), with the status
+/// (`pending`), the attempts (0) and `updated_at` (the enqueue's `now`)
+/// where they fall.
+pub(crate) const INSERT_COLUMNS: &str = "id, kind, name, payload, trace, status, attempts, \
+    max_attempts, available_at, created_at, updated_at, ordering_key, idempotency_key, \
+    idempotency_until, max_attempts_set, queue, priority";
+
 /// The statements every SQL store runs the same way, rendered for its table
 /// in its dialect.
 #[derive(Debug)]
@@ -33,8 +41,9 @@ pub(crate) struct SharedStatements {
     pub(crate) skip: Arc<str>,
     /// Blocked ordering keys with their heads. Binds: limit.
     pub(crate) blocked: Arc<str>,
-    /// The row holding an idempotency key and its window's end. Binds: key.
-    pub(crate) idempotency_holder: Arc<str>,
+    /// The rows holding idempotency keys: key, id and window's end. Binds:
+    /// the keys, as the store binds a list.
+    pub(crate) idempotency_holders: Arc<str>,
     /// Free an idempotency key whose window ended. Binds: key, now.
     pub(crate) idempotency_release: Arc<str>,
     /// Make the space of deleted rows reusable, where the database does not

@@ -1,8 +1,7 @@
 //! `SqlOutbox`, the half both SQL stores share: over a store's core, the
 //! fenced writes (through a `FencedWriter`), the counts, one message by id,
-//! requeues and skips with their refusals, purges, the insert with its
-//! idempotency key, and reading rows back, each written once for both
-//! databases.
+//! requeues and skips with their refusals, purges, and reading rows back,
+//! each written once for both databases.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,11 +11,11 @@ use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoA
 
 use super::backend::{RowsAffected, SqlBackend, SqlParts, StoredTime};
 use super::errors::{Fence, Refusal, cancel_refusal, db, requeue_refusal, retry_refusal};
-use super::row::{ColumnPositions, MESSAGE_COLUMNS, MessageRow, trace_json};
+use super::row::{ColumnPositions, MESSAGE_COLUMNS, MessageRow};
 use super::statements::pending_count;
 use crate::error::{Error, Result, UnreadableMessage};
 use crate::kind::MessageStatus;
-use crate::message::{Enqueued, NewMessage, OutboxMessage};
+use crate::message::OutboxMessage;
 use crate::store::fenced::{FencedWrite, FencedWriter, SettlementMode};
 use crate::store::kit::check;
 use crate::store::{
@@ -439,69 +438,6 @@ where
         Ok(CancelReport::new(count(0)?, count(1)?))
     }
 
-    /// Run `insert` (which answers whether it stored a row), honouring the
-    /// message's idempotency key: a key held by a row whose window is still
-    /// open answers that row's id; a key whose window ended is freed and the
-    /// insert tried once more. Every statement is a plain insert, select or
-    /// update that raises nothing on a taken id or key, so the caller's
-    /// transaction stays usable.
-    pub(crate) async fn insert_idempotent<F>(
-        parts: &SqlParts<B::Db>,
-        conn: &mut <B::Db as Database>::Connection,
-        message: &NewMessage,
-        id: String,
-        mut insert: F,
-    ) -> Result<Enqueued>
-    where
-        F: for<'c> FnMut(
-            &'c mut <B::Db as Database>::Connection,
-        ) -> futures_util::future::BoxFuture<'c, Result<bool>>,
-    {
-        let shared = &parts.shared;
-        for _ in 0..2 {
-            if insert(&mut *conn).await? {
-                return Ok(Enqueued::Inserted(id));
-            }
-            let Some(idempotency) = &message.idempotency else {
-                return Ok(Enqueued::AlreadyExists(id));
-            };
-            let holder = sqlx::query(AssertSqlSafe(shared.idempotency_holder.clone()))
-                .bind(idempotency.key.as_str())
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(db("enqueue"))?;
-            let Some(holder) = holder else {
-                // The id was taken, not the key.
-                return Ok(Enqueued::AlreadyExists(id));
-            };
-            let holder_id: String = holder.try_get(0).map_err(db("enqueue"))?;
-            let until: Option<B::Time> = holder.try_get(1).map_err(db("enqueue"))?;
-            let until = until.map(StoredTime::load).transpose()?;
-            if until.is_none_or(|until| until > message.now) {
-                return Ok(Enqueued::AlreadyExists(holder_id));
-            }
-            sqlx::query(AssertSqlSafe(shared.idempotency_release.clone()))
-                .bind(idempotency.key.as_str())
-                .bind(B::Time::store(message.now))
-                .execute(&mut *conn)
-                .await
-                .map_err(db("enqueue"))?;
-        }
-        // Freed and taken again by a concurrent enqueue between our two
-        // tries: that enqueue's message is the one within the window.
-        let holder = match &message.idempotency {
-            Some(idempotency) => {
-                sqlx::query_scalar::<_, String>(AssertSqlSafe(shared.idempotency_holder.clone()))
-                    .bind(idempotency.key.as_str())
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(db("enqueue"))?
-            }
-            None => None,
-        };
-        Ok(Enqueued::AlreadyExists(holder.unwrap_or(id)))
-    }
-
     /// A purge in batches, each a statement of its own, so no lock is held
     /// for long however many rows go.
     pub(crate) async fn purge(&self, params: PurgeMessages) -> Result<u64> {
@@ -555,58 +491,6 @@ where
             .await
             .map_err(db("vacuum"))?;
         Ok(())
-    }
-
-    /// The insert of `message` with its fourteen common binds, and the id
-    /// it gets: id, kind, name, payload, trace, max attempts, available at,
-    /// now, ordering key, idempotency key, idempotency window end, whether
-    /// the max attempts were set, queue, priority.
-    /// `available_at` is the message's, else its `now`, else (when
-    /// `server_default`) NULL, for the statement to fill in the database's
-    /// time.
-    pub(crate) fn insert(
-        sql: &Arc<str>,
-        message: &NewMessage,
-        server_default: bool,
-    ) -> (
-        String,
-        sqlx::query::Query<'static, B::Db, <B::Db as Database>::Arguments>,
-    )
-    where
-        for<'q> Option<B::Time>: Encode<'q, B::Db>,
-    {
-        let id = message.resolve_id();
-        let now = message.now;
-        let available_at = match message.available_at {
-            Some(at) => Some(at),
-            None if server_default => None,
-            None => Some(now),
-        };
-        let query = sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(id.as_str())
-            .bind(message.kind.as_str())
-            .bind(message.name.as_str())
-            .bind(message.payload.as_str())
-            .bind(trace_json(message.trace.as_ref()))
-            .bind(i64::from(
-                message
-                    .max_attempts
-                    .unwrap_or(crate::limits::DEFAULT_MAX_ATTEMPTS),
-            ))
-            .bind(available_at.map(B::Time::store))
-            .bind(B::Time::store(now))
-            .bind(message.ordering_key.clone())
-            .bind(message.idempotency.as_ref().map(|i| i.key.clone()))
-            .bind(
-                message
-                    .idempotency
-                    .as_ref()
-                    .map(|i| B::Time::store(crate::store::kit::window_end(now, i.window))),
-            )
-            .bind(message.max_attempts.is_some())
-            .bind(message.queue.clone())
-            .bind(message.priority);
-        (id, query)
     }
 
     /// A page of messages out of up to `limit + 1` rows. A row that does

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use crate::store::fenced::FencedOp;
 use crate::store::sql::{
-    CancelStatements, SharedStatements, TableName, blocked_count, keyed_heads, levels_cte,
-    oldest_due, pending_count, queues,
+    CancelStatements, INSERT_COLUMNS, SharedStatements, TableName, blocked_count, keyed_heads,
+    levels_cte, oldest_due, pending_count, queues,
 };
 
 /// Every column, in the order rows are read.
@@ -55,9 +55,14 @@ const LEVEL: &str = "CAST(?7 AS INTEGER)";
 #[derive(Debug)]
 pub(super) struct Statements {
     /// Insert one message unless its id or idempotency key is taken (then
-    /// nothing changes). Binds: `?1` id ... `?12` max attempts set (see
-    /// [`SqlOutbox::insert`](crate::store::sql::SqlOutbox::insert)).
-    pub(super) insert: Arc<str>,
+    /// nothing changes): [`Statements::insert`] of one row, kept rendered.
+    insert_one: Arc<str>,
+    /// `INSERT INTO <table> (<columns>) VALUES `, what every insert starts
+    /// with.
+    insert_into: String,
+    /// The rows inserted by one insert, whose `seq` is above `?1` and at
+    /// most `?2`, as one JSON array of ids.
+    pub(super) inserted: Arc<str>,
     /// Claim in one statement, returning every column of each row it
     /// changed. Binds: `?1` now and `?2` lease end (µs since the epoch),
     /// `?3` limit, `?4` 1 when a dead letter holds its ordering key, else 0,
@@ -96,7 +101,46 @@ pub(super) struct Statements {
     pub(super) fences: Arc<str>,
 }
 
+/// `prefix` (see [`Statements::insert_into`]) and `rows` rows of values,
+/// each binding 15 values in order: those of
+/// [`InsertRow`](crate::store::sql::InsertRow), with its `now` twice
+/// (`created_at`, then `updated_at`) after `available_at`; each row is
+/// inserted unless its id or idempotency key is taken.
+///
+/// Anonymous `?` placeholders, not numbered ones: sqlx binds a statement's
+/// values by asking SQLite for each parameter's name, which walks the list
+/// of names, so a thousand rows of numbered parameters spent nine tenths of
+/// their insert binding them.
+///
+/// A taken id or key skips its row (`ON CONFLICT DO NOTHING`) and raises
+/// nothing. No `RETURNING`: SQLite's worker thread hands each returned row
+/// over on its own (see [`Statements::pick`]); the rows one statement
+/// inserts get consecutive `seq`s instead (the next rowid is the largest
+/// plus one, and the statement holds the write lock throughout), so
+/// [`Statements::inserted`] finds them when some were skipped.
+fn insert(prefix: &str, rows: usize) -> String {
+    const ROW: &str = "(?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    let mut sql = String::with_capacity(prefix.len() + rows * (ROW.len() + 2) + 32);
+    sql.push_str(prefix);
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(ROW);
+    }
+    sql.push_str(" ON CONFLICT DO NOTHING");
+    sql
+}
+
 impl Statements {
+    /// The insert of `rows` messages; see [`insert`].
+    pub(super) fn insert(&self, rows: usize) -> Arc<str> {
+        match rows {
+            1 => self.insert_one.clone(),
+            rows => insert(&self.insert_into, rows).into(),
+        }
+    }
+
     /// The store's own statements, and those it runs the shared way.
     pub(super) fn new(table: &TableName) -> (Self, SharedStatements) {
         let t = table.quoted();
@@ -174,16 +218,14 @@ impl Statements {
             .collect::<Vec<_>>()
             .join(", ");
         let picked_columns = PICKED.join(", ");
+        let insert_into = format!("INSERT INTO {t} ({INSERT_COLUMNS}) VALUES ");
         let own = Statements {
-            insert: format!(
-                "INSERT INTO {t} (id, kind, name, payload, trace, status, attempts, max_attempts, \
-                 available_at, created_at, updated_at, ordering_key, idempotency_key, \
-                 idempotency_until, max_attempts_set, queue, priority) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, ?8, ?8, ?9, ?10, ?11, ?12, \
-                   ?13, ?14) \
-                 ON CONFLICT DO NOTHING"
-            )
-            .into(),
+            insert_one: insert(&insert_into, 1).into(),
+            // One row handed over, however many ids: the worker thread
+            // hands rows over one by one.
+            inserted: format!("SELECT json_group_array(id) FROM {t} WHERE seq > ?1 AND seq <= ?2")
+                .into(),
+            insert_into,
             claim: format!(
                 "{ctes} \
                  UPDATE {t} AS m SET {set} WHERE m.seq IN ({picked}) RETURNING {COLUMNS}",
@@ -277,8 +319,9 @@ impl Statements {
             )
             .into(),
             blocked: crate::store::sql::blocked_keys(&t, "?1"),
-            idempotency_holder: format!(
-                "SELECT id, idempotency_until FROM {t} WHERE idempotency_key = ?1"
+            idempotency_holders: format!(
+                "SELECT idempotency_key, id, idempotency_until FROM {t} \
+                 WHERE idempotency_key IN (SELECT value FROM json_each(?1))"
             )
             .into(),
             idempotency_release: format!(
