@@ -103,6 +103,11 @@
 //!   - `store/any.rs`: `AnyOutbox`, either SQL store chosen by URL at
 //!     start-up, with `AnyTransaction` to enqueue in a transaction of
 //!     either database.
+//! - `inbox`: the consumer's side (features `sqlite`, `postgres`): record
+//!   a relayed message's id in the transaction that applies it, so its
+//!   effects apply once (`InboxStore`, `SqliteInbox`, `PostgresInbox`),
+//!   and delete old records by a window (`InboxRetention`). Its table
+//!   comes with the outbox's migrations.
 //!
 //! A file's tests beyond a few cases live beside it, in a `tests.rs` of the
 //! folder named after it (`config/tests.rs`, `store/fenced/tests.rs`, ...).
@@ -122,6 +127,8 @@ mod clock;
 mod config;
 mod database;
 mod error;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod inbox;
 mod kind;
 mod limits;
 mod message;
@@ -140,6 +147,14 @@ pub use error::{
     DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedError,
     UnreadableMessage, UrlError,
 };
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use inbox::{
+    InboxRetention, InboxStore, MAX_CONSUMER_LEN, MAX_INBOX_ID_LEN, PurgeInbox, Recorded,
+};
+#[cfg(feature = "postgres")]
+pub use inbox::{PostgresInbox, PostgresInboxBuilder};
+#[cfg(feature = "sqlite")]
+pub use inbox::{SqliteInbox, SqliteInboxBuilder};
 pub use kind::{MessageKind, MessageStatus};
 pub use limits::{DEFAULT_MAX_ATTEMPTS, MAX_DURATION, MIN_LEASE};
 pub use message::{

@@ -43,12 +43,14 @@ pub(crate) fn render_migration(sql: &str, table: &TableName, dialect: Dialect) -
             return out;
         };
         let inner = &after_mark[..close];
+        // SQLite refuses a qualified table after `ON`: the index's own
+        // (qualified) name already says which database it lives in.
+        let after_on = out
+            .trim_end()
+            .rsplit(|c: char| c.is_whitespace())
+            .next()
+            .is_some_and(|word| word.eq_ignore_ascii_case("ON"));
         let replacement = if inner.is_empty() {
-            let after_on = out
-                .trim_end()
-                .rsplit(|c: char| c.is_whitespace())
-                .next()
-                .is_some_and(|word| word.eq_ignore_ascii_case("ON"));
             match dialect {
                 Dialect::Sqlite if after_on => Some(table.quoted_bare()),
                 _ => Some(table.quoted()),
@@ -62,7 +64,7 @@ pub(crate) fn render_migration(sql: &str, table: &TableName, dialect: Dialect) -
                 .next()
                 .is_some_and(|word| word.eq_ignore_ascii_case("ON"));
             let qualified = match dialect {
-                Dialect::Sqlite => true,
+                Dialect::Sqlite => !after_on,
                 Dialect::Postgres => !index,
             };
             inner
@@ -140,6 +142,23 @@ mod tests {
             "CREATE TABLE IF NOT EXISTS \"app\".\"jobs\" (id text, note text DEFAULT 'outbox');\n\
              CREATE INDEX IF NOT EXISTS \"jobs_pending\" ON \"app\".\"jobs\" (id);\n\
              SELECT \"outboxed\" FROM \"app\".\"jobs\";"
+        );
+    }
+
+    #[test]
+    fn sqlite_names_a_derived_table_bare_after_on() {
+        let sql = "CREATE TABLE \"outbox_inbox\" (id text);\n\
+                   CREATE INDEX \"outbox_inbox_at\" ON \"outbox_inbox\" (id);";
+        let table = TableName::parse("main.jobs").unwrap();
+        assert_eq!(
+            render_migration(sql, &table, Dialect::Sqlite),
+            "CREATE TABLE \"main\".\"jobs_inbox\" (id text);\n\
+             CREATE INDEX \"main\".\"jobs_inbox_at\" ON \"jobs_inbox\" (id);"
+        );
+        assert_eq!(
+            render_migration(sql, &table, Dialect::Postgres),
+            "CREATE TABLE \"main\".\"jobs_inbox\" (id text);\n\
+             CREATE INDEX \"jobs_inbox_at\" ON \"main\".\"jobs_inbox\" (id);"
         );
     }
 
