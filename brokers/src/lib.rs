@@ -39,7 +39,11 @@
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod consume;
 mod error;
+pub mod events;
+pub mod metrics;
 mod naming;
 #[cfg(feature = "nats")]
 pub mod nats;
