@@ -10,8 +10,9 @@ pub enum FailureClass {
     /// retried with its backoff, like any failed delivery.
     Transient,
     /// The broker refused the message for a reason a retry cannot change
-    /// (authorization, an unknown stream or exchange, a message too large):
-    /// the message is dead-lettered at once with the broker's reason.
+    /// (authorization, an unknown stream, exchange or topic, a message too
+    /// large): the message is dead-lettered at once with the broker's
+    /// reason.
     Permanent,
 }
 
@@ -21,7 +22,7 @@ pub enum FailureClass {
 #[derive(Debug, thiserror::Error)]
 #[error("{broker} {operation} failed ({class:?}): {reason}")]
 pub struct BrokerError {
-    /// `nats`, `amqp` or `redis`.
+    /// `nats`, `amqp`, `redis` or `kafka`.
     pub broker: &'static str,
     /// What was being done: `publish`, `connect`, `confirm`, ...
     pub operation: &'static str,

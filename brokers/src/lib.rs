@@ -4,9 +4,9 @@
 //! [`outbox::JobDispatcher`], so a drain publishes under the same leases,
 //! retries, dead letters and notifications as an in-process handler: a
 //! message is settled as delivered only once the broker acknowledged it.
-//! Delivery is at-least-once, so every transport hands the broker the outbox
-//! message id to deduplicate on; each transport's docs say what window that
-//! covers.
+//! Delivery is at-least-once, so every transport puts the outbox message id
+//! on what it publishes, for the broker or the consumers to deduplicate on;
+//! each transport's docs say which, and over what window.
 //!
 //! ```
 //! # #[cfg(feature = "nats")]
@@ -26,6 +26,10 @@
 //! destination ([`NameMap`]), the headers a published message carries
 //! ([`headers`]), and how broker failures are classified ([`BrokerError`]).
 //!
+//! On the consuming side, [`consume`] records each message id in the
+//! consumer's own transaction, so its effects apply once however many
+//! copies arrive (see the guide's inbox page).
+//!
 //! The guide's page on [publishing to a broker](https://github.com/outbox-rs/outbox/blob/main/docs/src/brokers.md) covers the
 //! relay, deduplication per broker and what consumers must do.
 //!
@@ -34,8 +38,14 @@
 //! - `lib.rs` (this file): the headers every transport sets.
 //! - `naming`: [`NameMap`], message names to destinations.
 //! - `error`: [`BrokerError`] and its [`FailureClass`], retried or not.
-//! - `nats`, `amqp`, `redis`: one transport each, behind a feature of the
-//!   same name, with its configuration.
+//! - `nats`, `amqp`, `redis`, `kafka`: one transport each, behind a feature
+//!   of the same name, with its configuration (`kafka` is a folder: the
+//!   transport, its configuration, topic names, failure classes).
+//! - [`events`] and [`metrics`]: the names the inbox consumers log and
+//!   record, each listed once.
+//! - [`consume`] (a folder; features `sqlite` or `postgres`, and a
+//!   broker's): the other end, consumers that apply each relayed message
+//!   exactly once through an inbox ([`outbox::InboxStore`]).
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
@@ -43,6 +53,8 @@ pub mod amqp;
 pub mod consume;
 mod error;
 pub mod events;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod metrics;
 mod naming;
 #[cfg(feature = "nats")]
@@ -53,6 +65,8 @@ pub mod redis;
 #[cfg(feature = "amqp")]
 pub use amqp::{AmqpConfig, AmqpTransport};
 pub use error::{BrokerError, FailureClass};
+#[cfg(feature = "kafka")]
+pub use kafka::{KafkaConfig, KafkaTransport};
 pub use naming::NameMap;
 #[cfg(feature = "nats")]
 pub use nats::{NatsConfig, NatsTransport};

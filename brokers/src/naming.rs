@@ -1,5 +1,5 @@
 /// How a message name becomes a broker destination (a NATS subject, an
-/// AMQP routing key, a Redis stream key).
+/// AMQP routing key, a Redis stream key, a Kafka topic).
 ///
 /// The destination is `prefix` followed by the name, after the first
 /// matching rename: `NameMap::new("events.").rename("orders.placed",

@@ -387,7 +387,8 @@ pub(crate) struct DrainArgs {
 #[derive(Debug, Args)]
 pub(crate) struct RelayArgs {
     /// The broker: nats://HOST:PORT (JetStream), amqp://USER:PASS@HOST:PORT/VHOST
-    /// (RabbitMQ) or redis://HOST:PORT (Redis Streams).
+    /// (RabbitMQ), redis://HOST:PORT (Redis Streams) or
+    /// kafka://HOST:PORT[,HOST:PORT...] (Kafka).
     #[arg(
         long,
         value_name = "URL",
@@ -397,8 +398,8 @@ pub(crate) struct RelayArgs {
     pub(crate) to: String,
 
     /// Prepended to each message name to make its destination: the NATS
-    /// subject, the AMQP routing key or the Redis stream key (`events.`
-    /// sends `orders.placed` to `events.orders.placed`).
+    /// subject, the AMQP routing key, the Redis stream key or the Kafka topic
+    /// (`events.` sends `orders.placed` to `events.orders.placed`).
     #[arg(long, value_name = "PREFIX", default_value = "")]
     pub(crate) subject_prefix: String,
 
@@ -421,7 +422,8 @@ pub(crate) struct RelayArgs {
     #[arg(long, value_name = "N")]
     pub(crate) max_len: Option<u64>,
 
-    /// How long a publish waits for the broker's acknowledgement.
+    /// How long a publish waits for the broker's acknowledgement (Kafka:
+    /// the producer's delivery timeout, its own retries included).
     #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) ack_timeout: Duration,
 

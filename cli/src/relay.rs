@@ -65,7 +65,7 @@ async fn connect(args: &RelayArgs) -> Result<(Arc<dyn Broker>, &'static str), Fa
         .map(|(scheme, _)| scheme.to_ascii_lowercase())
         .ok_or_else(|| {
             Failure::usage(format!("--to {:?} has no scheme", redact_url(&args.to)))
-                .hint("write nats://HOST:PORT, amqp://HOST:PORT/VHOST or redis://HOST:PORT")
+                .hint("write nats://HOST:PORT, amqp://HOST:PORT/VHOST, redis://HOST:PORT or kafka://HOST:PORT")
         })?;
     let names = NameMap::new(args.subject_prefix.clone());
     match scheme.as_str() {
@@ -101,11 +101,21 @@ async fn connect(args: &RelayArgs) -> Result<(Arc<dyn Broker>, &'static str), Fa
                 .map_err(broker_failure)?;
             Ok((Arc::new(transport), "relaying to Redis Streams from"))
         }
+        "kafka" => {
+            use outbox_brokers::kafka::{KafkaConfig, KafkaTransport};
+            let config = KafkaConfig::new(names).delivery_timeout(args.ack_timeout);
+            let transport = KafkaTransport::connect(&args.to, config)
+                .await
+                .map_err(broker_failure)?;
+            Ok((Arc::new(transport), "relaying to Kafka from"))
+        }
         other => Err(Failure::usage(format!(
             "--to {}: unknown broker scheme `{other}://`",
             redact_url(&args.to)
         ))
-        .hint("use nats://HOST:PORT, amqp://HOST:PORT/VHOST or redis://HOST:PORT")),
+        .hint(
+            "use nats://HOST:PORT, amqp://HOST:PORT/VHOST, redis://HOST:PORT or kafka://HOST:PORT",
+        )),
     }
 }
 

@@ -1,5 +1,6 @@
 //! `outbox relay` against real brokers: NATS with JetStream at `NATS_URL`,
-//! RabbitMQ at `AMQP_URL` and Redis at `REDIS_URL`
+//! RabbitMQ at `AMQP_URL`, Redis at `REDIS_URL` and a Kafka-API broker at
+//! `KAFKA_URL`
 //! (`scripts/with-services cargo test -p outbox-cli --test relay`).
 
 use std::collections::hash_map::RandomState;
@@ -231,11 +232,11 @@ async fn a_missing_stream_or_exchange_or_an_unknown_broker_is_a_usage_error() {
         &f.url,
         "relay",
         "--to",
-        "kafka://x:1",
+        "mqtt://x:1",
         "--once",
     ]);
     assert_eq!(output.status.code(), Some(2));
-    assert!(text(&output.stderr).contains("unknown broker scheme `kafka://`"));
+    assert!(text(&output.stderr).contains("unknown broker scheme `mqtt://`"));
     assert_eq!(f.stored().await, 0, "nothing was published");
 }
 
@@ -277,4 +278,74 @@ async fn relay_to_redis_appends_each_message_once() {
         .await
         .unwrap();
     assert_eq!(entries, 50);
+}
+
+#[tokio::test]
+async fn relay_to_kafka_produces_each_message_once() {
+    use rdkafka::ClientConfig;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+
+    let f = Fixture::new(50).await;
+    let kafka = service_url("KAFKA_URL");
+    let bootstrap = kafka.strip_prefix("kafka://").unwrap().to_owned();
+    let topic = format!("{}orders.placed", f.prefix);
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    for created in admin
+        .create_topics(
+            &[NewTopic::new(&topic, 2, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap()
+    {
+        created.unwrap();
+    }
+    let relay = || {
+        let mut command = outbox_command();
+        command.args([
+            "--database",
+            &f.url,
+            "relay",
+            "--to",
+            &kafka,
+            "--subject-prefix",
+            &f.prefix,
+            "--once",
+        ]);
+        command.output().unwrap()
+    };
+    let output = relay();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("delivered 50"),
+        "{}",
+        text(&output.stderr)
+    );
+    // Nothing is left to relay, so a second run produces nothing.
+    let output = relay();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+
+    let records = tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", format!("relay-test-{}", unique()))
+            .create()
+            .unwrap();
+        (0..2)
+            .map(|partition| {
+                let (low, high) = consumer
+                    .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+                    .unwrap();
+                high - low
+            })
+            .sum::<i64>()
+    })
+    .await
+    .unwrap();
+    assert_eq!(records, 50);
 }

@@ -7,8 +7,9 @@
 //!     --features postgres --bin relay_bench -- --store sqlite,postgres
 //! ```
 //!
-//! For each broker of `--broker` (`nats`, `amqp`, `redis`, a list of them,
-//! or `all`, the default; from `NATS_URL`, `AMQP_URL`, `REDIS_URL`) and each
+//! For each broker of `--broker` (`nats`, `amqp`, `redis`, `kafka`, a list
+//! of them, or `all`, the default; from `NATS_URL`, `AMQP_URL`, `REDIS_URL`,
+//! `KAFKA_URL`) and each
 //! store it fills a fresh outbox with `--messages` events (100 000 by
 //! default), then, timed:
 //!
@@ -19,7 +20,8 @@
 //!   at all, on a connection and a two-worker Tokio runtime of its own.
 //!   NATS: JetStream `PubAck`s. RabbitMQ: persistent, mandatory
 //!   publishes on a confirm-mode channel, each confirm awaited. Redis: the
-//!   transport's own dedup-and-`XADD` script, each reply awaited.
+//!   transport's own dedup-and-`XADD` script, each reply awaited. Kafka:
+//!   an idempotent `acks=all` producer, each delivery report awaited.
 //! - **relay**: the actor runtime draining the outbox into another fresh
 //!   destination through the broker transport (`Drain` in a loop, `--batch`
 //!   messages a pass, `--concurrency` deliveries in flight), each message
@@ -49,6 +51,7 @@
 //! `stream_messages` (what the destination held afterwards).
 
 mod amqp;
+mod kafka;
 mod nats;
 mod redis_streams;
 
@@ -69,7 +72,7 @@ use outbox_bench::stats::{per_sec, round};
 use outbox_bench::store::sqlite::TempDatabase;
 use outbox_bench::store::{FILL_CHUNK, STORES, check, fill, memory_filled};
 
-const BROKERS: [&str; 3] = ["nats", "amqp", "redis"];
+const BROKERS: [&str; 4] = ["nats", "amqp", "redis", "kafka"];
 
 struct Args {
     brokers: Vec<String>,
@@ -140,7 +143,7 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown flag {other}; use --broker nats,amqp,redis (or all), --store memory,sqlite,postgres, \
+                    "unknown flag {other}; use --broker nats,amqp,redis,kafka (or all), --store memory,sqlite,postgres, \
                      --messages N, --concurrency N, --batch N, --prefetch N, --arbiters N, --window N"
                 ));
             }
@@ -150,7 +153,9 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
         .validate()
         .map_err(|e| format!("the drain's settings: {e}"))?;
     if let Some(other) = args.brokers.iter().find(|b| !BROKERS.contains(&b.as_str())) {
-        return Err(format!("--broker {other}: use nats, amqp, redis or all"));
+        return Err(format!(
+            "--broker {other}: use nats, amqp, redis, kafka or all"
+        ));
     }
     for store in &args.stores {
         check(store, STORES)?;
@@ -301,6 +306,7 @@ async fn run(args: Args) {
             "nats" => each_store(&mut nats::Nats::connect(args.window).await, &args).await,
             "amqp" => each_store(&mut amqp::Amqp::connect().await, &args).await,
             "redis" => each_store(&mut redis_streams::Redis::connect().await, &args).await,
+            "kafka" => each_store(&mut kafka::Kafka::connect().await, &args).await,
             _ => unreachable!("checked by parse_args"),
         }
     }
