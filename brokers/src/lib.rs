@@ -26,7 +26,7 @@
 //! destination ([`NameMap`]), the headers a published message carries
 //! ([`headers`]), and how broker failures are classified ([`BrokerError`]).
 //!
-//! On the consuming side, [`consume`] records each message id in the
+//! On the consuming side, `consume` records each message id in the
 //! consumer's own transaction, so its effects apply once however many
 //! copies arrive (see the guide's inbox page).
 //!
@@ -43,9 +43,9 @@
 //!   transport, its configuration, topic names, failure classes).
 //! - [`events`] and [`metrics`]: the names the inbox consumers log and
 //!   record, each listed once.
-//! - [`consume`] (a folder; features `sqlite` or `postgres`, and a
+//! - `consume` (a folder; features `sqlite` or `postgres`, and a
 //!   broker's): the other end, consumers that apply each relayed message
-//!   exactly once through an inbox ([`outbox::InboxStore`]).
+//!   exactly once through an inbox (`outbox::InboxStore`).
 
 #[cfg(feature = "amqp")]
 pub mod amqp;

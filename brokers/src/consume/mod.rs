@@ -32,6 +32,7 @@
 //! | NATS JetStream | [`NatsInboxConsumer`], a pull consumer, explicit ack | `ack` | `nak` with the retry delay | terminated (`term`) |
 //! | RabbitMQ | [`AmqpInboxConsumer`], `basic.consume`, manual ack | `basic.ack` | `basic.nack` with requeue, after the retry delay | rejected without requeue: dead-lettered if the queue has a dead-letter exchange |
 //! | Redis Streams | [`RedisInboxConsumer`], a consumer group | `XACK` | left pending, read again after the retry delay; pending entries of dead consumers claimed (`XAUTOCLAIM`) | moved to a dead-letter stream if one is set, and acknowledged |
+//! | Kafka | [`KafkaInboxConsumer`], a consumer group, offsets committed by hand | offset committed | the partition sought back to it after the retry delay | skipped (offset committed) |
 //!
 //! Every consumer also deletes its inbox rows older than its retention
 //! window (7 days by default; see [`outbox::InboxRetention`] and the
@@ -51,8 +52,8 @@
 //! - `telemetry.rs`: the span, events and metrics of each outcome.
 //! - `apply.rs`: one message through the inbox, in its transaction.
 //! - `runner.rs`: the loop every consumer runs, over a broker's source.
-//! - `nats.rs`, `amqp.rs`, `redis.rs`: one consumer per broker, behind the
-//!   broker's feature.
+//! - `nats.rs`, `amqp.rs`, `redis.rs`, `kafka.rs`: one consumer per broker,
+//!   behind the broker's feature.
 
 mod apply;
 mod handler;
@@ -62,6 +63,8 @@ mod telemetry;
 
 #[cfg(feature = "amqp")]
 mod amqp;
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "redis")]
@@ -70,6 +73,8 @@ mod redis;
 #[cfg(feature = "amqp")]
 pub use amqp::AmqpInboxConsumer;
 pub use handler::{FnHandler, HandlerError, InboxHandler, handler_fn};
+#[cfg(feature = "kafka")]
+pub use kafka::{KafkaInboxConsumer, KafkaInboxConsumerBuilder};
 #[cfg(feature = "nats")]
 pub use nats::NatsInboxConsumer;
 pub use received::Received;
@@ -79,7 +84,12 @@ pub use runner::ConsumerReport;
 
 /// The settings every broker's consumer has, written once: retention, the
 /// retry delay, and running until a shutdown signal.
-#[cfg(any(feature = "nats", feature = "amqp", feature = "redis"))]
+#[cfg(any(
+    feature = "nats",
+    feature = "amqp",
+    feature = "redis",
+    feature = "kafka"
+))]
 macro_rules! consumer_settings {
     ($consumer:ident) => {
         impl<I, H> $consumer<I, H>
@@ -130,5 +140,10 @@ macro_rules! consumer_settings {
     };
 }
 
-#[cfg(any(feature = "nats", feature = "amqp", feature = "redis"))]
+#[cfg(any(
+    feature = "nats",
+    feature = "amqp",
+    feature = "redis",
+    feature = "kafka"
+))]
 use consumer_settings;

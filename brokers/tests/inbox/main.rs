@@ -5,7 +5,7 @@
 //! id is refused the broker's way.
 //!
 //! Needs the servers of `scripts/with-services` (`DATABASE_URL`,
-//! `NATS_URL`, `AMQP_URL`, `REDIS_URL`):
+//! `NATS_URL`, `AMQP_URL`, `REDIS_URL`, `KAFKA_URL`):
 //!
 //!   scripts/with-services cargo test -p outbox-brokers --all-features --test inbox
 //!
@@ -18,6 +18,8 @@ mod harness;
 
 #[cfg(feature = "amqp")]
 mod amqp;
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "redis")]
@@ -88,8 +90,10 @@ async fn postgres() -> (PostgresInbox, Effects) {
         .build();
     inbox.setup().await.expect("set up the inbox");
     let effects = Effects::named(&table);
+    // `seq`: the order effects committed in, for the ordering checks.
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "CREATE TABLE {} (message_id text NOT NULL, payload text NOT NULL)",
+        "CREATE TABLE {} (message_id text NOT NULL, payload text NOT NULL, \
+         seq bigint GENERATED ALWAYS AS IDENTITY)",
         effects.table
     )))
     .execute(inbox.pool())
