@@ -24,6 +24,7 @@
 //! | `relay_bench` | relay throughput to NATS, RabbitMQ and Redis against the broker client's own publishing loop |
 //! | `retention_bench` | claim cost and table size over a long stream with retention deleting what settled |
 //! | `crash_worker` | nothing: the drain worker that the crash harness (`tests/crash.rs`) kills and restarts |
+//! | `inbox_consumer` | nothing: the inbox consumer that the inbox crash harness (`tests/inbox_crash.rs`) kills and restarts |
 //!
 //! The PostgreSQL runs want the `postgres` feature and a server:
 //! `scripts/with-postgres` makes a throwaway one and exports
