@@ -4,7 +4,7 @@
 //! Every event has target `outbox::inbox` and a stable `event` field
 //! holding one of these names, so log pipelines can match on it rather than
 //! on the message text. The events of one message are emitted inside its
-//! span, `inbox consume` (see [`consume`](crate::consume)). A payload
+//! span, `inbox consume` (see the `consume` module). A payload
 //! appears in one event only, [`RECEIVED`], at `trace` level.
 //!
 //! The consumers emit these constants, never a name written out: each name

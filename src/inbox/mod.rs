@@ -18,8 +18,8 @@
 //! the caller's transaction is never aborted by the inbox.
 //!
 //! The table is `"<outbox table>_inbox"` (`outbox_inbox` by default), created
-//! by the outbox's own migrations: [`SqliteInbox::setup`] and
-//! [`PostgresInbox::setup`] run them, as the outbox stores' `setup` do.
+//! by the outbox's own migrations: `SqliteInbox::setup` and
+//! `PostgresInbox::setup` run them, as the outbox stores' `setup` do.
 //! Rows older than a window are deleted in bounded batches
 //! ([`InboxStore::purge_expired`], [`InboxRetention`]); the window must
 //! outlast the time a copy of a message can still arrive (see the guide's
@@ -33,7 +33,7 @@
 //! - `mod.rs`: what both databases share: the answer of a record, the
 //!   retention settings, the [`InboxStore`] trait and input checks.
 //! - `statements.rs`: the SQL text of each database, rendered per table.
-//! - `sqlite.rs`: [`SqliteInbox`]; `postgres.rs`: [`PostgresInbox`].
+//! - `sqlite.rs`: `SqliteInbox`; `postgres.rs`: `PostgresInbox`.
 
 use std::future::Future;
 use std::time::Duration;
@@ -195,7 +195,7 @@ pub struct PurgeInbox {
 }
 
 /// An inbox in a SQL database: what the consumer runners of `outbox-brokers`
-/// need, implemented by [`SqliteInbox`] and [`PostgresInbox`].
+/// need, implemented by `SqliteInbox` and `PostgresInbox` (as the features allow).
 ///
 /// Every time the inbox writes comes from its clock
 /// ([`InboxStore::now`]), so tests can run retention on a clock of their

@@ -58,7 +58,7 @@ const OWNED: &[(&str, &str)] = &[
 /// The topics are the application's; the group is created by the brokers
 /// when the first member joins. A group with no committed offsets starts
 /// at the beginning of each partition (`auto.offset.reset=earliest`;
-/// [`set`](Self::set) changes it).
+/// [`KafkaInboxConsumerBuilder::set`] changes it).
 ///
 /// ```no_run
 /// # #[cfg(feature = "postgres")]
