@@ -153,13 +153,23 @@ async fn nats_applies_every_message_once_through_twenty_kills() {
         move || {
             let (js, stream) = (js.clone(), stream.clone());
             async move {
-                let Ok(stream) = js.get_stream(&stream).await else {
-                    return false;
-                };
-                let Ok(info) = stream.consumer_info("crash").await else {
-                    return false;
-                };
-                info.num_pending == 0 && info.num_ack_pending == 0
+                let mut stream = js.get_stream(&stream).await.map_err(|e| e.to_string())?;
+                let consumer = stream
+                    .consumer_info("crash")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if consumer.num_pending > 0 || consumer.num_ack_pending > 0 {
+                    return Err(format!(
+                        "{} pending, {} awaiting an ack, {} redelivered",
+                        consumer.num_pending, consumer.num_ack_pending, consumer.num_redelivered
+                    ));
+                }
+                Ok(stream
+                    .info()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .state
+                    .messages)
             }
         }
     };
@@ -197,7 +207,15 @@ async fn kafka_applies_every_message_once_in_key_order_through_twenty_kills() {
     };
     let drained = {
         let (brokers, topic, group) = (brokers.clone(), topic.clone(), group.clone());
-        move || kafka::caught_up(brokers.clone(), topic.clone(), group.clone())
+        move || {
+            let (brokers, topic, group) = (brokers.clone(), topic.clone(), group.clone());
+            async move {
+                match kafka::caught_up(brokers.clone(), topic.clone(), group.clone()).await {
+                    Some(stored) => Ok(stored),
+                    None => Err(kafka::describe(brokers, topic, group).await),
+                }
+            }
+        }
     };
     harness(
         "kafka",
@@ -224,9 +242,10 @@ async fn kafka_applies_every_message_once_in_key_order_through_twenty_kills() {
 /// Publish, kill twenty times, let the last run finish, and judge the
 /// effects. `relay` makes the relay's transport (in the relay's thread),
 /// `pace` times the kills and the relay, `consumer_args` tell
-/// `inbox_consumer` where to consume, `drained` says
-/// whether the broker has nothing left for the consumer, `keyed` asks for
-/// per-key order to be checked.
+/// `inbox_consumer` where to consume, `drained` answers how many copies
+/// the broker stored once it has nothing left for the consumer (else what
+/// it has left, to report a stall), `keyed`
+/// asks for per-key order to be checked.
 async fn harness<R, RF, T, D, DF>(
     label: &str,
     pace: Pace,
@@ -239,7 +258,7 @@ async fn harness<R, RF, T, D, DF>(
     RF: std::future::Future<Output = T>,
     T: EventBus + Clone,
     D: Fn() -> DF,
-    DF: std::future::Future<Output = bool>,
+    DF: std::future::Future<Output = Result<u64, String>>,
 {
     let seed = seed();
     println!(
@@ -308,28 +327,35 @@ async fn harness<R, RF, T, D, DF>(
     let mut last = spawn_consumer(label, &args, KILLS, &stderr);
     relay_thread.join().expect("the relay thread");
     let deadline = Instant::now() + LAST_RUN_LIMIT;
-    loop {
+    let stored = loop {
         if let Some(status) = last.try_wait().expect("poll the consumer") {
             panic!(
                 "the last run exited ({status}, seed {seed}); its stderr: {}",
                 std::fs::read_to_string(&stderr).unwrap_or_default()
             );
         }
-        if applied(&pool, &table).await.len() == MESSAGES && drained().await {
-            break;
+        let state = if applied(&pool, &table).await.len() == MESSAGES {
+            drained().await
+        } else {
+            Err("messages left to apply".to_owned())
+        };
+        if let Ok(stored) = state {
+            break stored;
         }
         if Instant::now() > deadline {
             last.kill().ok();
             last.wait().ok();
             panic!(
                 "the last run did not apply and acknowledge everything within \
-                 {LAST_RUN_LIMIT:?} (seed {seed}): {} of {MESSAGES} applied; its stderr: {}",
+                 {LAST_RUN_LIMIT:?} (seed {seed}): {} of {MESSAGES} applied; the broker: {}; \
+                 its stderr: {}",
                 applied(&pool, &table).await.len(),
+                drained().await.err().unwrap_or_default(),
                 std::fs::read_to_string(&stderr).unwrap_or_default()
             );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
     last.kill().ok();
     last.wait().ok();
 
@@ -354,8 +380,8 @@ async fn harness<R, RF, T, D, DF>(
         doubled.len()
     );
     println!(
-        "inbox crash harness ({label}) details: {} copies published, effects committed by {} of \
-         {} runs, {} keys out of order, seed {seed}, {:.1}s",
+        "inbox crash harness ({label}) details: {} copies published, {stored} stored by the \
+         broker, effects committed by {} of {} runs, {} keys out of order, seed {seed}, {:.1}s",
         published.load(Ordering::Relaxed),
         runs_applying,
         KILLS + 1,
@@ -372,9 +398,9 @@ async fn harness<R, RF, T, D, DF>(
         "keys whose effects committed out of enqueue order (seed {seed}): {out_of_order:?}"
     );
     assert_eq!(
-        published.load(Ordering::Relaxed),
-        2 * MESSAGES as u64,
-        "the relay publishes each message twice"
+        (published.load(Ordering::Relaxed), stored),
+        (2 * MESSAGES as u64, 2 * MESSAGES as u64),
+        "the relay publishes each message twice, and the broker keeps both copies"
     );
     sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE \"{table}_effects\", \"{table}_inbox\", \"{table}\", \"{table}_migrations\", \
@@ -582,9 +608,9 @@ mod kafka {
         }
     }
 
-    /// Whether `group` committed, on every partition of `topic`, the offset
-    /// after its last record.
-    pub(crate) async fn caught_up(brokers: String, topic: String, group: String) -> bool {
+    /// How many records `topic` holds, once `group` committed on every
+    /// partition the offset after its last record; `None` before.
+    pub(crate) async fn caught_up(brokers: String, topic: String, group: String) -> Option<u64> {
         tokio::task::spawn_blocking(move || {
             // Not subscribed: reading the group's offsets does not join it.
             let reader: BaseConsumer = ClientConfig::new()
@@ -594,28 +620,68 @@ mod kafka {
                 .create()
                 .expect("a reader");
             let timeout = Duration::from_secs(10);
-            let Ok(metadata) = reader.fetch_metadata(Some(&topic), timeout) else {
-                return false;
-            };
+            let metadata = reader.fetch_metadata(Some(&topic), timeout).ok()?;
             let mut wanted = TopicPartitionList::new();
             let mut ends = BTreeMap::new();
             for partition in metadata.topics()[0].partitions() {
-                let Ok((_, high)) = reader.fetch_watermarks(&topic, partition.id(), timeout) else {
-                    return false;
-                };
-                ends.insert(partition.id(), high);
+                let (low, high) = reader
+                    .fetch_watermarks(&topic, partition.id(), timeout)
+                    .ok()?;
+                ends.insert(partition.id(), (low, high));
                 wanted.add_partition(&topic, partition.id());
             }
-            let Ok(committed) = reader.committed_offsets(wanted, timeout) else {
-                return false;
-            };
-            committed.elements().iter().all(|element| {
-                let end = ends[&element.partition()];
+            let committed = reader.committed_offsets(wanted, timeout).ok()?;
+            let done = committed.elements().iter().all(|element| {
+                let (low, high) = ends[&element.partition()];
                 match element.offset() {
-                    Offset::Offset(offset) => offset >= end,
-                    _ => end == 0,
+                    Offset::Offset(offset) => offset >= high,
+                    _ => high == low,
                 }
-            })
+            });
+            done.then(|| ends.values().map(|(low, high)| (high - low) as u64).sum())
+        })
+        .await
+        .expect("the reader thread")
+    }
+
+    /// The group's members and, per partition, its watermarks and committed
+    /// offset: what a stalled run is told with.
+    pub(crate) async fn describe(brokers: String, topic: String, group: String) -> String {
+        tokio::task::spawn_blocking(move || {
+            let reader: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", brokers)
+                .set("group.id", &group)
+                .set("enable.auto.commit", "false")
+                .create()
+                .expect("a reader");
+            let timeout = Duration::from_secs(10);
+            let members = match reader.fetch_group_list(Some(&group), timeout) {
+                Ok(list) => list
+                    .groups()
+                    .iter()
+                    .map(|g| format!("{} {} members {}", g.name(), g.state(), g.members().len()))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                Err(error) => format!("no group list: {error}"),
+            };
+            let mut partitions = Vec::new();
+            if let Ok(metadata) = reader.fetch_metadata(Some(&topic), timeout) {
+                let mut wanted = TopicPartitionList::new();
+                for partition in metadata.topics()[0].partitions() {
+                    wanted.add_partition(&topic, partition.id());
+                }
+                if let Ok(committed) = reader.committed_offsets(wanted, timeout) {
+                    for element in committed.elements() {
+                        let marks = reader.fetch_watermarks(&topic, element.partition(), timeout);
+                        partitions.push(format!(
+                            "{}: committed {:?}, watermarks {marks:?}",
+                            element.partition(),
+                            element.offset()
+                        ));
+                    }
+                }
+            }
+            format!("group {members}; partitions {}", partitions.join(", "))
         })
         .await
         .expect("the reader thread")

@@ -21,7 +21,8 @@
 //! message inserts one row into `"<table>_effects"`: the message id, this
 //! run, and the payload's `key` and `n`. The effects table has no unique
 //! key: a message applied twice would show as two rows, which is what the
-//! harness counts. It runs until it is killed; it prints nothing.
+//! harness counts. It runs until it is killed; it logs the consumers'
+//! warnings to standard error.
 //!
 //! Exit status: 1 when it cannot start, 2 for bad arguments.
 
@@ -109,6 +110,14 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
 fn main() {
     let args = parse_args(Flags::from_env())
         .unwrap_or_else(|message| refuse(format!("inbox_consumer: {message}")));
+    // The consumers' warnings (a failed message, a receive or an
+    // acknowledgement that failed) go to standard error, which the harness
+    // shows when a run goes wrong.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
