@@ -113,6 +113,11 @@
 //! - `testing` (feature `testing`): [`testing`], helpers for an
 //!   application's own tests: what was enqueued, by type, and a handler
 //!   that records what was delivered.
+//! - `inbox`: the consumer's side (features `sqlite`, `postgres`): record
+//!   a relayed message's id in the transaction that applies it, so its
+//!   effects apply once (`InboxStore`, `SqliteInbox`, `PostgresInbox`),
+//!   and delete old records by a window (`InboxRetention`). Its table
+//!   comes with the outbox's migrations.
 //!
 //! A file's tests beyond a few cases live beside it, in a `tests.rs` of the
 //! folder named after it (`config/tests.rs`, `store/fenced/tests.rs`, ...).
@@ -134,6 +139,8 @@ mod clock;
 mod config;
 mod database;
 mod error;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod inbox;
 mod kind;
 mod limits;
 mod message;
@@ -156,6 +163,14 @@ pub use error::{
     DeliveryError, Error, ErrorRecord, MAX_ERROR_RECORD_BYTES, RegistryError, Result, SharedError,
     UnreadableMessage, UrlError,
 };
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use inbox::{
+    InboxRetention, InboxStore, MAX_CONSUMER_LEN, MAX_INBOX_ID_LEN, PurgeInbox, Recorded,
+};
+#[cfg(feature = "postgres")]
+pub use inbox::{PostgresInbox, PostgresInboxBuilder};
+#[cfg(feature = "sqlite")]
+pub use inbox::{SqliteInbox, SqliteInboxBuilder};
 pub use kind::{MessageKind, MessageStatus};
 pub use limits::{DEFAULT_MAX_ATTEMPTS, MAX_DURATION, MAX_ENQUEUE_BATCH, MIN_LEASE};
 pub use message::{

@@ -26,6 +26,7 @@
 //! | `retention_bench` | claim cost and table size over a long stream with retention deleting what settled |
 //! | `scale_bench` | one PostgreSQL backlog drained by 1, 2, 4 and 8 processes: throughput, and the server's CPU per message |
 //! | `crash_worker` | nothing: the drain worker that the crash harness (`tests/crash.rs`) kills and restarts |
+//! | `inbox_consumer` | nothing: the inbox consumer that the inbox crash harness (`tests/inbox_crash.rs`) kills and restarts |
 //!
 //! The PostgreSQL runs want the `postgres` feature and a server:
 //! `scripts/with-postgres` makes a throwaway one and exports

@@ -359,7 +359,7 @@ async fn open_now(url: &str, config: &AmqpConfig, generation: u64) -> Result<Ses
 /// Refusals a retry cannot change are permanent; everything about the
 /// connection (I/O, a closed channel, a forced close, missed heartbeats) is
 /// transient.
-fn classify(operation: &'static str, error: lapin::Error) -> BrokerError {
+pub(crate) fn classify(operation: &'static str, error: lapin::Error) -> BrokerError {
     let (class, reason) = match error.kind() {
         ErrorKind::ProtocolError(amqp) => {
             let class = match amqp.kind() {

@@ -26,6 +26,10 @@
 //! destination ([`NameMap`]), the headers a published message carries
 //! ([`headers`]), and how broker failures are classified ([`BrokerError`]).
 //!
+//! On the consuming side, `consume` records each message id in the
+//! consumer's own transaction, so its effects apply once however many
+//! copies arrive (see the guide's inbox page).
+//!
 //! The guide's page on [publishing to a broker](https://github.com/outbox-rs/outbox/blob/main/docs/src/brokers.md) covers the
 //! relay, deduplication per broker and what consumers must do.
 //!
@@ -37,12 +41,21 @@
 //! - `nats`, `amqp`, `redis`, `kafka`: one transport each, behind a feature
 //!   of the same name, with its configuration (`kafka` is a folder: the
 //!   transport, its configuration, topic names, failure classes).
+//! - [`events`] and [`metrics`]: the names the inbox consumers log and
+//!   record, each listed once.
+//! - `consume` (a folder; features `sqlite` or `postgres`, and a
+//!   broker's): the other end, consumers that apply each relayed message
+//!   exactly once through an inbox (`outbox::InboxStore`).
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod consume;
 mod error;
+pub mod events;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+pub mod metrics;
 mod naming;
 #[cfg(feature = "nats")]
 pub mod nats;

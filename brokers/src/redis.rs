@@ -321,7 +321,7 @@ impl RedisTransport {
 
 /// Whether the error is about the connection rather than a server reply
 /// (a reply leaves the connection usable).
-fn connection_lost(error: &RedisError) -> bool {
+pub(crate) fn connection_lost(error: &RedisError) -> bool {
     error.is_io_error()
         || error.is_timeout()
         || error.is_connection_dropped()
@@ -339,7 +339,7 @@ fn timed_out(operation: &'static str, timeout: Duration) -> BrokerError {
 
 /// Server refusals are classified by their error code; anything about the
 /// connection is transient.
-fn classify(operation: &'static str, error: RedisError) -> BrokerError {
+pub(crate) fn classify(operation: &'static str, error: RedisError) -> BrokerError {
     let reason = error.to_string();
     let class = if connection_lost(&error) {
         FailureClass::Transient

@@ -42,6 +42,8 @@ async fn setup_runs_twice_and_creates_schemas_and_tables_of_their_own() {
             "events_created",
             "events_drains_pkey",
             "events_idempotency",
+            "events_inbox_pkey",
+            "events_inbox_retention",
             "events_migrations_pkey",
             "events_ordering",
             "events_ordering_claimed",

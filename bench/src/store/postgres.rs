@@ -59,7 +59,7 @@ pub async fn drop_tables(url: &str, table: &str) {
         .await
         .expect("connect to DATABASE_URL");
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
+        "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\", \"{table}_inbox\"; \
          DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \
            \"{table}_settle\""
     )))

@@ -114,6 +114,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use rdkafka::util::Timeout;
 
 pub use config::KafkaConfig;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) use config::bootstrap_servers;
 pub use topic::{InvalidTopic, MAX_TOPIC_LEN};
 
 use crate::{BrokerError, FailureClass, NameMap, headers};

@@ -43,15 +43,17 @@ pub(crate) fn render_migration(sql: &str, table: &TableName, dialect: Dialect) -
             return out;
         };
         let inner = &after_mark[..close];
+        let previous = out.trim_end().rsplit(|c: char| c.is_whitespace()).next();
+        let after = |keyword: &str| previous.is_some_and(|word| word.eq_ignore_ascii_case(keyword));
+        // SQLite refuses a qualified table after `ON`: the index's own
+        // (qualified) name already says which database it lives in.
+        let after_on = after("ON");
         let replacement = if inner.is_empty() {
-            let previous = out.trim_end().rsplit(|c: char| c.is_whitespace()).next();
-            let after =
-                |keyword: &str| previous.is_some_and(|word| word.eq_ignore_ascii_case(keyword));
             // A table renamed into place (`RENAME TO`) keeps its schema:
             // neither database takes a qualified new name.
             match dialect {
                 _ if after("TO") => Some(table.quoted_bare()),
-                Dialect::Sqlite if after("ON") => Some(table.quoted_bare()),
+                Dialect::Sqlite if after_on => Some(table.quoted_bare()),
                 _ => Some(table.quoted()),
             }
         } else {
@@ -63,7 +65,7 @@ pub(crate) fn render_migration(sql: &str, table: &TableName, dialect: Dialect) -
                 .next()
                 .is_some_and(|word| word.eq_ignore_ascii_case("ON"));
             let qualified = match dialect {
-                Dialect::Sqlite => true,
+                Dialect::Sqlite => !after_on,
                 Dialect::Postgres => !index,
             };
             inner
@@ -154,6 +156,23 @@ mod tests {
                 "ALTER TABLE \"app\".\"jobs_rebuilt\" RENAME TO \"jobs\";"
             );
         }
+    }
+
+    #[test]
+    fn sqlite_names_a_derived_table_bare_after_on() {
+        let sql = "CREATE TABLE \"outbox_inbox\" (id text);\n\
+                   CREATE INDEX \"outbox_inbox_at\" ON \"outbox_inbox\" (id);";
+        let table = TableName::parse("main.jobs").unwrap();
+        assert_eq!(
+            render_migration(sql, &table, Dialect::Sqlite),
+            "CREATE TABLE \"main\".\"jobs_inbox\" (id text);\n\
+             CREATE INDEX \"main\".\"jobs_inbox_at\" ON \"jobs_inbox\" (id);"
+        );
+        assert_eq!(
+            render_migration(sql, &table, Dialect::Postgres),
+            "CREATE TABLE \"main\".\"jobs_inbox\" (id text);\n\
+             CREATE INDEX \"jobs_inbox_at\" ON \"main\".\"jobs_inbox\" (id);"
+        );
     }
 
     #[test]
