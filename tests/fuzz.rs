@@ -986,6 +986,7 @@ fn claim(now: DateTime<Utc>) -> ClaimBatch {
         limit: 10,
         now,
         lease: Duration::from_secs(30),
+        queues: Vec::new(),
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
     }
 }

@@ -170,6 +170,8 @@ impl Generated {
             claim_token: "token".to_owned(),
             claimed_at: now,
             locked_until: now + chrono::Duration::seconds(30),
+            queue: outbox::DEFAULT_QUEUE.to_owned(),
+            priority: 0,
         }
     }
 

@@ -7,8 +7,7 @@ use outbox::kit::check;
 use outbox::{
     AnyOutbox, BlockedKey, Clock, ListCursor, ListMessages, MessagePage, OutboxAdmin,
     OutboxMessage, OutboxStats, PurgeMessages, QueueState, RequeueDeadLetters, ScheduleState,
-    SkipDeadLetter,
-    SystemClock, UnreadableMessage,
+    SkipDeadLetter, SystemClock, UnreadableMessage,
 };
 use serde::Serialize;
 

@@ -75,7 +75,7 @@ pub use admin::{
     MinuteActivity, OutboxAdmin, OutboxStats, PauseQueue, PurgeMessages, QueueState,
     RequeueDeadLetters, RetryNow, SkipDeadLetter,
 };
-use schedules::{ScheduleState, ScheduleStore};
+use schedules::ScheduleStore;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]

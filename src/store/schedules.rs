@@ -22,7 +22,7 @@
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::message::{Enqueued, NewMessage};
 
 /// The longest schedule name accepted, in bytes.
@@ -183,11 +183,11 @@ pub enum SlotOutcome {
 pub trait ScheduleStore: Send + Sync {
     /// Create the schedule's row, or update its definition; answers the
     /// row as it now is. A name that breaks [`schedule_name_problem`] is
-    /// refused with [`Error::InvalidInput`].
+    /// refused with [`Error::InvalidInput`](crate::Error::InvalidInput).
     fn declare_schedule(&self, params: DeclareSchedule) -> BoxFuture<'_, Result<ScheduleState>>;
 
     /// Enqueue one slot once; see [`EnqueueSlot`] and [`SlotOutcome`]. A
-    /// schedule never declared is refused with [`Error::InvalidInput`]
+    /// schedule never declared is refused with [`Error::InvalidInput`](crate::Error::InvalidInput)
     /// (field `schedule`), an invalid message as
     /// [`OutboxStore::enqueue`](crate::OutboxStore::enqueue) refuses it;
     /// neither writes anything.

@@ -272,6 +272,7 @@ async fn seeded(url: &str) -> SqliteOutbox {
             now,
             lease: Duration::from_secs(30),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
         })
         .await
         .expect("a claim");

@@ -16,7 +16,7 @@ use crate::store::schedules::{
 };
 use crate::store::sql::{db, state_from, states_from};
 
-type Time = chrono::DateTime<chrono::Utc>;
+type Time = crate::store::sql::PgTime;
 
 impl PostgresOutbox {
     async fn declare_now(&self, params: DeclareSchedule) -> Result<ScheduleState> {
@@ -64,7 +64,8 @@ impl PostgresOutbox {
                 None => return Err(check::undeclared(&params.schedule)),
                 Some(row) => row
                     .try_get::<Option<Time>, _>(0)
-                    .map_err(db("enqueue_slot"))?,
+                    .map_err(db("enqueue_slot"))?
+                    .map(|at| at.0),
             };
             // Not advanced, so a slot at or before it exists.
             return Ok(SlotOutcome::Taken {

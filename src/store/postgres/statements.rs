@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use crate::store::sql::{
-    CancelStatements, INSERT_COLUMNS, MESSAGE_COLUMNS, SharedStatements, TableName,
-    blocked_count, head_test, key_fronts_cte, levels_cte, oldest_due, pending_count, queues,
+    CancelStatements, INSERT_COLUMNS, MESSAGE_COLUMNS, SharedStatements, TableName, blocked_count,
+    head_test, key_fronts_cte, levels_cte, oldest_due, pending_count, queues,
 };
 
 /// The time a statement judges leases by: the caller's (`$1`, bound when
