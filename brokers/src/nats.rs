@@ -51,7 +51,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
-use async_nats::{Client, ConnectErrorKind, Event, HeaderMap, HeaderValue, ServerError};
+use async_nats::{
+    Client, ConnectErrorKind, Event, HeaderMap, HeaderValue, ServerAddr, ServerError,
+};
 use bytes::Bytes;
 use futures_util::future::LocalBoxFuture;
 use outbox::{ClaimedMessage, Delivery, DeliveryResult, EventBus, JobDispatcher};
@@ -134,6 +136,17 @@ impl NatsTransport {
     /// connected, the client reconnects by itself for as long as it takes,
     /// and publishes fail as transient errors meanwhile.
     pub async fn connect(url: &str, config: NatsConfig) -> Result<Self, BrokerError> {
+        // async-nats reads a string as one address; a cluster's list is
+        // split here, so the client knows every node and reconnects to a
+        // live one.
+        let servers = url
+            .split(',')
+            .map(|one| one.trim().parse::<ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| {
+                let reason = format!("`{}` is not a NATS URL: {err}", redact(url));
+                BrokerError::new(BROKER, "connect", FailureClass::Permanent, reason)
+            })?;
         let violations = Arc::new(Mutex::new(VecDeque::new()));
         let seen = Arc::clone(&violations);
         let client = async_nats::ConnectOptions::new()
@@ -157,7 +170,7 @@ impl NatsTransport {
                     }
                 }
             })
-            .connect(url)
+            .connect(servers.as_slice())
             .await
             .map_err(|err| {
                 let class = match err.kind() {

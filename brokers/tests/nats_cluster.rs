@@ -218,16 +218,10 @@ async fn a_node_lost_mid_relay_loses_nothing_and_stores_each_message_once() {
     )
     .await;
 
-    // The relay's client knows every node and reconnects to a live one on
-    // its own. (`NatsTransport::connect` takes one URL: async-nats does not
-    // split a comma-separated list given as one string.)
-    let client = async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(5))
-        .connect(urls.as_slice())
-        .await
-        .expect("the relay connects to the cluster");
-    let transport = NatsTransport::from_client(
-        client,
+    // The relay's client knows every node, from the comma-separated list,
+    // and reconnects to a live one on its own.
+    let transport = NatsTransport::connect(
+        &urls.join(","),
         NatsConfig::new(&stream, NameMap::new(&prefix)).ack_timeout(ACK_TIMEOUT),
     )
     .await

@@ -7,9 +7,10 @@
 //!
 //! # Layout
 //!
-//! - `passes`, `prefetch`, `claims`, `lease`, `settlement`, `outages`, `shutdown`, `registry`, `faults`: one
-//!   test per behaviour, against the scriptable fault store of `support`,
-//!   through the [`Harness`] below.
+//! - `passes`, `prefetch`, `claims`, `lease`, `settlement`, `outages`,
+//!   `shutdown`, `registry`, `faults`, `budget`, `ordering`, `retention`:
+//!   one test per behaviour, against the scriptable fault store of
+//!   `support`, through the [`Harness`] below.
 //! - `queues`: named queues, pausing and cancelling, over the memory
 //!   store (its admin side pauses and cancels).
 //! - `schedules`: periodic schedules on the memory store, several
@@ -27,6 +28,9 @@
 //! - `pg_restart`, with the `postgres` feature: PostgreSQL restarted as a
 //!   crash would mid-drain; it runs only under `scripts/with-postgres
 //!   --restartable`, on its own.
+//! - `failover`, with the `postgres` feature: the primary stopped mid-drain
+//!   and its standby promoted behind HAProxy; it runs only under
+//!   `scripts/with-postgres --standby`.
 //! - `actix_web`, with the `sqlite` feature: the actix-web example over HTTP.
 
 mod support;
