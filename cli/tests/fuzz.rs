@@ -11,77 +11,21 @@
 #[allow(dead_code, unreachable_pub)]
 mod cli;
 
+#[path = "../../tests/fuzzing/mod.rs"]
+mod fuzzing;
+
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::fmt::Debug;
-use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, Parser};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use crate::cli::Cli;
 
-/// Run `cases` generated inputs through `check`. A panic fails the case
-/// like an assertion does; either way the number of cases run and of
-/// panics is printed and written under the target directory, where
-/// `.ci/run` adds up every package's.
-fn fuzz<S>(
-    target: &str,
-    cases: u32,
-    strategy: S,
-    check: impl Fn(S::Value) -> Result<(), TestCaseError>,
-) where
-    S: Strategy,
-    S::Value: Debug,
-{
-    let ran = AtomicU64::new(0);
-    let panics = AtomicU64::new(0);
-    let started = Instant::now();
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        max_shrink_iters: 512,
-        ..Config::default()
-    });
-    let result = runner.run(&strategy, |input| {
-        ran.fetch_add(1, Ordering::Relaxed);
-        std::panic::catch_unwind(AssertUnwindSafe(|| check(input))).unwrap_or_else(|panic| {
-            panics.fetch_add(1, Ordering::Relaxed);
-            let text = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("a panic");
-            Err(TestCaseError::fail(format!("panicked: {text}")))
-        })
-    });
-    let (ran, panics) = (ran.into_inner(), panics.into_inner());
-    let took = started.elapsed().as_secs_f64();
-    println!("fuzz: outbox-cli {target}: {ran} cases, {panics} panics ({took:.1} s)");
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fuzz");
-    std::fs::create_dir_all(&dir).expect("the fuzz counts' directory");
-    std::fs::write(
-        dir.join(format!("outbox-cli-{target}")),
-        format!("{ran} {panics}\n"),
-    )
-    .expect("a fuzz count");
-    if let Err(failure) = result {
-        panic!("{target}: {failure}");
-    }
-}
-
-fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), TestCaseError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(TestCaseError::fail(what()))
-    }
-}
+use fuzzing::{ensure, fuzz};
 
 /// Every subcommand and every flag the command line defines, read from the
 /// definition itself so the fuzzer follows it when flags are added.
