@@ -35,7 +35,7 @@ pub struct OutboxStats {
     pub oldest_due_at: Option<DateTime<Utc>>,
     /// Ordering keys held by a dead letter that was not skipped (see
     /// [`OutboxAdmin::blocked_keys`]); under
-    /// [`OnDeadLetter::Skip`] they do not hold their later messages.
+    /// [`OnDeadLetter::Skip`](crate::OnDeadLetter::Skip) they do not hold their later messages.
     pub blocked_keys: u64,
 }
 
