@@ -11,6 +11,14 @@ type Outcome = Result<(), Failure>;
 
 /// `pause`: every drain stops claiming from the queue.
 pub(crate) async fn pause(store: &AnyOutbox, args: QueueArgs) -> Outcome {
+    // A queue exists by use, so a mistyped name would be paused without a
+    // word; a name that holds nothing is paused (a queue may be paused
+    // before its first message) but called out.
+    let in_use = store
+        .queues()
+        .await?
+        .iter()
+        .any(|queue| queue.queue == args.queue);
     let paused = store
         .pause_queue(PauseQueue {
             queue: args.queue.clone(),
@@ -26,6 +34,13 @@ pub(crate) async fn pause(store: &AnyOutbox, args: QueueArgs) -> Outcome {
         );
     } else {
         outln!("queue {:?} was already paused", args.queue);
+    }
+    if !in_use {
+        eprintln!(
+            "note: queue {:?} holds no pending or claimed message; check the name \
+             (`outbox status` lists the queues in use)",
+            args.queue
+        );
     }
     Ok(())
 }

@@ -324,6 +324,21 @@ async fn pause_and_resume_a_queue_that_status_lists_and_drains_honour<
         "{}",
         paused.stdout
     );
+    assert!(paused.stderr.is_empty(), "{}", paused.stderr);
+    // A name no message uses is paused, and called out.
+    let typo = f.run(&["pause", "emials"]).ok();
+    assert!(
+        typo.stdout.starts_with("paused queue \"emials\""),
+        "{}",
+        typo.stdout
+    );
+    assert!(
+        typo.stderr
+            .contains("queue \"emials\" holds no pending or claimed message"),
+        "{}",
+        typo.stderr
+    );
+    f.run(&["resume", "emials"]).ok();
     let again = f.run(&["pause", "emails"]).ok();
     assert!(again.stdout.contains("already paused"), "{}", again.stdout);
     f.run(&["pause", "two words"]).code(2);
