@@ -336,7 +336,11 @@ async fn harness<R, RF, T, D, DF>(
     }
 
     if let Some(source) = last_source {
-        let at = args.iter().position(|a| a == "--source").expect("a --source") + 1;
+        let at = args
+            .iter()
+            .position(|a| a == "--source")
+            .expect("a --source")
+            + 1;
         args[at] = source.to_owned();
     }
     let mut last = spawn_consumer(label, &args, KILLS, &stderr);
