@@ -3,7 +3,7 @@
 //! The two enums every layer names, from the error type up to the stores,
 //! so they sit in a leaf that names no other module. Parsing them fails with
 //! the crate's [`Error`](crate::Error), which names them in turn, so their
-//! `FromStr` impls live in [`message`](crate::message), above both.
+//! `FromStr` impls live in the `message` module, above both.
 
 use std::fmt;
 

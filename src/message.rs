@@ -695,3 +695,52 @@ pub fn new_message_id() -> String {
 pub fn new_claim_token() -> String {
     uuid::Uuid::new_v4().to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claimed(max_attempts: u32, set: bool) -> ClaimedMessage {
+        let now = chrono::DateTime::UNIX_EPOCH;
+        ClaimedMessage {
+            id: "m".into(),
+            kind: crate::MessageKind::Event,
+            name: "e".into(),
+            payload: crate::Payload::from_json("{}".to_string()).unwrap(),
+            trace: None,
+            ordering_key: None,
+            queue: crate::DEFAULT_QUEUE.into(),
+            priority: 0,
+            attempts: 1,
+            max_attempts,
+            max_attempts_set: set,
+            available_at: now,
+            created_at: now,
+            claim_token: "t".into(),
+            claimed_at: now,
+            locked_until: now,
+        }
+    }
+
+    #[test]
+    fn attempt_cap_precedence_message_then_policy_then_claim() {
+        let policy = crate::retry::RetryPolicy::default().with_max_attempts(3);
+        // Set at enqueue: the message's own cap wins, higher or lower.
+        assert_eq!(policy.max_attempts_for(&claimed(40, true)), 40);
+        assert_eq!(policy.max_attempts_for(&claimed(2, true)), 2);
+        // Not set: the policy's cap, higher or lower than the claim's.
+        assert_eq!(policy.max_attempts_for(&claimed(25, false)), 3);
+        let generous = crate::retry::RetryPolicy::default().with_max_attempts(50);
+        assert_eq!(generous.max_attempts_for(&claimed(25, false)), 50);
+        // Neither: the cap the message was claimed under.
+        assert_eq!(
+            crate::retry::RetryPolicy::default().max_attempts_for(&claimed(25, false)),
+            25
+        );
+        assert_eq!(
+            crate::retry::RetryPolicy::default().attempt_cap(),
+            crate::DEFAULT_MAX_ATTEMPTS
+        );
+        assert_eq!(generous.attempt_cap(), 50);
+    }
+}

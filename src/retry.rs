@@ -256,7 +256,6 @@ fn unit_interval(seed: u64, id: &str, attempts: u32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::ClaimedMessage;
 
     #[test]
     fn backoff_grows_and_caps() {
@@ -281,47 +280,6 @@ mod tests {
                 "{d:?}"
             );
         }
-    }
-
-    fn claimed(max_attempts: u32, set: bool) -> ClaimedMessage {
-        let now = chrono::DateTime::UNIX_EPOCH;
-        ClaimedMessage {
-            id: "m".into(),
-            kind: crate::MessageKind::Event,
-            name: "e".into(),
-            payload: crate::Payload::from_json("{}".to_string()).unwrap(),
-            trace: None,
-            ordering_key: None,
-            queue: crate::DEFAULT_QUEUE.into(),
-            priority: 0,
-            attempts: 1,
-            max_attempts,
-            max_attempts_set: set,
-            available_at: now,
-            created_at: now,
-            claim_token: "t".into(),
-            claimed_at: now,
-            locked_until: now,
-        }
-    }
-
-    #[test]
-    fn attempt_cap_precedence_message_then_policy_then_claim() {
-        let policy = RetryPolicy::default().with_max_attempts(3);
-        // Set at enqueue: the message's own cap wins, higher or lower.
-        assert_eq!(policy.max_attempts_for(&claimed(40, true)), 40);
-        assert_eq!(policy.max_attempts_for(&claimed(2, true)), 2);
-        // Not set: the policy's cap, higher or lower than the claim's.
-        assert_eq!(policy.max_attempts_for(&claimed(25, false)), 3);
-        let generous = RetryPolicy::default().with_max_attempts(50);
-        assert_eq!(generous.max_attempts_for(&claimed(25, false)), 50);
-        // Neither: the cap the message was claimed under.
-        assert_eq!(
-            RetryPolicy::default().max_attempts_for(&claimed(25, false)),
-            25
-        );
-        assert_eq!(RetryPolicy::default().attempt_cap(), DEFAULT_MAX_ATTEMPTS);
-        assert_eq!(generous.attempt_cap(), 50);
     }
 
     #[test]
