@@ -49,8 +49,10 @@ pub struct DrainConfig {
     /// Their heartbeat starts with their handler: one that waited until less
     /// than a heartbeat interval (plus the claim's own time) of its lease is
     /// left is given back undelivered, and all are given back at shutdown.
-    /// Default 0: claim only for free slots.
-    pub prefetch: usize,
+    /// Default `None`: the drain sizes it as it runs, from the rate handlers
+    /// start at and the claims' round trip (see [`DrainConfig::auto_prefetch`]);
+    /// `Some(0)` claims only for free slots.
+    pub prefetch: Option<usize>,
     /// Claims a pass may have in flight at once, 1 to 64. With more than
     /// one, the free slots (`concurrency + prefetch`) are claimed in shares
     /// of `(concurrency + prefetch) / claims_in_flight`, and a claim goes out
@@ -58,8 +60,9 @@ pub struct DrainConfig {
     /// store whose claim is bound by a durable commit's round-trip (such as
     /// PostgreSQL with `fsync` on) overlaps those waits, and the commits of
     /// concurrent claims share a flush. Each claim holds a store connection
-    /// while it runs. Default 1: one claim at a time, sized by all free slots.
-    pub claims_in_flight: usize,
+    /// while it runs. Default `None`: what the store says suits it
+    /// ([`OutboxStore::claim_parallelism`](crate::OutboxStore::claim_parallelism)).
+    pub claims_in_flight: Option<usize>,
     /// How long a claim owns a message unless renewed. Default 30 s.
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
@@ -231,8 +234,8 @@ impl Default for DrainConfig {
         DrainConfig {
             batch_size: 100,
             concurrency: 1,
-            prefetch: 0,
-            claims_in_flight: 1,
+            prefetch: None,
+            claims_in_flight: None,
             lease: Duration::from_secs(30),
             heartbeat: None,
             max_active: Duration::from_secs(300),
@@ -354,19 +357,19 @@ impl DrainConfig {
         if self.every.is_some_and(|every| every.is_zero()) {
             bad("every", "must be longer than zero, or unset".into());
         }
-        if self.prefetch > MAX_PREFETCH {
+        if let Some(prefetch) = self.prefetch.filter(|&p| p > MAX_PREFETCH) {
             bad(
                 "prefetch",
-                format!("must be at most {MAX_PREFETCH} ({} given)", self.prefetch),
+                format!("must be at most {MAX_PREFETCH} ({prefetch} given), or unset"),
             );
         }
-        if !(1..=MAX_CLAIMS_IN_FLIGHT).contains(&self.claims_in_flight) {
+        if let Some(claims) = self
+            .claims_in_flight
+            .filter(|c| !(1..=MAX_CLAIMS_IN_FLIGHT).contains(c))
+        {
             bad(
                 "claims_in_flight",
-                format!(
-                    "must be between 1 and {MAX_CLAIMS_IN_FLIGHT} ({} given)",
-                    self.claims_in_flight
-                ),
+                format!("must be between 1 and {MAX_CLAIMS_IN_FLIGHT} ({claims} given), or unset"),
             );
         }
         if self.delivery_arbiters > 256 {

@@ -282,9 +282,11 @@ impl Claimer {
     }
 
     fn fill(&mut self, ctx: &mut Context<Self>) {
-        let config = &self.drain.config;
-        let (concurrency, prefetch) = (self.concurrency, config.prefetch);
-        let in_flight = config.claims_in_flight.max(1);
+        let drain = self.drain.clone();
+        let sizing = &drain.sizing;
+        let (concurrency, prefetch) = (self.concurrency, sizing.prefetch());
+        let in_flight = sizing.claims_in_flight();
+        self.lanes.set_prefetch(prefetch);
         let share = (concurrency + prefetch).div_ceil(in_flight);
         while self.claims < in_flight
             && !self.arming_in_flight
@@ -308,6 +310,18 @@ impl Claimer {
             // share: slots that free a few at a time join one claim instead
             // of each costing a statement and a commit.
             if free == 0 || (self.claims > 0 && free < share) {
+                return;
+            }
+            // With a sized prefetch, the first claim too waits for a whole
+            // share while enough messages wait to keep every handler busy
+            // through a couple of round trips: claims are fewer and larger,
+            // and none leaves a handler idle.
+            if free < share.min(self.budget)
+                && self.lanes.all_fed()
+                && sizing
+                    .low_water()
+                    .is_some_and(|low| self.waiting.len() > low)
+            {
                 return;
             }
             // Each queue is asked for no more than its own room.
@@ -368,6 +382,9 @@ impl Claimer {
         self.asked -= limit;
         self.budget += limit;
         self.lanes.ask(&asks, true);
+        if result.is_ok() {
+            self.drain.sizing.claimed(took, tokio::time::Instant::now());
+        }
         // A store that took more than asked, or from a queue not asked for,
         // broke its contract.
         let broken = match &result {
@@ -579,6 +596,9 @@ impl Claimer {
         if self.phase == Phase::Aborting {
             address.do_send(Abort);
         }
+        if give_back.is_none() {
+            self.drain.sizing.started(1);
+        }
         self.active.insert(slot, (address, true, lane));
         self.handling += 1;
         self.lanes.get_mut(lane).handling += 1;
@@ -598,6 +618,7 @@ impl Claimer {
             let pause = self.paused_until.map_or(Duration::ZERO, |paused| {
                 paused.saturating_duration_since(tokio::time::Instant::now())
             });
+            self.drain.sizing.pass_ended();
             self.coordinator.done.do_send(ClaimerDone {
                 pass: self.pass,
                 claimed: self.claimed,

@@ -12,6 +12,7 @@ use outbox::{
 };
 
 use crate::notices::{DeadLetter, LeaseLost, SettlementFailed};
+use crate::sizing::Sizing;
 
 /// What an observer hook returns; an `Err` is logged and changes nothing.
 pub type ObserverResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -70,6 +71,8 @@ pub(crate) struct DrainContext {
     /// Rows deleted (by retention runs and at delivery) since the store
     /// was last vacuumed; see `RetentionConfig::vacuum_after`.
     pub(crate) deleted_since_vacuum: AtomicU64,
+    /// How much claims take ahead, and how many overlap.
+    pub(crate) sizing: Sizing,
 }
 
 impl DrainContext {

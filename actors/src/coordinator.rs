@@ -464,7 +464,7 @@ impl Actor for DrainCoordinator {
         // owns is dropped with it, which may be after the runtime is gone,
         // and a pooled connection dropped there has nowhere to go back to.
         let store = self.drain.store.clone();
-        let claims = self.drain.config.claims_in_flight.max(1);
+        let claims = self.drain.sizing.claims_in_flight();
         tokio::spawn(async move {
             if let Err(error) = store.warm_up(claims).await {
                 telemetry::warm_up_failed(&error);

@@ -179,6 +179,7 @@ mod report;
 mod retention;
 mod schedule;
 mod settlement;
+mod sizing;
 mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]

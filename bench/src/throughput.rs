@@ -17,10 +17,10 @@ pub struct Summary {
     pub concurrency: usize,
     /// `batch_size` of the runtime's passes.
     pub batch: usize,
-    /// `prefetch` of the runtime's drain.
-    pub prefetch: usize,
-    /// `claims_in_flight` of the runtime's drain.
-    pub claims_in_flight: usize,
+    /// `prefetch` of the runtime's drain; `None`: sized by the drain.
+    pub prefetch: Option<usize>,
+    /// `claims_in_flight` of the runtime's drain; `None`: the store's choice.
+    pub claims_in_flight: Option<usize>,
     /// The schedule the runtime drained on, or `None` for a `Drain` loop.
     pub schedule_ms: Option<u64>,
     /// Each side's PostgreSQL pool size, when given.

@@ -548,7 +548,7 @@ pub(crate) struct RunArgs {
 
     /// Messages claimed ahead of free delivery slots (at most 4096), so a
     /// slot that frees starts the next message without waiting for a claim
-    /// [default: the runtime's `DrainConfig` default for drain, 256 for relay].
+    /// [default: sized by the drain as it runs for drain, 256 for relay].
     #[arg(long, value_name = "N")]
     pub(crate) prefetch: Option<usize>,
 

@@ -63,7 +63,7 @@ pub(crate) async fn drain(store: &AnyOutbox, args: DrainArgs) -> Result<(), Fail
 pub(crate) struct Defaults {
     pub(crate) batch_size: usize,
     pub(crate) concurrency: usize,
-    pub(crate) prefetch: usize,
+    pub(crate) prefetch: Option<usize>,
     /// The interval without --once or --every; `None` when one is required.
     pub(crate) every: Option<Duration>,
     /// How the command announces itself: `draining`, `relaying to …`.
@@ -124,7 +124,7 @@ fn config(args: &RunArgs, defaults: &Defaults) -> Result<DrainConfig, Failure> {
             .iter()
             .map(|(name, n)| (name.clone(), QueueConfig::new(n.unwrap_or(concurrency))))
             .collect(),
-        prefetch: args.prefetch.unwrap_or(defaults.prefetch),
+        prefetch: args.prefetch.or(defaults.prefetch),
         lease: args.lease,
         heartbeat: args.heartbeat,
         max_active: args.max_active,

@@ -27,7 +27,7 @@ pub(crate) async fn relay(store: &AnyOutbox, args: RelayArgs) -> Result<(), Fail
     let defaults = Defaults {
         batch_size: 10_000,
         concurrency: 256,
-        prefetch: 256,
+        prefetch: Some(256),
         every: Some(std::time::Duration::from_secs(1)),
         doing,
     };

@@ -72,11 +72,20 @@ fn concurrency_above_batch_and_heartbeat_not_below_lease_are_refused() {
 }
 
 #[test]
+fn prefetch_and_claims_in_flight_are_sized_by_the_drain_unless_given() {
+    let config = DrainConfig::default();
+    assert_eq!((config.prefetch, config.claims_in_flight), (None, None));
+    let config: DrainConfig =
+        serde_json::from_str(r#"{"prefetch": 0, "claims_in_flight": null}"#).unwrap();
+    assert_eq!((config.prefetch, config.claims_in_flight), (Some(0), None));
+}
+
+#[test]
 fn prefetch_is_bounded() {
     let config: DrainConfig = serde_json::from_str(r#"{"prefetch": 4096}"#).unwrap();
     config.validate().unwrap();
     let config = DrainConfig {
-        prefetch: 4097,
+        prefetch: Some(4097),
         ..DrainConfig::default()
     };
     let error = config.validate().unwrap_err();
@@ -94,7 +103,7 @@ fn claims_in_flight_is_between_one_and_sixty_four() {
     config.validate().unwrap();
     for given in [0, 65] {
         let config = DrainConfig {
-            claims_in_flight: given,
+            claims_in_flight: Some(given),
             ..DrainConfig::default()
         };
         let error = config.validate().unwrap_err();

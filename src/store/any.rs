@@ -710,6 +710,12 @@ impl OutboxStore for AnyOutbox {
         on_backend!(self, AnyOutbox, |store| store.warm_up(claims).await)
     }
 
+    fn claim_parallelism(&self) -> usize {
+        on_backend!(self, AnyOutbox, |store| OutboxStore::claim_parallelism(
+            store
+        ))
+    }
+
     fn schedules(&self) -> Option<&dyn ScheduleStore> {
         on_backend!(self, AnyOutbox, |store| OutboxStore::schedules(store))
     }

@@ -539,6 +539,15 @@ pub trait OutboxStore: Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
+    /// How many claims a drain should keep in flight at once when its
+    /// config leaves `claims_in_flight` unset. Worth more than one on a
+    /// store where a claim mostly waits (for a durable commit's flush, say)
+    /// and concurrent claims share that wait; a store with a single writer
+    /// gains nothing from more. The default is 1.
+    fn claim_parallelism(&self) -> usize {
+        1
+    }
+
     /// The store's periodic schedules, when it keeps them (the bundled
     /// stores do); `None` by default. A drain with schedules refuses to
     /// start on a store without them.
@@ -606,6 +615,10 @@ pub trait DynOutboxStore: Send + Sync + 'static {
         let _ = claims;
         Box::pin(std::future::ready(Ok(())))
     }
+    /// See [`OutboxStore::claim_parallelism`].
+    fn claim_parallelism(&self) -> usize {
+        1
+    }
     /// See [`OutboxStore::schedules`].
     fn schedules(&self) -> Option<&dyn ScheduleStore> {
         None
@@ -654,6 +667,9 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn warm_up(&self, claims: usize) -> BoxFuture<'_, Result<()>> {
         Box::pin(OutboxStore::warm_up(self, claims))
+    }
+    fn claim_parallelism(&self) -> usize {
+        OutboxStore::claim_parallelism(self)
     }
     fn schedules(&self) -> Option<&dyn ScheduleStore> {
         OutboxStore::schedules(self)

@@ -49,6 +49,8 @@ impl Lane {
 #[derive(Debug)]
 pub(super) struct Lanes {
     lanes: Vec<Lane>,
+    /// Handlers over every lane, which the prefetch is shared by.
+    concurrency: usize,
     /// Where the next sharing of a limit starts, so no lane always comes
     /// last when a limit cannot serve them all.
     next: usize,
@@ -64,7 +66,7 @@ impl Lanes {
             .map(|(name, queue)| Lane {
                 name,
                 concurrency: queue.concurrency,
-                prefetch: (config.prefetch * queue.concurrency).div_ceil(total),
+                prefetch: 0,
                 max_attempts: queue
                     .retry
                     .as_ref()
@@ -76,7 +78,18 @@ impl Lanes {
                 idle: false,
             })
             .collect();
-        Lanes { lanes, next: 0 }
+        Lanes {
+            lanes,
+            concurrency: total,
+            next: 0,
+        }
+    }
+
+    /// Share `prefetch` among the lanes in proportion to their concurrency.
+    pub(super) fn set_prefetch(&mut self, prefetch: usize) {
+        for lane in &mut self.lanes {
+            lane.prefetch = (prefetch * lane.concurrency).div_ceil(self.concurrency);
+        }
     }
 
     /// The lane of `queue`, if the pass serves it.
@@ -144,6 +157,14 @@ impl Lanes {
         }
     }
 
+    /// `true` when no lane that may still have messages has a free
+    /// handler: a claim now would start nothing at once.
+    pub(super) fn all_fed(&self) -> bool {
+        self.lanes
+            .iter()
+            .all(|lane| lane.idle || !lane.has_free_handler())
+    }
+
     /// `true` when every lane's last claim found it empty.
     pub(super) fn all_idle(&self) -> bool {
         self.lanes.iter().all(|lane| lane.idle)
@@ -166,23 +187,24 @@ mod tests {
     fn lanes(queues: &[(&str, usize)], prefetch: usize) -> Lanes {
         let config = DrainConfig {
             batch_size: 100,
-            prefetch,
             queues: queues
                 .iter()
                 .map(|&(name, concurrency)| (name.to_owned(), QueueConfig::new(concurrency)))
                 .collect(),
             ..DrainConfig::default()
         };
-        Lanes::new(&config)
+        let mut lanes = Lanes::new(&config);
+        lanes.set_prefetch(prefetch);
+        lanes
     }
 
     #[test]
     fn one_lane_gets_all_a_claim_asks_for() {
         let mut one = Lanes::new(&DrainConfig {
             concurrency: 8,
-            prefetch: 4,
             ..DrainConfig::default()
         });
+        one.set_prefetch(4);
         assert_eq!(one.get(0).name, "default");
         assert_eq!(one.share(12), [(0, 12)]);
         assert_eq!(one.share(20), [(0, 12)], "no more than its room");
@@ -208,7 +230,6 @@ mod tests {
     fn prefetch_is_shared_by_concurrency_and_caps_come_from_retry_policies() {
         let mut config = DrainConfig {
             batch_size: 100,
-            prefetch: 10,
             ..DrainConfig::default()
         };
         config.queues.insert("big".into(), QueueConfig::new(8));
@@ -217,6 +238,7 @@ mod tests {
             QueueConfig::new(2).retry(outbox::RetryPolicy::default().with_max_attempts(3)),
         );
         let mut lanes = Lanes::new(&config);
+        lanes.set_prefetch(10);
         let asks = lanes.share(100);
         assert_eq!(asks, [(0, 16), (1, 4)]);
         let request = lanes.request(&asks);

@@ -21,6 +21,7 @@ use crate::error::{Result, ScheduleError};
 use crate::notices::{LeaseLost, OutcomeNotice};
 use crate::registrations;
 use crate::schedule::{self, Schedule, runner::Runner};
+use crate::sizing::Sizing;
 
 /// Configures and starts a [`DrainCoordinator`](crate::DrainCoordinator).
 #[must_use = "a builder does nothing until `start` is called"]
@@ -233,6 +234,7 @@ impl DrainCoordinatorBuilder {
             .map(|schedule| Runner::new(schedule, process.clone()))
             .collect();
         let heartbeat = self.config.heartbeat();
+        let sizing = Sizing::new(&self.config, self.store.claim_parallelism());
         Ok(Parts {
             drain: DrainContext {
                 store: self.store,
@@ -244,6 +246,7 @@ impl DrainCoordinatorBuilder {
                 clock: self.clock,
                 observers: self.observers,
                 deleted_since_vacuum: Default::default(),
+                sizing,
             },
             wake_on_insert: self.wake_on_insert,
             lease_subscribers: self.lease_subscribers,

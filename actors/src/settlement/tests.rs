@@ -10,6 +10,7 @@ use outbox::{
 };
 
 use super::*;
+use crate::sizing::Sizing;
 
 /// What a settlement write meets instead of the store.
 #[derive(Debug, Clone, Copy)]
@@ -119,6 +120,7 @@ async fn claimed(max_attempts: u32) -> (DrainContext, FaultStore, ClaimedMessage
         .unwrap();
     let message = batch.claimed.pop().expect("the message is due");
     let drain = DrainContext {
+        sizing: Sizing::new(&config, 1),
         store: Arc::new(store.clone()),
         registry: Registry::default(),
         events: None,

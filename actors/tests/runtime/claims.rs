@@ -19,7 +19,7 @@ fn a_slot_that_frees_while_a_claim_runs_is_claimed_beside_it() {
             DrainConfig {
                 batch_size: 4,
                 concurrency: 2,
-                claims_in_flight: 2,
+                claims_in_flight: Some(2),
                 ..config()
             },
             |builder| builder,
@@ -52,7 +52,7 @@ fn claims_in_flight_together_keep_to_the_pass_budget() {
             DrainConfig {
                 batch_size: 5,
                 concurrency: 4,
-                claims_in_flight: 4,
+                claims_in_flight: Some(4),
                 ..config()
             },
             |builder| builder,
@@ -83,7 +83,7 @@ fn an_empty_claim_beside_others_ends_the_pass_once_they_are_back() {
             DrainConfig {
                 batch_size: 10,
                 concurrency: 4,
-                claims_in_flight: 4,
+                claims_in_flight: Some(4),
                 ..config()
             },
             |builder| builder,

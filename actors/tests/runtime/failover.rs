@@ -161,11 +161,13 @@ async fn a_failover_mid_drain_loses_no_acknowledged_message() {
         // A running worker: passes on a schedule and on wake-ups, nothing
         // sent by the test, so the drain resumes by itself or not at all.
         every: Some(Duration::from_millis(100)),
+        // Nothing claimed ahead, so the bound below is the tightest one.
+        prefetch: Some(0),
         ..DrainConfig::default()
     };
     // Handlers running and deliveries settling behind them: the messages
     // whose outcome a failover can lose.
-    let bound = 2 * (config.concurrency + config.prefetch) as u64;
+    let bound = 2 * config.concurrency as u64;
     let coordinator = coordinator(outbox.clone(), &probe, config, true);
 
     let (failed_over_tx, failed_over) = watch::channel(false);

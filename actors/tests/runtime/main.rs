@@ -221,9 +221,14 @@ fn registry() -> Registry {
     Registry::builder().event::<Ping>().build().unwrap()
 }
 
+/// The drain most tests study: nothing claimed ahead and one claim at a
+/// time, so every claim and start falls where the test says. The sizing a
+/// default config gets has tests of its own (`sizing`).
 fn config() -> DrainConfig {
     DrainConfig {
         retry: RetryPolicy::fixed(Duration::from_secs(5)),
+        prefetch: Some(0),
+        claims_in_flight: Some(1),
         ..DrainConfig::default()
     }
 }

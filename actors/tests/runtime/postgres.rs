@@ -174,7 +174,7 @@ async fn a_starting_coordinator_prepares_the_connections_it_will_use() {
     let admin = pool_named("warm-admin", 1).await;
     let (probe, _reports) = probe();
     let config = DrainConfig {
-        claims_in_flight: 2,
+        claims_in_flight: Some(2),
         ..DrainConfig::default()
     };
     let _coordinator = coordinator(outbox.clone(), &probe, config, false);
@@ -594,7 +594,7 @@ async fn drain_as_worker(
         lease: Duration::from_secs(300),
         // One claim at a time in the first worker, up to four in the last:
         // a worker's own claims compete for rows as other workers' do.
-        claims_in_flight: 1 + worker,
+        claims_in_flight: Some(1 + worker),
         ..DrainConfig::default()
     };
     let coordinator = coordinator(outbox.clone(), &probe, config, false);

@@ -20,7 +20,7 @@ fn prefetched_messages_start_as_slots_free_without_waiting_for_a_claim() {
             DrainConfig {
                 batch_size: 10,
                 concurrency: 2,
-                prefetch: 2,
+                prefetch: Some(2),
                 ..config()
             },
             |builder| builder,
@@ -53,7 +53,7 @@ fn prefetched_messages_are_given_back_at_shutdown() {
     run(|| async {
         let h = Harness::start(DrainConfig {
             concurrency: 1,
-            prefetch: 2,
+            prefetch: Some(2),
             ..config()
         });
         let mut ids = Vec::new();
@@ -98,7 +98,7 @@ fn a_prefetched_message_whose_lease_ran_low_is_given_back_unstarted() {
         let h = Harness::start(DrainConfig {
             batch_size: 2,
             concurrency: 1,
-            prefetch: 1,
+            prefetch: Some(1),
             lease: Duration::from_secs(3),
             ..config()
         });
@@ -135,5 +135,73 @@ fn a_prefetched_message_whose_lease_ran_low_is_given_back_unstarted() {
             (message.status, message.attempts),
             (MessageStatus::Delivered, 1)
         );
+    });
+}
+
+/// Messages per claim, in the order the claims were made.
+fn claim_sizes(store: &FaultStore) -> Vec<usize> {
+    let mut sizes: Vec<(chrono::DateTime<chrono::Utc>, usize)> = Vec::new();
+    for call in store.log().iter().filter(|c| c.op == Op::Claim) {
+        match sizes.iter_mut().find(|(at, _)| *at == call.now) {
+            Some((_, size)) => *size += 1,
+            None => sizes.push((call.now, 1)),
+        }
+    }
+    sizes.into_iter().map(|(_, size)| size).collect()
+}
+
+#[test]
+fn an_unset_prefetch_claims_far_ahead_of_fast_handlers() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.always(Op::Claim, Fault::Delay(Duration::from_millis(5)));
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                batch_size: 2_000,
+                concurrency: 4,
+                prefetch: None,
+                ..config()
+            },
+            |builder| builder,
+        );
+        for n in 0..2_000 {
+            h.enqueue(ping(n, 1)).await;
+        }
+        let r = h.drain().await;
+        assert_eq!((r.delivered, r.released), (2_000, 0));
+        // Four handlers of 1 ms start 4 000 messages a second; 5 ms claims
+        // claiming for free slots alone would take four at a time, 500
+        // claims. Sized by the drain, the claims grow to hundreds.
+        let sizes = claim_sizes(&h.store);
+        assert!(sizes.len() < 50, "{} claims: {sizes:?}", sizes.len());
+        assert!(sizes.iter().any(|&size| size >= 200), "{sizes:?}");
+    });
+}
+
+#[test]
+fn an_unset_prefetch_claims_nothing_ahead_of_handlers_as_long_as_a_lease() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.always(Op::Claim, Fault::Delay(Duration::from_millis(5)));
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                batch_size: 12,
+                concurrency: 2,
+                prefetch: None,
+                lease: Duration::from_secs(3),
+                ..config()
+            },
+            |builder| builder,
+        );
+        for n in 0..12 {
+            h.enqueue(ping(n, 2_000)).await;
+        }
+        let r = h.drain().await;
+        // A message claimed to wait 2 s of a 3 s lease would be given back
+        // stale; none was claimed to wait.
+        assert_eq!((r.delivered, r.released), (12, 0));
+        assert!(claim_sizes(&h.store).iter().all(|&size| size <= 2));
     });
 }

@@ -246,10 +246,11 @@ fn draw_config(rng: &mut Rng, seed: u64) -> DrainConfig {
     DrainConfig {
         concurrency,
         // From the seed rather than the generator, so every other draw of a
-        // seed stays what it was before prefetch existed.
-        prefetch: (seed % 4) as usize,
-        // Likewise: one to three claims in flight.
-        claims_in_flight: 1 + (seed / 4 % 3) as usize,
+        // seed stays what it was before prefetch existed: none to three
+        // messages ahead, or sized by the drain.
+        prefetch: [Some(0), Some(1), Some(2), Some(3), None][(seed % 5) as usize],
+        // Likewise: one to three claims in flight, or the store's choice.
+        claims_in_flight: [Some(1), Some(2), Some(3), None][(seed / 5 % 4) as usize],
         batch_size: concurrency + rng.below(8) as usize,
         lease,
         heartbeat,

@@ -524,6 +524,13 @@ impl Core {
         }
         Ok(())
     }
+
+    /// Up to four, a claim per four pooled connections: a durable claim
+    /// mostly waits for its commit's flush, and concurrent claims share
+    /// one, but each holds a connection the settlements also need.
+    pub(crate) fn claim_parallelism(&self) -> usize {
+        (self.parts.pool.options().get_max_connections() as usize / 4).clamp(1, 4)
+    }
 }
 
 impl SqlBackend for Core {

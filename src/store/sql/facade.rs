@@ -172,6 +172,10 @@ macro_rules! sql_store {
                 self.inner.core.warm_up(claims).await
             }
 
+            fn claim_parallelism(&self) -> usize {
+                self.inner.core.claim_parallelism()
+            }
+
             fn schedules(&self) -> Option<&dyn $crate::ScheduleStore> {
                 Some(self)
             }

@@ -365,6 +365,11 @@ impl Core {
     async fn warm_up(&self, _claims: usize) -> Result<()> {
         Ok(())
     }
+
+    /// One: every claim is a write, and SQLite has a single writer.
+    pub(crate) fn claim_parallelism(&self) -> usize {
+        1
+    }
 }
 
 impl SqlBackend for Core {

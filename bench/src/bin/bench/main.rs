@@ -126,10 +126,10 @@ struct Args {
     only: Option<String>,
     /// Delivery arbiters for the runtime (0: the coordinator's thread).
     arbiters: usize,
-    /// `prefetch` of the runtime's drain.
-    prefetch: usize,
-    /// `claims_in_flight` of the runtime's drain.
-    claims: usize,
+    /// `prefetch` of the runtime's drain; `None` leaves it to the drain.
+    prefetch: Option<usize>,
+    /// `claims_in_flight` of the runtime's drain; `None` leaves it to the store.
+    claims: Option<usize>,
     /// Drain on this schedule instead of sending `Drain` in a loop.
     schedule: Option<Duration>,
     /// Measure each of these concurrencies in turn.
@@ -150,8 +150,8 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
         batch: None,
         only: None,
         arbiters: 0,
-        prefetch: 0,
-        claims: DrainConfig::default().claims_in_flight,
+        prefetch: None,
+        claims: None,
         schedule: None,
         sweep: None,
         plot: None,
@@ -184,8 +184,8 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
             "--batch" => args.batch = Some(flags.parse(&flag)?),
             "--only" => args.only = Some(flags.value(&flag)?),
             "--arbiters" => args.arbiters = flags.parse(&flag)?,
-            "--prefetch" => args.prefetch = flags.parse(&flag)?,
-            "--claims" => args.claims = flags.parse(&flag)?,
+            "--prefetch" => args.prefetch = Some(flags.parse(&flag)?),
+            "--claims" => args.claims = Some(flags.parse(&flag)?),
             "--pool" => {
                 let pool: u32 = flags.parse(&flag)?;
                 if pool == 0 {
@@ -383,9 +383,12 @@ fn measure(store_name: &str, settings: RuntimeSettings, sides: (bool, bool)) -> 
     let rate = |side: Option<Side>| side.map(|side| per_sec(messages, side.elapsed));
     let runtime_per_sec = rate(runtime_side);
     let baseline_per_sec = rate(baseline_side);
+    let or_auto = |value: Option<usize>| value.map_or("auto".to_owned(), |n| n.to_string());
     println!(
         "{store_name}: {messages} messages, concurrency {concurrency}, batch {batch_size}, \
-         prefetch {prefetch}, claims {claims}, {}: runtime {}, baseline {}",
+         prefetch {}, claims {}, {}: runtime {}, baseline {}",
+        or_auto(prefetch),
+        or_auto(claims),
         driven_by(schedule),
         Side::describe(runtime_side, messages),
         Side::describe(baseline_side, messages),

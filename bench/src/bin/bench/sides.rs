@@ -59,9 +59,9 @@ pub(crate) struct RuntimeSettings {
     /// Delivery arbiters (0: the coordinator's thread).
     pub(crate) arbiters: usize,
     /// Messages claimed ahead of free slots.
-    pub(crate) prefetch: usize,
+    pub(crate) prefetch: Option<usize>,
     /// Claims in flight at once.
-    pub(crate) claims: usize,
+    pub(crate) claims: Option<usize>,
     /// `Some`: no `Drain` loop, the coordinator drains on this schedule.
     pub(crate) schedule: Option<Duration>,
     /// PostgreSQL pool size; `None` for sqlx's default.

@@ -106,7 +106,7 @@ impl Args {
         DrainConfig {
             batch_size: self.batch.max(self.concurrency),
             concurrency: self.concurrency,
-            prefetch: self.prefetch,
+            prefetch: Some(self.prefetch),
             delivery_arbiters: self.arbiters,
             ..DrainConfig::default()
         }
