@@ -50,8 +50,9 @@ pub struct DrainConfig {
     /// than a heartbeat interval (plus the claim's own time) of its lease is
     /// left is given back undelivered, and all are given back at shutdown.
     /// Default `None`: the drain sizes it as it runs, from the rate handlers
-    /// start at and the claims' round trip (see [`DrainConfig::auto_prefetch`]);
-    /// `Some(0)` claims only for free slots.
+    /// start at and the claims' round trip, never to wait longer than a
+    /// quarter of the heartbeat interval; `Some(0)` claims only for free
+    /// slots.
     pub prefetch: Option<usize>,
     /// Claims a pass may have in flight at once, 1 to 64. With more than
     /// one, the free slots (`concurrency + prefetch`) are claimed in shares

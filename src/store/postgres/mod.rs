@@ -525,11 +525,14 @@ impl Core {
         Ok(())
     }
 
-    /// Up to four, a claim per four pooled connections: a durable claim
-    /// mostly waits for its commit's flush, and concurrent claims share
-    /// one, but each holds a connection the settlements also need.
+    /// Up to four: a durable claim mostly waits for its commit's flush,
+    /// and concurrent claims share one. Each holds a connection, so no more
+    /// than the pool has beside the settlement statements and one for the
+    /// application (four on sqlx's default pool of 10).
     pub(crate) fn claim_parallelism(&self) -> usize {
-        (self.parts.pool.options().get_max_connections() as usize / 4).clamp(1, 4)
+        let pool = self.parts.pool.options().get_max_connections() as usize;
+        pool.saturating_sub(self.settlement_statements + 1)
+            .clamp(1, 4)
     }
 }
 
