@@ -50,7 +50,8 @@ pub trait DrainObserver: Send + Sync + 'static {
     }
 }
 
-/// Everything the actors of one coordinator share. Immutable once built.
+/// Everything the actors of one coordinator share. Fixed once built, but
+/// for the measurements `sizing` keeps.
 pub(crate) struct DrainContext {
     /// Where messages are claimed and settled.
     pub(crate) store: SharedStore,

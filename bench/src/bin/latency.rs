@@ -12,7 +12,8 @@
 //! schedule and `--concurrency` deliveries (16) drains on the store's
 //! wake-ups alone (SQLite: the in-process signal; PostgreSQL:
 //! `LISTEN`/`NOTIFY`, sent by an enqueue only while the drain waits for
-//! one; between, it claims again until it can say it waits). Latency is
+//! one; between, it claims again until it can say it waits); `--prefetch N`
+//! and `--claims N` fix what the drain otherwise sizes. Latency is
 //! from the moment the enqueue is called to the moment the handler starts,
 //! so it includes the commit. The first fifth of a second is warm-up and
 //! not counted.
@@ -76,6 +77,10 @@ struct Args {
     seconds: f64,
     /// The drain's deliveries in flight.
     concurrency: usize,
+    /// The drain's `prefetch`, when given.
+    prefetch: Option<usize>,
+    /// The drain's `claims_in_flight`, when given.
+    claims: Option<usize>,
 }
 
 fn parse_args(mut flags: Flags) -> Result<Args, String> {
@@ -84,6 +89,8 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
         rate: 1_000,
         seconds: 5.0,
         concurrency: 16,
+        prefetch: None,
+        claims: None,
     };
     while let Some(flag) = flags.next_flag() {
         match flag.as_str() {
@@ -91,9 +98,11 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
             "--rate" => args.rate = flags.parse(&flag)?,
             "--seconds" => args.seconds = flags.parse(&flag)?,
             "--concurrency" => args.concurrency = flags.parse(&flag)?,
+            "--prefetch" => args.prefetch = Some(flags.parse(&flag)?),
+            "--claims" => args.claims = Some(flags.parse(&flag)?),
             "--help" | "-h" => {
                 return Err("usage: latency [--store sqlite|postgres] [--rate PER_SEC] \
-                     [--seconds N] [--concurrency N]"
+                     [--seconds N] [--concurrency N] [--prefetch N] [--claims N]"
                     .into());
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
@@ -216,6 +225,8 @@ fn main() {
         rate,
         seconds,
         concurrency,
+        prefetch,
+        claims,
     } = parse_args(Flags::from_env()).unwrap_or_else(|message| refuse(message));
     let total = (rate as f64 * seconds).round().max(1.0) as u64;
     let name = store_name.clone();
@@ -247,6 +258,8 @@ fn main() {
             .event_bus(bus)
             .config(DrainConfig {
                 concurrency,
+                prefetch,
+                claims_in_flight: claims,
                 ..DrainConfig::default()
             })
             .wake_on_insert(true)
