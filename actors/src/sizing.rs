@@ -17,6 +17,12 @@
 //! measured rate, far from the point where a waiting message is given back
 //! as stale.
 //!
+//! A store whose claims cost only CPU the handlers share (SQLite, the
+//! memory store) says so
+//! ([`OutboxStore::claims_ahead`](outbox::OutboxStore::claims_ahead)), and
+//! nothing is claimed ahead there: each message held costs memory and its
+//! actors' CPU, for no wait to hide.
+//!
 //! Claims in flight come from the store
 //! ([`OutboxStore::claim_parallelism`](outbox::OutboxStore::claim_parallelism)):
 //! a store whose claims wait on a flush overlaps them, one with a single
@@ -82,11 +88,11 @@ struct Measured {
 }
 
 impl Sizing {
-    /// Sizing for `config`, with `claim_parallelism` from the store for an
-    /// unset `claims_in_flight`.
-    pub(crate) fn new(config: &DrainConfig, claim_parallelism: usize) -> Self {
+    /// Sizing for `config`, on a store that gives `claim_parallelism` for an
+    /// unset `claims_in_flight` and says whether it `claims_ahead` at all.
+    pub(crate) fn new(config: &DrainConfig, claim_parallelism: usize, claims_ahead: bool) -> Self {
         Sizing {
-            fixed_prefetch: config.prefetch,
+            fixed_prefetch: config.prefetch.or((!claims_ahead).then_some(0)),
             claims_in_flight: config.claims_in_flight.unwrap_or(claim_parallelism).max(1),
             concurrency: config.total_concurrency().max(1),
             longest_wait: config.heartbeat() / 4,
@@ -192,7 +198,7 @@ mod tests {
     use super::*;
 
     fn sizing(config: DrainConfig) -> Sizing {
-        Sizing::new(&config, 4)
+        Sizing::new(&config, 4, true)
     }
 
     fn config(concurrency: usize) -> DrainConfig {
@@ -211,6 +217,13 @@ mod tests {
             sizing.started(per_claim);
             sizing.claimed(took, start + took * i);
         }
+    }
+
+    #[test]
+    fn a_store_that_does_not_claim_ahead_gets_no_prefetch() {
+        let sizing = Sizing::new(&config(64), 1, false);
+        run(&sizing, 40, Duration::from_millis(10), 500);
+        assert_eq!((sizing.prefetch(), sizing.low_water()), (0, None));
     }
 
     #[test]
@@ -238,7 +251,7 @@ mod tests {
         run(&sizing, 40, Duration::from_millis(10), 500);
         assert_eq!(sizing.prefetch(), MAX_AUTO_PREFETCH);
         // 2 000 a second for 10 ms round trips: 320.
-        let sizing = Sizing::new(&config(64), 4);
+        let sizing = Sizing::new(&config(64), 4, true);
         run(&sizing, 40, Duration::from_millis(10), 20);
         assert!(
             (310..=330).contains(&sizing.prefetch()),

@@ -716,6 +716,10 @@ impl OutboxStore for AnyOutbox {
         ))
     }
 
+    fn claims_ahead(&self) -> bool {
+        on_backend!(self, AnyOutbox, |store| OutboxStore::claims_ahead(store))
+    }
+
     fn schedules(&self) -> Option<&dyn ScheduleStore> {
         on_backend!(self, AnyOutbox, |store| OutboxStore::schedules(store))
     }

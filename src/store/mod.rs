@@ -548,6 +548,16 @@ pub trait OutboxStore: Send + Sync + 'static {
         1
     }
 
+    /// Whether a drain whose config leaves `prefetch` unset should claim
+    /// messages ahead of its free slots. Worth it where a claim's time is
+    /// mostly waiting (a network round trip, a flush) that messages claimed
+    /// ahead hide; not where a claim costs only CPU the handlers share, as
+    /// in an in-process store, and every message held costs memory. The
+    /// default is `true`.
+    fn claims_ahead(&self) -> bool {
+        true
+    }
+
     /// The store's periodic schedules, when it keeps them (the bundled
     /// stores do); `None` by default. A drain with schedules refuses to
     /// start on a store without them.
@@ -619,6 +629,10 @@ pub trait DynOutboxStore: Send + Sync + 'static {
     fn claim_parallelism(&self) -> usize {
         1
     }
+    /// See [`OutboxStore::claims_ahead`].
+    fn claims_ahead(&self) -> bool {
+        true
+    }
     /// See [`OutboxStore::schedules`].
     fn schedules(&self) -> Option<&dyn ScheduleStore> {
         None
@@ -670,6 +684,9 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn claim_parallelism(&self) -> usize {
         OutboxStore::claim_parallelism(self)
+    }
+    fn claims_ahead(&self) -> bool {
+        OutboxStore::claims_ahead(self)
     }
     fn schedules(&self) -> Option<&dyn ScheduleStore> {
         OutboxStore::schedules(self)

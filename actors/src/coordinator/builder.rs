@@ -234,7 +234,11 @@ impl DrainCoordinatorBuilder {
             .map(|schedule| Runner::new(schedule, process.clone()))
             .collect();
         let heartbeat = self.config.heartbeat();
-        let sizing = Sizing::new(&self.config, self.store.claim_parallelism());
+        let sizing = Sizing::new(
+            &self.config,
+            self.store.claim_parallelism(),
+            self.store.claims_ahead(),
+        );
         Ok(Parts {
             drain: DrainContext {
                 store: self.store,

@@ -637,6 +637,11 @@ impl OutboxStore for MemoryOutbox {
         self.purge_batch_now(params)
     }
 
+    /// No: a claim takes microseconds of the CPU the handlers share.
+    fn claims_ahead(&self) -> bool {
+        false
+    }
+
     fn schedules(&self) -> Option<&dyn ScheduleStore> {
         Some(self)
     }

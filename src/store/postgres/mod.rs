@@ -529,6 +529,11 @@ impl Core {
     /// and concurrent claims share one. Each holds a connection, so no more
     /// than the pool has beside the settlement statements and one for the
     /// application (four on sqlx's default pool of 10).
+    /// Yes: a claim is a network round trip and, durable, a flush.
+    pub(crate) fn claims_ahead(&self) -> bool {
+        true
+    }
+
     pub(crate) fn claim_parallelism(&self) -> usize {
         let pool = self.parts.pool.options().get_max_connections() as usize;
         pool.saturating_sub(self.settlement_statements + 1)

@@ -176,6 +176,10 @@ macro_rules! sql_store {
                 self.inner.core.claim_parallelism()
             }
 
+            fn claims_ahead(&self) -> bool {
+                self.inner.core.claims_ahead()
+            }
+
             fn schedules(&self) -> Option<&dyn $crate::ScheduleStore> {
                 Some(self)
             }

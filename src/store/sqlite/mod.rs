@@ -370,6 +370,13 @@ impl Core {
     pub(crate) fn claim_parallelism(&self) -> usize {
         1
     }
+
+    /// No: a claim is in process and costs CPU the handlers share, and a
+    /// claim that seems slow is waiting for the single writer behind
+    /// settlements, which messages claimed ahead would only lengthen.
+    pub(crate) fn claims_ahead(&self) -> bool {
+        false
+    }
 }
 
 impl SqlBackend for Core {
