@@ -194,7 +194,7 @@ impl Statements {
         // priority at a time, each a prefix of the partial index in claim
         // order; and claimed rows of those queues with an expired lease
         // that pass the head test.
-        let keyless_levels = levels_cte("keyless_levels", &t, false, CLAIM_NOW, "s.lim", "s.lim");
+        let keyless_levels = levels_cte("keyless_levels", &t, None, CLAIM_NOW, "s.lim", "s.lim");
         let arms = format!(
             "{keyless_levels}, \
              keyless AS ( \

@@ -73,9 +73,11 @@ pub(crate) use schedules::{ScheduleStatements, state_from, states_from};
 pub(crate) use statements::key_fronts_cte;
 #[cfg(feature = "sqlite")]
 pub(crate) use statements::keyed_heads;
+#[cfg(feature = "postgres")]
+pub(crate) use statements::keyed_walk;
 pub(crate) use statements::{
     CancelStatements, INSERT_COLUMNS, SharedStatements, blocked_count, blocked_keys, head_test,
-    keyed_walk, levels_cte, oldest_due, pending_count, queues,
+    levels_cte, oldest_due, pending_count, queues,
 };
 pub(crate) use store::SqlOutbox;
 pub use table::{MAX_TABLE_NAME_PART, TableName};
