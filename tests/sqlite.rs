@@ -317,16 +317,15 @@ async fn claim_is_answered_from_the_partial_indexes() {
             .bind(10_i64)
             .bind(true)
             .bind(r#"[["default", 10, 25]]"#)
-            .bind(36_i64)
             .bind(10_i64),
     )
     .await;
     let plan_text = plan.join("\n");
     println!("{plan_text}");
-    // Both pending arms, keyless and keyed, are read one priority at a
-    // time, each in claim order: no sort of the due rows, however many
-    // there are, and no scheduled row walked.
-    for arm in ["keyless", "keyed"] {
+    // Both pending arms, keyless rows and keys' heads, are read one
+    // priority at a time, each in claim order: no sort of the due rows,
+    // however many there are, and no scheduled row walked.
+    for arm in ["keyless", "heads"] {
         let level =
             format!("INDEX {table}_pending_{arm} (queue=? AND priority=? AND available_at<?)");
         let pending = plan

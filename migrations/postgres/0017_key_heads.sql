@@ -66,13 +66,19 @@ WHERE m.ordering_key IS NOT NULL AND m.status IN ('pending', 'claimed')
 ON CONFLICT DO NOTHING;
 
 -- Flag the head of (`p_queue`, `p_key`) as this statement's snapshot
--- shows it, and clear any other flag of the key. A flag held under
+-- shows it, and clear any other flag of the key. These functions price
+-- sequential scans out, as the claim does (see 0012): a plan kept from
+-- when the table was nearly empty would otherwise scan it on every write
+-- of a key, and a backlog of one key enqueued in one transaction would
+-- cost its square. A flag held under
 -- another transaction's row lock is left for the key's next move rather
 -- than waited for: a stale flag costs a claim a failed head test, a wait
 -- could close a cycle with that transaction.
 CREATE OR REPLACE FUNCTION "outbox_flag_head"(p_queue text, p_key text)
 RETURNS void
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off
+AS $$
 DECLARE
     v_seq bigint;
     v_id text;
@@ -98,7 +104,9 @@ $$;
 -- requeued), or a flagged one deleted.
 CREATE OR REPLACE FUNCTION "outbox_head_moved"()
 RETURNS trigger
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off
+AS $$
 DECLARE
     v_row "outbox";
 BEGIN
@@ -121,7 +129,9 @@ $$;
 -- write of their row. A guess, which the check at commit corrects.
 CREATE OR REPLACE FUNCTION "outbox_head_guessed"()
 RETURNS trigger
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off
+AS $$
 BEGIN
     NEW.head := NEW.status IN ('pending', 'claimed') AND NOT EXISTS (SELECT 1 FROM "outbox" AS e
         WHERE e.queue = NEW.queue AND e.ordering_key = NEW.ordering_key
@@ -137,7 +147,9 @@ $$;
 -- head test passes over until the key's next move clears it if stale.
 CREATE OR REPLACE FUNCTION "outbox_head_enqueued"()
 RETURNS trigger
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off
+AS $$
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         UPDATE "outbox" AS m SET head = true

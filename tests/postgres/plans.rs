@@ -40,8 +40,12 @@ fn function_query(migration: &str, nth: usize, table: &str, params: &[(&str, &st
     query
 }
 
-/// The migration that defines the claim and settle functions as they are.
+/// The migration that defines the settle and `claim_heads` functions as
+/// they are.
 const FUNCTIONS: &str = include_str!("../../migrations/postgres/0014_queues.sql");
+
+/// The migration that defines the claim function as it is.
+const CLAIM_FUNCTION: &str = include_str!("../../migrations/postgres/0017_key_heads.sql");
 
 /// The parameters of [`claim_function_query`].
 const CLAIM_PARAMETERS: &str =
@@ -52,7 +56,7 @@ const CLAIM_PARAMETERS: &str =
 /// walk, `$6` now (NULL for the database's), `$7` lease in µs, `$8` block.
 fn claim_function_query(table: &str) -> String {
     function_query(
-        FUNCTIONS,
+        CLAIM_FUNCTION,
         0,
         table,
         &[
