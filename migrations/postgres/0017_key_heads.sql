@@ -401,3 +401,76 @@ BEGIN
     WHERE p.deferred;
 END
 $$;
+
+-- The second pass (see 0014), as the first claims: one random part for
+-- the claim's tokens, each row's `seq` after it, and the rows claimed by
+-- the address of the version `fronts` locked rather than by a lookup of
+-- each id; its plan made once per connection, sequential scans and JIT
+-- compilation priced out (see 0012).
+CREATE OR REPLACE FUNCTION "outbox_claim_heads"(
+    p_hashes bigint[], p_ids text[], p_queues text[], p_caps bigint[], p_now timestamptz,
+    p_lease bigint, p_block boolean)
+RETURNS TABLE (
+    outcome text, key_hash bigint, seq bigint, id text, kind text, name text, payload text,
+    trace text, status text, attempts bigint, max_attempts bigint,
+    available_at timestamptz, claim_token text, claimed_at timestamptz,
+    locked_until timestamptz, last_error text, created_at timestamptz,
+    updated_at timestamptz, delivered_at timestamptz, ordering_key text,
+    skipped_at timestamptz, max_attempts_set boolean, queue text, priority smallint,
+    cancel_requested_at timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pg_advisory_xact_lock(h) FROM unnest(p_hashes) AS h;
+    RETURN QUERY
+    WITH fronts AS (
+        SELECT m.id, m.ctid AS tid,
+            (m.attempts >= (CASE WHEN m.max_attempts_set THEN m.max_attempts ELSE s.cap END)
+              OR m.cancel_requested_at IS NOT NULL) AS abandoned
+        FROM "outbox" AS m JOIN unnest(p_queues, p_caps) AS s (queue, cap) ON s.queue = m.queue
+        WHERE m.id = ANY(p_ids)
+          AND ((m.status = 'pending' AND m.available_at <= coalesce(p_now, statement_timestamp()))
+            OR (m.status = 'claimed' AND m.locked_until <= coalesce(p_now, statement_timestamp())))
+          AND m.ordering_key IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM "outbox_paused" AS z WHERE z.queue = m.queue)
+          -- No earlier message of the key in its queue pending or claimed,
+          -- nor a dead letter that holds it; no later one claimed.
+          AND (SELECT e.seq FROM "outbox" AS e
+              WHERE e.queue = m.queue AND e.ordering_key = m.ordering_key
+                AND e.ordering_key IS NOT NULL
+                AND e.status <> 'delivered' AND e.status <> 'cancelled' AND e.seq < m.seq
+                AND (e.status <> 'dead_lettered' OR (p_block AND e.skipped_at IS NULL))
+              ORDER BY e.seq LIMIT 1) IS NULL
+          AND NOT EXISTS (SELECT 1 FROM "outbox" AS e
+              WHERE e.queue = m.queue AND e.ordering_key = m.ordering_key
+                AND e.ordering_key IS NOT NULL
+                AND e.status = 'claimed' AND e.seq > m.seq
+                AND e.locked_until > coalesce(p_now, statement_timestamp()))
+        FOR UPDATE OF m SKIP LOCKED),
+    claimed AS (
+        UPDATE "outbox" AS m SET status = 'claimed', attempts = m.attempts + 1,
+            claim_token = (SELECT gen_random_uuid()::text) || '.' || m.seq,
+            claimed_at = coalesce(p_now, statement_timestamp()),
+            locked_until = coalesce(p_now, statement_timestamp())
+                + p_lease * interval '1 microsecond',
+            updated_at = coalesce(p_now, statement_timestamp())
+        WHERE m.ctid = ANY (ARRAY(SELECT f.tid FROM fronts AS f WHERE NOT f.abandoned))
+        RETURNING m.seq, m.id, m.kind, m.name, m.payload::text, m.trace, m.status,
+            m.attempts, m.max_attempts, m.available_at, m.claim_token, m.claimed_at,
+            m.locked_until, m.last_error, m.created_at, m.updated_at, m.delivered_at,
+            m.ordering_key, m.skipped_at, m.max_attempts_set, m.queue, m.priority,
+            m.cancel_requested_at)
+    SELECT 'claimed'::text, NULL::bigint, c.* FROM claimed AS c
+    UNION ALL
+    SELECT 'abandoned'::text, NULL::bigint, m.seq, m.id, m.kind, m.name, m.payload::text,
+        m.trace, m.status, m.attempts, m.max_attempts, m.available_at, m.claim_token,
+        m.claimed_at, m.locked_until, m.last_error, m.created_at, m.updated_at,
+        m.delivered_at, m.ordering_key, m.skipped_at, m.max_attempts_set, m.queue,
+        m.priority, m.cancel_requested_at
+    FROM "outbox" AS m JOIN fronts ON m.id = fronts.id WHERE fronts.abandoned;
+END
+$$;

@@ -40,11 +40,11 @@ fn function_query(migration: &str, nth: usize, table: &str, params: &[(&str, &st
     query
 }
 
-/// The migration that defines the settle and `claim_heads` functions as
-/// they are.
+/// The migration that defines the settle function as it is.
 const FUNCTIONS: &str = include_str!("../../migrations/postgres/0014_queues.sql");
 
-/// The migration that defines the claim function as it is.
+/// The migration that defines the claim functions (both passes) as they
+/// are.
 const CLAIM_FUNCTION: &str = include_str!("../../migrations/postgres/0017_key_heads.sql");
 
 /// The parameters of [`claim_function_query`].
@@ -366,7 +366,7 @@ async fn no_claim_statement_is_priced_for_jit_compilation() {
     // The claim the `claim_heads` function runs, with its arguments as
     // parameters, for this table.
     let claim_heads = function_query(
-        FUNCTIONS,
+        CLAIM_FUNCTION,
         1,
         &table,
         &[
