@@ -182,8 +182,8 @@ async fn only_claims_commit_without_waiting_for_the_disk() {
     assert_eq!(commits().await, [row("UPDATE", "claimed", "off")]);
     settle(claimed).await;
 
-    // Keyed rows beyond the first pass's walk: it comes back short, and the
-    // claim locks the keys and claims in a transaction of its own.
+    // Keys with backlogs, and a keyless row: the second pass claims the
+    // heads under their keys' locks, without waiting for the disk either.
     for n in 0..60 {
         outbox
             .enqueue(event(&format!("k{n:02}"), n, t0()).with_ordering_key(format!("key{}", n % 3)))

@@ -169,6 +169,7 @@ pub(crate) fn queues(t: &str, paused: &str, no_time: &str) -> Arc<str> {
 /// for a head (nothing earlier to find); in key order it reads the index
 /// from the key's first row. SQLite takes the other form: given the order
 /// by `seq`, it walks the rowid from the table's start instead.
+#[cfg(feature = "sqlite")]
 pub(crate) fn head_test(t: &str, block: &str, now: &str, key_order: bool) -> String {
     let earlier = format!(
         "FROM {t} AS e \
@@ -210,6 +211,7 @@ pub(crate) fn head_test(t: &str, block: &str, now: &str, key_order: bool) -> Str
 /// and their due rows are counted only when they pass the head test: a
 /// level whose heads are all held (by a dead letter, say) must not stop
 /// the scan before the levels below it.
+#[cfg(feature = "sqlite")]
 pub(crate) fn levels_cte(
     name: &str,
     t: &str,
@@ -288,60 +290,6 @@ pub(crate) fn keyed_heads(t: &str, head: &str, now: &str, walk: &str) -> String 
              ORDER BY m.available_at, m.created_at, m.seq LIMIT {walk}))"
     )
 }
-
-/// Two common table expressions (the statement needs `WITH RECURSIVE`,
-/// and a `served` expression with a `queue` column): `key_scan`, every
-/// served queue's keys with unsettled rows, and `key_fronts`, each such
-/// key's first pending or claimed row in its queue by `seq` (its `row`
-/// column), both empty unless `gate` holds. A skip scan of the `(queue,
-/// ordering_key, seq)` index: one probe per key, then one for its first
-/// live row, however many rows are queued behind it. The gate is tested
-/// before the first probe: as a condition of the probe's own scan, SQLite
-/// tested it on every entry of the index when it failed.
-pub(crate) fn key_fronts_cte(t: &str, row: &str, gate: &str) -> String {
-    let unsettled = "ordering_key IS NOT NULL AND status <> 'delivered' AND status <> 'cancelled'";
-    format!(
-        "key_scan (q, k) AS ( \
-           SELECT s.queue, (SELECT ordering_key FROM {t} \
-             WHERE queue = s.queue AND {unsettled} \
-             ORDER BY ordering_key LIMIT 1) \
-           FROM served AS s WHERE {gate} \
-           UNION ALL \
-           SELECT key_scan.q, (SELECT ordering_key FROM {t} \
-             WHERE queue = key_scan.q AND {unsettled} AND ordering_key > key_scan.k \
-             ORDER BY ordering_key LIMIT 1) \
-           FROM key_scan WHERE key_scan.k IS NOT NULL), \
-         key_fronts (r) AS ( \
-           SELECT (SELECT e.{row} FROM {t} AS e \
-             WHERE e.queue = key_scan.q AND e.ordering_key = key_scan.k \
-               AND e.ordering_key IS NOT NULL \
-               AND e.status <> 'delivered' AND e.status <> 'cancelled' \
-               AND e.status IN ('pending', 'claimed') \
-             ORDER BY e.seq LIMIT 1) \
-           FROM key_scan WHERE key_scan.k IS NOT NULL)"
-    )
-}
-
-/// How many flagged heads PostgreSQL's claim walks in claim order before
-/// it looks up each key's head instead (see
-/// `migrations/postgres/0017_key_heads.sql`): enough to find `limit`
-/// heads where most flagged heads pass the head test, few enough that
-/// where they do not the walk costs little beside the lookups. At most
-/// [`MAX_KEYED_WALK`], so the largest claims stay cheap to plan.
-#[cfg(feature = "postgres")]
-pub(crate) fn keyed_walk(limit: usize) -> usize {
-    limit
-        .saturating_mul(2)
-        .saturating_add(16)
-        .min(MAX_KEYED_WALK)
-}
-
-/// The most keyed rows a claim walks. Each costs PostgreSQL's planner two
-/// probes, and past its `jit_above_cost` a claim is compiled before it runs,
-/// which takes longer than the claim; a larger claim finds the rest of its
-/// heads by key.
-#[cfg(feature = "postgres")]
-const MAX_KEYED_WALK: usize = 1024;
 
 /// The count of pending rows, from the two partial indexes of pending rows
 /// (keyless and keyed), never touching settled ones.
