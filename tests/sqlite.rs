@@ -192,11 +192,31 @@ async fn custom_tables_coexist_and_each_is_set_up_once() {
             "jobs_b_claimed",
             "jobs_b_created",
             "jobs_b_idempotency",
+            "jobs_b_live_keyed",
             "jobs_b_ordering",
             "jobs_b_ordering_claimed",
+            "jobs_b_pending_heads",
             "jobs_b_pending_keyed",
             "jobs_b_pending_keyless",
             "jobs_b_settled"
+        ]
+    );
+    // Migration 0012: the triggers that keep each key's head, named after
+    // the table and created in its database, though it was named with it.
+    let triggers: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'jobs_b' \
+         ORDER BY name",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        triggers,
+        [
+            "jobs_b_head_deleted",
+            "jobs_b_head_enqueued",
+            "jobs_b_head_requeued",
+            "jobs_b_head_settled"
         ]
     );
     // Migration 0008: only rows with an idempotency key are in its index.
@@ -297,16 +317,15 @@ async fn claim_is_answered_from_the_partial_indexes() {
             .bind(10_i64)
             .bind(true)
             .bind(r#"[["default", 10, 25]]"#)
-            .bind(36_i64)
             .bind(10_i64),
     )
     .await;
     let plan_text = plan.join("\n");
     println!("{plan_text}");
-    // Both pending arms, keyless and keyed, are read one priority at a
-    // time, each in claim order: no sort of the due rows, however many
-    // there are, and no scheduled row walked.
-    for arm in ["keyless", "keyed"] {
+    // Both pending arms, keyless rows and keys' heads, are read one
+    // priority at a time, each in claim order: no sort of the due rows,
+    // however many there are, and no scheduled row walked.
+    for arm in ["keyless", "heads"] {
         let level =
             format!("INDEX {table}_pending_{arm} (queue=? AND priority=? AND available_at<?)");
         let pending = plan

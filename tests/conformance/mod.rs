@@ -30,6 +30,7 @@ pub(crate) mod cancel;
 pub(crate) mod claim;
 pub(crate) mod enqueue;
 pub(crate) mod fenced;
+pub(crate) mod key_heads;
 pub(crate) mod ordering;
 pub(crate) mod priority;
 pub(crate) mod queues;
@@ -151,6 +152,18 @@ macro_rules! conformance_suite {
                 => admin::activity_counts_settled_messages_per_minute,
             conformance_a_claim_takes_only_the_head_of_each_key
                 => ordering::a_claim_takes_only_the_head_of_each_key,
+            conformance_cancelling_a_head_hands_its_key_on
+                => key_heads::cancelling_a_head_hands_its_key_on,
+            conformance_deleting_a_head_on_delivery_hands_its_key_on
+                => key_heads::deleting_a_head_on_delivery_hands_its_key_on,
+            conformance_purging_settled_messages_leaves_their_keys_heads
+                => key_heads::purging_settled_messages_leaves_their_keys_heads,
+            conformance_a_head_dead_lettered_at_claim_hands_its_key_on
+                => key_heads::a_head_dead_lettered_at_claim_hands_its_key_on,
+            conformance_a_requeued_dead_letter_comes_before_its_keys_backlog
+                => key_heads::a_requeued_dead_letter_comes_before_its_keys_backlog,
+            conformance_a_hot_keys_backlog_does_not_hide_the_other_keys
+                => key_heads::a_hot_keys_backlog_does_not_hide_the_other_keys,
             conformance_a_retried_head_keeps_its_place => ordering::a_retried_head_keeps_its_place,
             conformance_an_expired_head_is_reclaimed_before_the_next
                 => ordering::an_expired_head_is_reclaimed_before_the_next,

@@ -31,6 +31,7 @@ mod sql_support;
 mod claims;
 mod faults;
 mod input;
+mod key_heads;
 mod one_connection;
 mod plans;
 mod schema;

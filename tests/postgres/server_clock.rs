@@ -224,17 +224,15 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
     }
 }
 
-/// On the server's clock a claim's statements bind no time, and the keys of
-/// the locked pass are its first parameter: a claim whose walk of keyed
-/// rows is cut short looks each key's head up, claims the heads with the
-/// keyless rows, and leaves every later row of a key alone.
+/// On the server's clock a claim's two passes bind no time: a claim takes
+/// each key's head with the keyless rows, and leaves every later row of a
+/// key alone.
 #[tokio::test]
-async fn on_the_servers_clock_a_short_claim_looks_up_the_heads_of_its_keys() {
+async fn on_the_servers_clock_a_claim_takes_the_heads_of_its_keys() {
     let pool = pool().await;
     let outbox = server_clock_store(&pool, &unique("server_heads")).await;
     // Thirty rows of each of three keys, taking turns, then five keyless
-    // rows: a claim of ten walks 36 keyed rows, finds three heads and five
-    // keyless rows, and comes back short.
+    // rows: a claim of ten finds three heads and five keyless rows.
     for n in 0..90 {
         outbox
             .enqueue(event(&format!("k{n:02}"), n, t0()).with_ordering_key(format!("key{}", n % 3)))

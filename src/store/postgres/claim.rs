@@ -1,17 +1,13 @@
 //! The PostgreSQL store's claim: a first pass through the table's `claim`
-//! function over the queues served, the heads of ordering keys it left
-//! claimed in a second round trip under their keys' locks, and, after a
-//! short first pass, a claim with each key's head looked up; then the rows
+//! function over the queues served, and the heads of ordering keys it left
+//! claimed in a second round trip under their keys' locks; then the rows
 //! out of attempts dead-lettered, expired claims with a cancellation
 //! request cancelled, and unreadable rows quarantined.
-
-use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Column, Row};
 
-use super::statements::ClaimValues;
 use super::{Core, Shared};
 use crate::error::{AbandonedClaimError, Error, ErrorRecord, Result};
 use crate::kind::MessageStatus;
@@ -19,15 +15,6 @@ use crate::message::{ClaimedMessage, OnDeadLetter, OutboxMessage};
 use crate::store::kit::{check, lease_end};
 use crate::store::sql::{self, ColumnPositions, db};
 use crate::store::{ClaimBatch, ClaimedBatch, QueueLimit};
-
-/// How many claims after a short first pass look keys' heads up without
-/// one. A first pass is cheap when the keyed backlog thins out again; one
-/// that comes back short costs a commit for nothing.
-const FIRST_PASSES_SKIPPED: u32 = 15;
-
-/// Rows claimed before the first new [plan generation](Core::planned);
-/// each later one waits for sixteen times as many.
-const FIRST_REPLAN_AT: u64 = 1024;
 
 /// What a claim did with `row` (see `Statements::claim_first`): read by position,
 /// since a claim's statements all select it first, and without a copy,
@@ -79,34 +66,6 @@ impl Served {
 }
 
 impl Core {
-    /// `statement`, a claim statement sent as text (after a short first
-    /// pass), marked with a plan generation that steps when the rows this
-    /// store has claimed reach [`FIRST_REPLAN_AT`], and again at each
-    /// sixteenfold of that.
-    ///
-    /// A connection keeps the plan of a prepared statement until the
-    /// table's statistics change, and a plan made while the table was
-    /// nearly empty reads the whole table (a scan is then cheaper than an
-    /// index). An outbox that fills faster than autovacuum analyzes it (it
-    /// looks once a minute) would scan a growing table on every such claim.
-    /// A new text is prepared, and planned for the table as it is now, on
-    /// each connection. Planning a claim costs more than running a small
-    /// one, so generations are few: five by a billion rows. A plan made once
-    /// the table holds a thousand rows or so already reads it by index and
-    /// address, and keeps doing so as it grows. (The first pass and the
-    /// fenced writes, which run far more often, are functions whose plans
-    /// price sequential scans out instead: see
-    /// `migrations/postgres/0012_claim_function.sql`.)
-    pub(super) fn planned(&self, mut statement: String) -> String {
-        let claimed = self.claimed_rows.load(Ordering::Relaxed);
-        let generation = (u64::BITS - (claimed / FIRST_REPLAN_AT).leading_zeros()).div_ceil(4);
-        if generation > 0 {
-            use std::fmt::Write;
-            let _ = write!(statement, " -- plan {generation}");
-        }
-        statement
-    }
-
     /// A claim's first pass: see `Statements::claim_first`.
     pub(super) fn claim_first(
         &self,
@@ -121,7 +80,9 @@ impl Core {
             .bind(served.limits.clone())
             .bind(served.caps.clone())
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
-            .bind(i32::try_from(sql::keyed_walk(limit)).unwrap_or(i32::MAX))
+            // The function's walk of keyed rows, which it no longer reads
+            // (`migrations/postgres/0017_key_heads.sql`).
+            .bind(i32::try_from(limit).unwrap_or(i32::MAX))
             .bind(now)
             .bind(lease_micros)
             .bind(block)
@@ -131,16 +92,6 @@ impl Core {
     /// connection (see `Core::warm_up`).
     pub(super) fn claim_nothing(&self) -> PgQuery<'static> {
         self.claim_first(&Served::default(), 0, None, 1, false)
-    }
-
-    /// `query` with the claim's `now` bound as `$1` when the store runs on
-    /// the caller's clock (see [`Statements::claim_locked`](super::statements::Statements::claim_locked)).
-    fn with_now<'q>(&self, query: PgQuery<'q>, now: DateTime<Utc>) -> PgQuery<'q> {
-        if self.server_clock {
-            query
-        } else {
-            query.bind(now)
-        }
     }
 
     pub(super) async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
@@ -157,129 +108,47 @@ impl Core {
         let lease_micros = i64::try_from(lease.as_micros())
             .map_err(|_| Error::invalid("lease", "is too long to add to now"))?;
         let block = on_dead_letter == OnDeadLetter::Block;
-        let values = ClaimValues {
-            lease_micros,
-            caller_now: !self.server_clock,
-        };
         let mut claimed = Vec::with_capacity(limit);
         let mut abandoned = Vec::new();
-        // After a short first pass, the next few claims go straight to the
-        // key lookup: the backlog that made it short is likely still there,
-        // and a first pass that comes back short costs a commit for nothing.
-        let lookup = self
-            .skip_first_passes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok();
-        let mut short = lookup;
-        if !lookup {
-            let rows = self
-                .claim_first(&served, limit, self.bound_now(now), lease_micros, block)
+        let rows = self
+            .claim_first(&served, limit, self.bound_now(now), lease_micros, block)
+            .fetch_all(&self.parts.pool)
+            .await
+            .map_err(db("claim_batch"))?;
+        // The heads the first pass left to the second, with the hashes of
+        // their keys.
+        let mut heads = Vec::new();
+        for row in &rows {
+            if claim_outcome(row)? == "keyed" {
+                let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
+                let id: String = row.try_get("id").map_err(db("claim_batch"))?;
+                heads.push((hash, id));
+            }
+        }
+        self.read_claimed(
+            &rows,
+            now,
+            locked_until,
+            &served,
+            &mut claimed,
+            &mut abandoned,
+        )
+        .await?;
+        if !heads.is_empty() {
+            // One round trip locks their keys and claims those still heads
+            // (`migrations/postgres/0017_key_heads.sql`).
+            let (hashes, ids) = lock_order(heads);
+            let rows = sqlx::query(AssertSqlSafe(self.sql.claim_heads.clone()))
+                .bind(&hashes)
+                .bind(&ids)
+                .bind(&served.queues)
+                .bind(&served.caps)
+                .bind(self.bound_now(now))
+                .bind(lease_micros)
+                .bind(block)
                 .fetch_all(&self.parts.pool)
                 .await
                 .map_err(db("claim_batch"))?;
-            // The heads the first pass left to the second, with the hashes
-            // of their keys; and whether it claimed nothing for a head its
-            // walk may have missed.
-            let mut heads = Vec::new();
-            for row in &rows {
-                match claim_outcome(row)? {
-                    "keyed" => {
-                        let hash: i64 = row.try_get("key_hash").map_err(db("claim_batch"))?;
-                        let id: String = row.try_get("id").map_err(db("claim_batch"))?;
-                        heads.push((hash, id));
-                    }
-                    "short" => short = true,
-                    _ => {}
-                }
-            }
-            self.read_claimed(
-                &rows,
-                now,
-                locked_until,
-                &served,
-                &mut claimed,
-                &mut abandoned,
-            )
-            .await?;
-            if short {
-                self.skip_first_passes
-                    .store(FIRST_PASSES_SKIPPED, Ordering::Relaxed);
-            } else if !heads.is_empty() {
-                // One round trip locks their keys and claims those still
-                // heads (`migrations/postgres/0009_claim_heads.sql`).
-                let (hashes, ids) = lock_order(heads);
-                let rows = sqlx::query(AssertSqlSafe(self.sql.claim_heads.clone()))
-                    .bind(&hashes)
-                    .bind(&ids)
-                    .bind(&served.queues)
-                    .bind(&served.caps)
-                    .bind(self.bound_now(now))
-                    .bind(lease_micros)
-                    .bind(block)
-                    .fetch_all(&self.parts.pool)
-                    .await
-                    .map_err(db("claim_batch"))?;
-                self.read_claimed(
-                    &rows,
-                    now,
-                    locked_until,
-                    &served,
-                    &mut claimed,
-                    &mut abandoned,
-                )
-                .await?;
-            }
-        }
-        if short {
-            // Claim with the heads of the keys looked up one by one, their
-            // keys locked. JIT off for this transaction only: the lookup is
-            // priced above `jit_above_cost` though it runs in milliseconds.
-            // Its commit does not wait for the disk, as every claim's
-            // (`statements::NO_FLUSH`).
-            let mut tx = self
-                .parts
-                .pool
-                .begin_with("BEGIN; SET LOCAL jit = off; SET LOCAL synchronous_commit = off")
-                .await
-                .map_err(db("claim_batch"))?;
-            let lookup_sql = self.planned(self.sql.key_heads(limit, block, values));
-            let mut lookup = sqlx::query_as(AssertSqlSafe(lookup_sql));
-            if values.caller_now {
-                lookup = lookup.bind(now);
-            }
-            let heads: Vec<(String, String, i64)> = lookup
-                .bind(&served.queues)
-                .bind(&served.limits)
-                .bind(&served.caps)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db("claim_batch"))?;
-            let (hashes, keys) = lock_order(
-                heads
-                    .into_iter()
-                    .map(|(queue, key, hash)| (hash, format!("{queue}\0{key}"))),
-            );
-            let (key_queues, keys): (Vec<&str>, Vec<&str>) = keys
-                .iter()
-                .map(|id| id.split_once('\0').expect("a key id holds its queue"))
-                .unzip();
-            sqlx::query(AssertSqlSafe(self.sql.lock_keys.clone()))
-                .bind(&hashes)
-                .execute(&mut *tx)
-                .await
-                .map_err(db("claim_batch"))?;
-            let claim = self.planned(self.sql.claim_locked(limit, block, values));
-            let rows = self
-                .with_now(sqlx::query(AssertSqlSafe(claim)), now)
-                .bind(&served.queues)
-                .bind(&served.limits)
-                .bind(&served.caps)
-                .bind(&key_queues)
-                .bind(&keys)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db("claim_batch"))?;
-            tx.commit().await.map_err(db("claim_batch"))?;
             self.read_claimed(
                 &rows,
                 now,
@@ -291,8 +160,6 @@ impl Core {
             .await?;
         }
         claimed.sort_by_key(|(seq, m)| (m.available_at, m.created_at, *seq));
-        self.claimed_rows
-            .fetch_add(claimed.len() as u64, Ordering::Relaxed);
         let mut batch = ClaimedBatch {
             claimed: claimed.into_iter().map(|(_, m)| m).collect(),
             ..ClaimedBatch::default()
@@ -326,7 +193,7 @@ impl Core {
         };
         for row in rows {
             let outcome = claim_outcome(row)?;
-            if outcome == "keyed" || outcome == "short" {
+            if outcome == "keyed" {
                 continue;
             }
             let decoded = Shared::decode_at(row, &at).and_then(|r| Ok((r.seq, r.into_message()?)));
@@ -419,7 +286,7 @@ impl Core {
     }
 }
 
-/// The key hashes of `keys` (hash, a key or a head's id) in the one order
+/// The key hashes of `keys` (hash, a head's id) in the one order
 /// every claimer takes their locks, each once (two keys may share a hash;
 /// one lock serves both), and the keys or ids.
 fn lock_order(keys: impl IntoIterator<Item = (i64, String)>) -> (Vec<i64>, Vec<String>) {

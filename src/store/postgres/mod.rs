@@ -65,7 +65,6 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -80,8 +79,6 @@ use super::{ArmOutcome, ArmWakeups, Wakeups};
 use crate::database::DatabaseKind;
 use crate::error::{Error, Result};
 use listener::Listener;
-#[cfg(feature = "inspect-statements")]
-use statements::ClaimValues;
 use statements::{Statements, channel_of};
 
 mod admin;
@@ -376,40 +373,6 @@ impl PostgresOutbox {
         &self.inner.core.channel
     }
 
-    /// The claim after a short first pass, of up to `limit` messages under
-    /// the `block` policy, with a lease of `lease_micros`; `$1` is now when
-    /// `caller_now`, then come the queues served, their limits and attempt
-    /// caps, and the queues and keys whose locks the transaction holds. See
-    /// `Statements::claim_locked`.
-    #[cfg(feature = "inspect-statements")]
-    #[doc(hidden)]
-    pub fn locked_claim_statement(
-        &self,
-        limit: usize,
-        lease_micros: i64,
-        caller_now: bool,
-    ) -> String {
-        let values = ClaimValues {
-            lease_micros,
-            caller_now,
-        };
-        self.inner.core.sql.claim_locked(limit, true, values)
-    }
-
-    /// The lookup of up to `limit` keys' heads beyond a claim's walk, on
-    /// the caller's clock (`$1`) or the database's; see
-    /// `Statements::key_heads`.
-    #[cfg(feature = "inspect-statements")]
-    #[doc(hidden)]
-    pub fn key_heads_statement(&self, limit: usize, caller_now: bool) -> String {
-        // The lookup writes no lease.
-        let values = ClaimValues {
-            lease_micros: 0,
-            caller_now,
-        };
-        self.inner.core.sql.key_heads(limit, true, values)
-    }
-
     /// Listens on [`PostgresOutbox::channel`] while any receiver lives;
     /// `None` outside a tokio runtime. Enqueues notify only drains that
     /// armed (see [`Wakeups::arm`]).
@@ -434,11 +397,6 @@ struct Core {
     /// Leases are judged by the database's clock, not the caller's `now`.
     server_clock: bool,
     sql: Statements,
-    /// Claims still to go straight to the key lookup; see
-    /// `FIRST_PASSES_SKIPPED` in `claim.rs`.
-    skip_first_passes: AtomicU32,
-    /// Rows this store has claimed; see [`Core::planned`].
-    claimed_rows: AtomicU64,
     /// How many settlement statements may be in flight at once; see
     /// [`Core::warm_up`].
     settlement_statements: usize,
@@ -462,8 +420,6 @@ impl Core {
             channel: channel_of(&table),
             notify,
             server_clock,
-            skip_first_passes: AtomicU32::new(0),
-            claimed_rows: AtomicU64::new(0),
             settlement_statements,
             parts: SqlParts {
                 pool,

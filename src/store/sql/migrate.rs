@@ -32,9 +32,17 @@ pub(crate) enum Dialect {
 /// so its checksum matches the embedded migration.
 pub(crate) fn render_migration(sql: &str, table: &TableName, dialect: Dialect) -> String {
     const MARK: &str = "\"outbox";
+    let bodies = match dialect {
+        Dialect::Sqlite => trigger_bodies(sql),
+        Dialect::Postgres => Vec::new(),
+    };
     let mut out = String::with_capacity(sql.len() + 64);
     let mut rest = sql;
     while let Some(at) = rest.find(MARK) {
+        let position = sql.len() - rest.len() + at;
+        // SQLite refuses a qualified name in a trigger's body: a trigger
+        // lives in its table's database and reads and writes only there.
+        let in_body = bodies.iter().any(|body| body.contains(&position));
         let (before, tail) = rest.split_at(at);
         out.push_str(before);
         let after_mark = &tail[MARK.len()..];
@@ -52,7 +60,7 @@ pub(crate) fn render_migration(sql: &str, table: &TableName, dialect: Dialect) -
             // A table renamed into place (`RENAME TO`) keeps its schema:
             // neither database takes a qualified new name.
             match dialect {
-                _ if after("TO") => Some(table.quoted_bare()),
+                _ if after("TO") || in_body => Some(table.quoted_bare()),
                 Dialect::Sqlite if after_on => Some(table.quoted_bare()),
                 _ => Some(table.quoted()),
             }
@@ -64,9 +72,11 @@ pub(crate) fn render_migration(sql: &str, table: &TableName, dialect: Dialect) -
                 .split_whitespace()
                 .next()
                 .is_some_and(|word| word.eq_ignore_ascii_case("ON"));
+            // Neither does it take a qualified trigger name: a trigger
+            // lives with its table.
             let qualified = match dialect {
-                Dialect::Sqlite => !after_on,
-                Dialect::Postgres => !index,
+                Dialect::Sqlite => !after_on && !in_body,
+                Dialect::Postgres => !index && !after("TRIGGER"),
             };
             inner
                 .strip_prefix('_')
@@ -85,6 +95,24 @@ pub(crate) fn render_migration(sql: &str, table: &TableName, dialect: Dialect) -
     }
     out.push_str(rest);
     out
+}
+
+/// Where the bodies of a migration's `CREATE TRIGGER` statements lie: from
+/// a line that opens with `BEGIN` after the statement's head to the next
+/// line that opens with `END;`, the way the migrations write them.
+fn trigger_bodies(sql: &str) -> Vec<std::ops::Range<usize>> {
+    let mut bodies = Vec::new();
+    let mut from = 0;
+    while let Some(at) = sql[from..].find("CREATE TRIGGER") {
+        let head = from + at;
+        let Some(begin) = sql[head..].find("\nBEGIN").map(|b| head + b) else {
+            break;
+        };
+        let end = sql[begin..].find("\nEND;").map_or(sql.len(), |e| begin + e);
+        bodies.push(begin..end);
+        from = end;
+    }
+    bodies
 }
 
 /// The embedded migrations rendered for `table`, tracked in
@@ -172,6 +200,32 @@ mod tests {
             render_migration(sql, &table, Dialect::Postgres),
             "CREATE TABLE \"main\".\"jobs_inbox\" (id text);\n\
              CREATE INDEX \"jobs_inbox_at\" ON \"main\".\"jobs_inbox\" (id);"
+        );
+    }
+
+    #[test]
+    fn sqlite_names_the_table_bare_in_a_trigger_body() {
+        let sql = "CREATE TRIGGER IF NOT EXISTS \"outbox_head\" AFTER DELETE ON \"outbox\"\n\
+                   BEGIN\n    UPDATE \"outbox\" SET head = 1;\nEND;\n\
+                   UPDATE \"outbox\" SET head = 0;";
+        let table = TableName::parse("main.jobs").unwrap();
+        assert_eq!(
+            render_migration(sql, &table, Dialect::Sqlite),
+            "CREATE TRIGGER IF NOT EXISTS \"main\".\"jobs_head\" AFTER DELETE ON \"jobs\"\n\
+             BEGIN\n    UPDATE \"jobs\" SET head = 1;\nEND;\n\
+             UPDATE \"main\".\"jobs\" SET head = 0;"
+        );
+    }
+
+    #[test]
+    fn postgres_names_a_trigger_bare() {
+        let sql = "CREATE CONSTRAINT TRIGGER \"outbox_head\" AFTER INSERT ON \"outbox\"\n\
+                   EXECUTE FUNCTION \"outbox_head\"();";
+        let table = TableName::parse("app.jobs").unwrap();
+        assert_eq!(
+            render_migration(sql, &table, Dialect::Postgres),
+            "CREATE CONSTRAINT TRIGGER \"jobs_head\" AFTER INSERT ON \"app\".\"jobs\"\n\
+             EXECUTE FUNCTION \"app\".\"jobs_head\"();"
         );
     }
 

@@ -69,14 +69,12 @@ pub(crate) use row::ColumnPositions;
 pub(crate) use row::MESSAGE_COLUMNS;
 pub(crate) use row::{activity_rows, claimed_view};
 pub(crate) use schedules::{ScheduleStatements, state_from, states_from};
-#[cfg(feature = "postgres")]
-pub(crate) use statements::key_fronts_cte;
-#[cfg(feature = "sqlite")]
-pub(crate) use statements::keyed_heads;
 pub(crate) use statements::{
-    CancelStatements, INSERT_COLUMNS, SharedStatements, blocked_count, blocked_keys, head_test,
-    keyed_walk, levels_cte, oldest_due, pending_count, queues,
+    CancelStatements, INSERT_COLUMNS, SharedStatements, blocked_count, blocked_keys, oldest_due,
+    pending_count, queues,
 };
+#[cfg(feature = "sqlite")]
+pub(crate) use statements::{head_test, keyed_heads, levels_cte};
 pub(crate) use store::SqlOutbox;
 pub use table::{MAX_TABLE_NAME_PART, TableName};
 

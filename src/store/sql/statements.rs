@@ -169,6 +169,7 @@ pub(crate) fn queues(t: &str, paused: &str, no_time: &str) -> Arc<str> {
 /// for a head (nothing earlier to find); in key order it reads the index
 /// from the key's first row. SQLite takes the other form: given the order
 /// by `seq`, it walks the rowid from the table's start instead.
+#[cfg(feature = "sqlite")]
 pub(crate) fn head_test(t: &str, block: &str, now: &str, key_order: bool) -> String {
     let earlier = format!(
         "FROM {t} AS e \
@@ -194,8 +195,8 @@ pub(crate) fn head_test(t: &str, block: &str, now: &str, key_order: bool) -> Str
 
 /// A recursive common table expression `name (queue, priority, found)`:
 /// for each queue of `served` (a common table expression with `queue` and
-/// `lim` columns), the priorities in use by its pending rows, keyless or
-/// keyed as `keyed` says, highest first, one probe of their partial index
+/// `lim` columns), the priorities in use by its pending rows, keyless, or
+/// keyed when `head` is the head test of a row `m`, highest first, one probe of their partial index
 /// each (a skip scan), ending with a NULL priority. The claim reads each
 /// level's due rows at `now` as a prefix of the index, so scheduled rows of
 /// any priority are never walked.
@@ -205,16 +206,37 @@ pub(crate) fn head_test(t: &str, block: &str, now: &str, key_order: bool) -> Str
 /// the served queue), so a claim reads the levels that can fill it and one
 /// more, not every level in use. A level is counted only when a lower one
 /// exists: a queue of one priority costs two probes and no count.
+///
+/// Keyed levels are those of the keys' flagged heads (see [`keyed_heads`]),
+/// and their due rows are counted only when they pass the head test: a
+/// level whose heads are all held (by a dead letter, say) must not stop
+/// the scan before the levels below it.
+#[cfg(feature = "sqlite")]
 pub(crate) fn levels_cte(
     name: &str,
     t: &str,
-    keyed: bool,
+    head: Option<&str>,
     now: &str,
     bound: &str,
     need: &str,
 ) -> String {
-    let key = if keyed { "IS NOT NULL" } else { "IS NULL" };
-    let pending = format!("u.status = 'pending' AND u.ordering_key {key}");
+    let (pending, tested) = match head {
+        Some(head) => (
+            "u.status = 'pending' AND u.head = 1",
+            format!(
+                "SELECT 1 FROM {t} AS m WHERE m.status = 'pending' AND m.head = 1 \
+                 AND m.queue = l.queue AND m.priority = l.priority AND m.available_at <= {now} \
+                 AND {head}"
+            ),
+        ),
+        None => (
+            "u.status = 'pending' AND u.ordering_key IS NULL",
+            format!(
+                "SELECT 1 FROM {t} AS u WHERE u.status = 'pending' AND u.ordering_key IS NULL \
+                 AND u.queue = l.queue AND u.priority = l.priority AND u.available_at <= {now}"
+            ),
+        ),
+    };
     // `ORDER BY ... LIMIT 1` rather than `max()`: the index's order
     // answers it with one probe, which the aggregate is not sure to.
     let top = format!(
@@ -225,10 +247,7 @@ pub(crate) fn levels_cte(
         "(SELECT u.priority FROM {t} AS u WHERE {pending} AND u.queue = l.queue \
            AND u.priority < l.priority ORDER BY u.priority DESC LIMIT 1)"
     );
-    let due = format!(
-        "(SELECT count(*) FROM (SELECT 1 FROM {t} AS u WHERE {pending} AND u.queue = l.queue \
-           AND u.priority = l.priority AND u.available_at <= {now} LIMIT {bound}) AS d)"
-    );
+    let due = format!("(SELECT count(*) FROM ({tested} LIMIT {bound}) AS d)");
     format!(
         "{name} (queue, priority, found) AS ( \
            SELECT s.queue, {top}, CAST(0 AS BIGINT) FROM served AS s \
@@ -247,97 +266,30 @@ pub(crate) fn levels_cte(
 /// other arms).
 ///
 /// A key has at most one such row in its queue, its first pending or
-/// claimed message by `seq`, however many are queued behind it, so
-/// walking the keyed rows in claim order finds few heads among many rows
-/// when there are few keys. The walk reads each queue's priorities
-/// ([`levels_cte`]) and of each the first `walk` due rows; when some
-/// priority's walk stopped there with fewer heads than its queue's limit,
-/// each key's first live row is looked up instead ([`key_fronts_cte`]).
-/// Either way a claim costs about the rows it takes, the keys, or both,
-/// never the backlog. `row` is the column a key's first row is joined back
-/// on (indexed).
+/// claimed message by `seq`, however many are queued behind it; the
+/// table flags that row (`head`, kept by triggers: see
+/// `migrations/sqlite/0012_key_heads.sql`), and a partial index holds the
+/// pending flagged rows in claim order. The arm reads each queue's
+/// priorities of those ([`levels_cte`]) and of each the first `walk` due
+/// flagged rows that pass the head test. So a claim reads about the heads
+/// it takes, whatever the number of keys and however long any key's
+/// backlog; beyond those, only heads that fail the test (a key held by a
+/// dead letter, or with a later message claimed) are read and passed over.
 #[cfg(feature = "sqlite")]
-pub(crate) fn keyed_heads(t: &str, head: &str, now: &str, walk: &str, row: &str) -> String {
-    let levels = levels_cte("keyed_levels", t, true, now, walk, walk);
-    let walked = format!(
-        "walk AS MATERIALIZED ( \
-           SELECT m.id, m.queue, m.priority, m.available_at, m.created_at, m.seq, \
-             {head} AS head \
-           FROM keyed_levels AS l CROSS JOIN {t} AS m \
-           WHERE l.priority IS NOT NULL AND m.seq IN ( \
-             SELECT u.seq FROM {t} AS u \
-             WHERE u.status = 'pending' AND u.ordering_key IS NOT NULL AND u.queue = l.queue \
-               AND u.priority = l.priority AND u.available_at <= {now} \
-             ORDER BY u.available_at, u.created_at, u.seq LIMIT {walk}))"
-    );
-    let gate = format!(
-        "EXISTS (SELECT 1 FROM ( \
-           SELECT w.queue, count(*) AS walked, sum(w.head) AS heads FROM walk AS w \
-           GROUP BY w.queue, w.priority) AS g JOIN served AS s ON s.queue = g.queue \
-         WHERE g.walked >= {walk} AND g.heads < s.lim)"
-    );
-    let fronts = key_fronts_cte(t, row, &gate);
+pub(crate) fn keyed_heads(t: &str, head: &str, now: &str, walk: &str) -> String {
+    let levels = levels_cte("keyed_levels", t, Some(head), now, walk, walk);
     format!(
-        "{levels}, {walked}, {fronts}, \
+        "{levels}, \
          keyed AS MATERIALIZED ( \
-           SELECT id, queue, priority, available_at, created_at, seq FROM walk WHERE head \
-           UNION \
-           SELECT m.id, m.queue, m.priority, m.available_at, m.created_at, m.seq \
-           FROM key_fronts JOIN {t} AS m ON m.{row} = key_fronts.r \
-           WHERE m.status = 'pending' AND m.available_at <= {now} AND {head})"
+           SELECT k.id, k.queue, k.priority, k.available_at, k.created_at, k.seq \
+           FROM keyed_levels AS l CROSS JOIN {t} AS k \
+           WHERE l.priority IS NOT NULL AND k.seq IN ( \
+             SELECT m.seq FROM {t} AS m \
+             WHERE m.status = 'pending' AND m.head = 1 AND m.queue = l.queue \
+               AND m.priority = l.priority AND m.available_at <= {now} AND {head} \
+             ORDER BY m.available_at, m.created_at, m.seq LIMIT {walk}))"
     )
 }
-
-/// Two common table expressions (the statement needs `WITH RECURSIVE`,
-/// and a `served` expression with a `queue` column): `key_scan`, every
-/// served queue's keys with unsettled rows, and `key_fronts`, each such
-/// key's first pending or claimed row in its queue by `seq` (its `row`
-/// column), both empty unless `gate` holds. A skip scan of the `(queue,
-/// ordering_key, seq)` index: one probe per key, then one for its first
-/// live row, however many rows are queued behind it. The gate is tested
-/// before the first probe: as a condition of the probe's own scan, SQLite
-/// tested it on every entry of the index when it failed.
-pub(crate) fn key_fronts_cte(t: &str, row: &str, gate: &str) -> String {
-    let unsettled = "ordering_key IS NOT NULL AND status <> 'delivered' AND status <> 'cancelled'";
-    format!(
-        "key_scan (q, k) AS ( \
-           SELECT s.queue, (SELECT ordering_key FROM {t} \
-             WHERE queue = s.queue AND {unsettled} \
-             ORDER BY ordering_key LIMIT 1) \
-           FROM served AS s WHERE {gate} \
-           UNION ALL \
-           SELECT key_scan.q, (SELECT ordering_key FROM {t} \
-             WHERE queue = key_scan.q AND {unsettled} AND ordering_key > key_scan.k \
-             ORDER BY ordering_key LIMIT 1) \
-           FROM key_scan WHERE key_scan.k IS NOT NULL), \
-         key_fronts (r) AS ( \
-           SELECT (SELECT e.{row} FROM {t} AS e \
-             WHERE e.queue = key_scan.q AND e.ordering_key = key_scan.k \
-               AND e.ordering_key IS NOT NULL \
-               AND e.status <> 'delivered' AND e.status <> 'cancelled' \
-               AND e.status IN ('pending', 'claimed') \
-             ORDER BY e.seq LIMIT 1) \
-           FROM key_scan WHERE key_scan.k IS NOT NULL)"
-    )
-}
-
-/// How many keyed rows a claim of `limit` walks in claim order before it
-/// looks up each key's head instead (see [`keyed_heads`]): enough to find
-/// `limit` heads where keys are many and most due rows are heads, few
-/// enough that where keys are few the walk costs little beside the lookups.
-/// At most [`MAX_KEYED_WALK`], so the largest claims stay cheap to plan.
-pub(crate) fn keyed_walk(limit: usize) -> usize {
-    limit
-        .saturating_mul(2)
-        .saturating_add(16)
-        .min(MAX_KEYED_WALK)
-}
-
-/// The most keyed rows a claim walks. Each costs PostgreSQL's planner two
-/// probes, and past its `jit_above_cost` a claim is compiled before it runs,
-/// which takes longer than the claim; a larger claim finds the rest of its
-/// heads by key.
-const MAX_KEYED_WALK: usize = 1024;
 
 /// The count of pending rows, from the two partial indexes of pending rows
 /// (keyless and keyed), never touching settled ones.

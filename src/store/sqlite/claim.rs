@@ -63,7 +63,6 @@ impl Core {
                 .bind(i64::try_from(limit).unwrap_or(i64::MAX))
                 .bind(on_dead_letter == OnDeadLetter::Block)
                 .bind(served_json.clone())
-                .bind(i64::try_from(sql::keyed_walk(limit)).unwrap_or(i64::MAX))
                 .bind(i64::try_from(level).unwrap_or(i64::MAX))
         };
         let picked = match bound(&self.sql.pick).fetch_one(&mut *tx).await {

@@ -37,7 +37,7 @@ pub(super) const PICKED: [&str; 17] = [
     "cancel_requested_at",
 ];
 
-/// The claim's limits, `?3`, `?6` and `?7`, as expressions rather than
+/// The claim's limits, `?3` and `?6`, as expressions rather than
 /// bare parameters: SQLite plans a `LIMIT ?N` for the value bound, and so
 /// marks the statement to be compiled again whenever `?N` is bound again,
 /// which is every claim; the claim, the largest statement of the store, was
@@ -45,11 +45,10 @@ pub(super) const PICKED: [&str; 17] = [
 /// plan for any limit. Every other `LIMIT` of the store (purge batches,
 /// listing pages) is written the same way.
 const LIMIT: &str = "CAST(?3 AS INTEGER)";
-const WALK: &str = "CAST(?6 AS INTEGER)";
 /// The most rows read from one priority of one queue: the largest of the
 /// queues' limits. A limit in SQLite cannot name a column of the query
 /// around it, so each queue's own limit is applied after the reads.
-const LEVEL: &str = "CAST(?7 AS INTEGER)";
+const LEVEL: &str = "CAST(?6 AS INTEGER)";
 
 /// The rendered statements for one table.
 #[derive(Debug)]
@@ -67,9 +66,7 @@ pub(super) struct Statements {
     /// changed. Binds: `?1` now and `?2` lease end (µs since the epoch),
     /// `?3` limit, `?4` 1 when a dead letter holds its ordering key, else 0,
     /// `?5` the queues served as a JSON array of `[queue, limit, attempt
-    /// cap]`, `?6` how many keyed rows to walk per queue and priority
-    /// ([`keyed_walk`](crate::store::sql::keyed_walk)), `?7` the largest of
-    /// the queues' limits.
+    /// cap]`, `?6` the largest of the queues' limits.
     /// The store claims with [`Statements::pick`] and
     /// [`Statements::take`] instead, and with this only when the rows it
     /// picked cannot be written out as JSON.
@@ -146,8 +143,8 @@ impl Statements {
         let t = table.quoted();
         let paused = table.derived("paused", true);
         let head = head(&t, "?4");
-        let keyed = keyed_heads(&t, &head, "?1", WALK, "seq");
-        let keyless_levels = levels_cte("keyless_levels", &t, false, "?1", LEVEL, "s.lim");
+        let keyed = keyed_heads(&t, &head, "?1", LEVEL);
+        let keyless_levels = levels_cte("keyless_levels", &t, None, "?1", LEVEL, "s.lim");
         // The queues served that are not paused; each queue's pending
         // keyless rows, one priority at a time, each a prefix of the
         // index; the expired claims of those queues; the keyed heads of

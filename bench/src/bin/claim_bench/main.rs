@@ -48,9 +48,22 @@
 //! head per key: the run then measures a claim that finds few heads in
 //! front of a long backlog.
 //!
+//! With `--hot N` (and `--keys`) the keyed store also gets `N` messages of
+//! one more key, enqueued before all the others, so that key's backlog is
+//! at the front of claim order; the keyless store gets as many messages as
+//! the keyed one has keyed. The shape of a production store with many keys
+//! and one busy entity: a keyed claim of 100 takes the hot key's head and
+//! 99 other heads.
+//!
+//! ```text
+//! cargo run --release -p outbox-bench --bin claim_bench -- --store sqlite --keys 100000 \
+//!     --pending 100000 --hot 100000
+//! ```
+//!
 //! SQLite runs on fresh files in the temporary directory, PostgreSQL on
 //! fresh tables in `DATABASE_URL`, removed afterwards. Each timed claim is
-//! the median of 300; each claim's messages are given back before the next.
+//! the median of 300 (`--samples N` for another number); each claim's
+//! messages are given back before the next.
 //!
 //! # Output
 //!
@@ -58,7 +71,7 @@
 //! on memory `settled`, `claims_per_sec`, `messages_per_sec`; then
 //! `claim100_us_at_1k`, `claim100_us_at_1m` (µs), `ratio_1m_vs_1k`,
 //! `claim100_us_behind_100k_live`. With `--keys`: `store`, `pending`,
-//! `keys`, `mixed`, `claimed_keyed` (messages a keyed claim finds),
+//! `keys`, `mixed`, `hot_backlog`, `claimed_keyed` (messages a keyed claim finds),
 //! `claim100_us_keyless`, `claim100_us_keyed`, `ratio_keyed_vs_keyless`.
 //! With `--queues`: `store`, `pending`, `queues`, `claim100_us_one_queue`,
 //! `claim100_us_all_queues`, `ratio_all_queues_vs_one`,
@@ -66,7 +79,7 @@
 //! `--priorities`: `store`, `pending`, `priorities`, `claim100_us_plain`,
 //! `claim100_us_prioritized`, `ratio_priorities_vs_none`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -81,6 +94,10 @@ use outbox_bench::stats::{median, micros, round};
 use outbox_bench::store::{STORES, check, claim, memory_filled};
 use serde::Serialize;
 
+mod keys;
+
+use keys::{KeysRun, compare_keys};
+
 /// Messages in the large store.
 const PENDING: u64 = 1_000_000;
 /// Messages in the small store.
@@ -90,8 +107,9 @@ const SETTLED: usize = 100_000;
 /// Messages a timed claim asks for.
 const CLAIM: usize = 100;
 const LEASE: Duration = Duration::from_secs(30);
-/// Timed claims per store size; the median is reported.
-const SAMPLES: usize = 300;
+/// Timed claims per store size; the median is reported. `--samples N`
+/// sets another number, for runs whose slow side would take too long.
+static SAMPLES: AtomicUsize = AtomicUsize::new(300);
 
 fn at(ms: i64) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap() + chrono::Duration::milliseconds(ms)
@@ -103,6 +121,9 @@ static KEYS: AtomicU64 = AtomicU64::new(0);
 
 /// Messages from this one on get no ordering key (`--mixed`).
 static KEYED_BELOW: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Messages below this one get the hot key (`--hot`).
+static HOT: AtomicU64 = AtomicU64::new(0);
 
 /// Queues the messages enqueued from now on are spread over; 0 for the
 /// default queue alone.
@@ -119,7 +140,7 @@ fn queue_name(n: u64) -> String {
 
 /// The `i`th message, created `i` milliseconds after the first, with the
 /// ordering key `i % KEYS` when there are keys and `i` is below
-/// `KEYED_BELOW`.
+/// `KEYED_BELOW`, and the hot key when `i` is below `HOT`.
 fn message(i: u64) -> NewMessage {
     let payload = Payload::from_json(format!(r#"{{"order":{i}}}"#)).expect("valid JSON");
     let mut message = NewMessage::new(MessageKind::Event, "order.placed", payload).at(at(i as i64));
@@ -134,18 +155,8 @@ fn message(i: u64) -> NewMessage {
     match KEYS.load(Ordering::Relaxed) {
         0 => message,
         _ if i >= KEYED_BELOW.load(Ordering::Relaxed) => message,
+        _ if i < HOT.load(Ordering::Relaxed) => message.with_ordering_key("hot"),
         keys => message.with_ordering_key(format!("order-{}", i % keys)),
-    }
-}
-
-/// The size of the keyed store of a `--keys` run: `pending` keyed messages,
-/// and with `mixed` as many keyless ones after them.
-fn keyed_fill(pending: u64, mixed: bool) -> u64 {
-    if mixed {
-        KEYED_BELOW.store(pending, Ordering::Relaxed);
-        2 * pending
-    } else {
-        pending
     }
 }
 
@@ -164,8 +175,9 @@ async fn claim_cost_of(
     expected: usize,
 ) -> Duration {
     let now = batch().now;
-    let mut samples = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
+    let count = SAMPLES.load(Ordering::Relaxed);
+    let mut samples = Vec::with_capacity(count);
+    for _ in 0..count {
         let started = Instant::now();
         let batch = store.claim_batch(batch()).await.expect("claim");
         samples.push(started.elapsed());
@@ -194,6 +206,8 @@ struct Args {
     pending: u64,
     /// Keyless messages behind the keyed ones.
     mixed: bool,
+    /// `--hot N`: messages of one hot key in front of the keyed ones.
+    hot: u64,
     /// `--queues N`: compare one queue with `N`.
     queues: Option<u64>,
     /// `--priorities`: compare one priority with eleven.
@@ -203,7 +217,7 @@ struct Args {
 fn parse_args(mut flags: Flags) -> Result<Args, String> {
     let usage = || {
         format!(
-            "usage: claim_bench [--store {}] [--keys N [--pending N] [--mixed] | --queues N \
+            "usage: claim_bench [--store {}] [--samples N] [--keys N [--pending N] [--mixed] [--hot N] | --queues N \
              [--pending N] | --priorities [--pending N]]",
             STORES.join("|")
         )
@@ -213,6 +227,7 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
         keys: None,
         pending: PENDING,
         mixed: false,
+        hot: 0,
         queues: None,
         priorities: false,
     };
@@ -220,6 +235,28 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
     while let Some(flag) = flags.next_flag() {
         match flag.as_str() {
             "--mixed" => args.mixed = true,
+            "--samples" => {
+                let value = flags.value(&flag).map_err(|_| usage())?;
+                match value.parse() {
+                    Ok(n) if n >= 1 => SAMPLES.store(n, Ordering::Relaxed),
+                    _ => {
+                        return Err(format!(
+                            "--samples takes a number of timed claims, at least 1 ({value:?} given)"
+                        ));
+                    }
+                }
+            }
+            "--hot" => {
+                let value = flags.value(&flag).map_err(|_| usage())?;
+                match value.parse() {
+                    Ok(n) if n >= 1 => args.hot = n,
+                    _ => {
+                        return Err(format!(
+                            "--hot takes a number of messages, at least 1 ({value:?} given)"
+                        ));
+                    }
+                }
+            }
             "--priorities" => args.priorities = true,
             "--queues" => {
                 let value = flags.value(&flag).map_err(|_| usage())?;
@@ -275,6 +312,9 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
             "--mixed adds keyless messages to the --keys comparison; give --keys too".into(),
         );
     }
+    if args.hot > 0 && args.keys.is_none() {
+        return Err("--hot adds a hot key to the --keys comparison; give --keys too".into());
+    }
     check(&args.store, STORES)?;
     Ok(args)
 }
@@ -286,6 +326,7 @@ async fn main() {
         keys,
         pending,
         mixed,
+        hot,
         queues,
         priorities,
     } = parse_args(Flags::from_env()).unwrap_or_else(|message| refuse(message));
@@ -317,15 +358,21 @@ async fn main() {
             }
         };
     }
+    let keys = keys.map(|keys| KeysRun {
+        keys,
+        pending,
+        mixed,
+        hot,
+    });
     match (store.as_str(), keys) {
         #[cfg(feature = "sqlite")]
         ("sqlite", None) => sqlite::run().await,
         #[cfg(feature = "sqlite")]
-        ("sqlite", Some(keys)) => sqlite::run_keys(keys, pending, mixed).await,
+        ("sqlite", Some(keys)) => sqlite::run_keys(keys).await,
         #[cfg(feature = "postgres")]
         ("postgres", None) => postgres::run().await,
         #[cfg(feature = "postgres")]
-        ("postgres", Some(keys)) => postgres::run_keys(keys, pending, mixed).await,
+        ("postgres", Some(keys)) => postgres::run_keys(keys).await,
         (_, None) => {
             let started = Instant::now();
             let store = memory_filled(PENDING, message).await;
@@ -333,10 +380,9 @@ async fn main() {
             measure("memory", started, store, small, true).await;
         }
         (_, Some(keys)) => {
-            let keyless = memory_filled(pending, message).await;
-            KEYS.store(keys, Ordering::Relaxed);
-            let keyed = memory_filled(keyed_fill(pending, mixed), message).await;
-            compare_keys("memory", keys, pending, mixed, &keyless, &keyed).await;
+            let keyless = memory_filled(keys.keyless_fill(), message).await;
+            let keyed = memory_filled(keys.keyed_fill(), message).await;
+            compare_keys("memory", keys, &keyless, &keyed).await;
         }
     }
 }
@@ -440,73 +486,6 @@ async fn compare_priorities<S: OutboxStore>(name: &str, pending: u64, plain: &S,
         claim100_us_plain: micros(plain_cost),
         claim100_us_prioritized: micros(prioritized_cost),
         ratio_priorities_vs_none: ratio,
-    });
-}
-
-/// The JSON line of a `--keys` run.
-#[derive(Serialize)]
-struct KeysSummary<'a> {
-    store: &'a str,
-    pending: u64,
-    keys: u64,
-    mixed: bool,
-    /// Messages a keyed claim finds: one head per key at most, keyless
-    /// messages filling the rest.
-    claimed_keyed: usize,
-    /// Median claim of 100 without ordering keys, µs.
-    claim100_us_keyless: f64,
-    /// The same over the keyed store, µs.
-    claim100_us_keyed: f64,
-    ratio_keyed_vs_keyless: f64,
-}
-
-/// Times the claim of 100 with `pending` messages, without keys and with
-/// them spread over `keys` ordering keys (and, if `mixed`, keyless ones
-/// behind them), and prints both and the ratio.
-async fn compare_keys<S: OutboxStore>(
-    name: &str,
-    keys: u64,
-    pending: u64,
-    mixed: bool,
-    keyless: &S,
-    keyed: &S,
-) {
-    let now = at(2 * pending as i64 + 1_000);
-    // One head per key at most; keyless messages fill the rest.
-    let keyed_claim = if mixed {
-        CLAIM
-    } else {
-        CLAIM.min(keys as usize)
-    };
-    // Alternating, so neither side gets a warmer machine.
-    let mut keyless_cost = Vec::new();
-    let mut keyed_cost = Vec::new();
-    for _ in 0..3 {
-        keyless_cost.push(claim_cost(keyless, now, CLAIM).await);
-        keyed_cost.push(claim_cost(keyed, now, keyed_claim).await);
-    }
-    let (keyless_cost, keyed_cost) = (median(keyless_cost), median(keyed_cost));
-    let ratio = keyed_cost.as_secs_f64() / keyless_cost.as_secs_f64();
-    println!(
-        "{name}: claim of {CLAIM} with {pending} pending: {:.2} µs without ordering keys, \
-         {:.2} µs over {keys} keys{}, {keyed_claim} a claim ({ratio:.2}x)",
-        micros(keyless_cost),
-        micros(keyed_cost),
-        if mixed {
-            " with as many keyless behind"
-        } else {
-            ""
-        }
-    );
-    print_json(&KeysSummary {
-        store: name,
-        pending,
-        keys,
-        mixed,
-        claimed_keyed: keyed_claim,
-        claim100_us_keyless: micros(keyless_cost),
-        claim100_us_keyed: micros(keyed_cost),
-        ratio_keyed_vs_keyless: round(ratio, 2),
     });
 }
 
@@ -661,11 +640,10 @@ mod sqlite {
         measure("sqlite", started, store, small, false).await;
     }
 
-    pub(super) async fn run_keys(keys: u64, pending: u64, mixed: bool) {
-        let (_keyless_file, keyless) = filled(pending).await;
-        KEYS.store(keys, Ordering::Relaxed);
-        let (_keyed_file, keyed) = filled(keyed_fill(pending, mixed)).await;
-        compare_keys("sqlite", keys, pending, mixed, &keyless, &keyed).await;
+    pub(super) async fn run_keys(keys: KeysRun) {
+        let (_keyless_file, keyless) = filled(keys.keyless_fill()).await;
+        let (_keyed_file, keyed) = filled(keys.keyed_fill()).await;
+        compare_keys("sqlite", keys, &keyless, &keyed).await;
     }
 
     pub(super) async fn run_queues(queues: u64, pending: u64) {
@@ -723,12 +701,11 @@ mod postgres {
         drop_all(&url, &[&store, &small]).await;
     }
 
-    pub(super) async fn run_keys(keys: u64, pending: u64, mixed: bool) {
+    pub(super) async fn run_keys(keys: KeysRun) {
         let url = url();
-        let keyless = filled(&url, pending, "plain").await;
-        KEYS.store(keys, Ordering::Relaxed);
-        let keyed = filled(&url, keyed_fill(pending, mixed), "keyed").await;
-        compare_keys("postgres", keys, pending, mixed, &keyless, &keyed).await;
+        let keyless = filled(&url, keys.keyless_fill(), "plain").await;
+        let keyed = filled(&url, keys.keyed_fill(), "keyed").await;
+        compare_keys("postgres", keys, &keyless, &keyed).await;
         drop_all(&url, &[&keyless, &keyed]).await;
     }
 

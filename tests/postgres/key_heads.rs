@@ -1,0 +1,79 @@
+//! Each key's head flag on PostgreSQL, where an enqueue and a settlement of
+//! one key can run at once: an enqueue whose transaction is still open when
+//! the key's head is delivered, under READ COMMITTED or REPEATABLE READ,
+//! leaves its message claimable once it commits.
+
+use outbox::{ClaimBatch, MarkDelivered, OutboxStore, PostgresOutbox, SettlementMode};
+
+use crate::sql_support::{LEASE, event, secs, t0, unique};
+use crate::{pool, store};
+
+/// The ids a claim of 10 takes at `now`, with their tokens.
+async fn claim(outbox: &PostgresOutbox, now: i64) -> Vec<(String, String)> {
+    let batch = outbox
+        .claim_batch(ClaimBatch {
+            on_dead_letter: Default::default(),
+            limit: 10,
+            now: t0() + secs(now),
+            lease: LEASE,
+            max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+            queues: Vec::new(),
+        })
+        .await
+        .unwrap();
+    batch
+        .claimed
+        .into_iter()
+        .map(|m| (m.id, m.claim_token))
+        .collect()
+}
+
+/// Enqueues `k2` of key `k` in a transaction at `isolation`, which takes
+/// its snapshot, then stays open while `k1`, the key's head, is claimed
+/// and delivered; once it commits, `k2` is the head.
+async fn enqueue_while_the_head_is_delivered(isolation: &str) {
+    let pool = pool().await;
+    let outbox = store(&pool, &unique("heads"), SettlementMode::default()).await;
+    outbox
+        .enqueue(event("k1", 1, t0()).with_ordering_key("k"))
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SET TRANSACTION ISOLATION LEVEL {isolation}"
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("k2", 2, t0()).with_ordering_key("k"))
+        .await
+        .unwrap();
+    let claimed = claim(&outbox, 1).await;
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].0, "k1");
+    outbox
+        .mark_delivered(MarkDelivered {
+            delete: false,
+            id: "k1".into(),
+            claim_token: claimed[0].1.clone(),
+            now: t0() + secs(2),
+        })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let claimed = claim(&outbox, 3).await;
+    let ids: Vec<_> = claimed.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["k2"]);
+}
+
+#[tokio::test]
+async fn an_enqueue_open_while_its_keys_head_is_delivered_is_the_next_head() {
+    enqueue_while_the_head_is_delivered("READ COMMITTED").await;
+}
+
+#[tokio::test]
+async fn an_enqueue_under_repeatable_read_while_its_keys_head_is_delivered_is_the_next_head() {
+    enqueue_while_the_head_is_delivered("REPEATABLE READ").await;
+}
