@@ -15,7 +15,10 @@
 //! workers are (each is atomic, and at most one message per ordering key is
 //! claimed at a time). With `prefetch`, a claim also takes up to that many messages
 //! more than there are free slots: they wait in claim order and start as
-//! slots free, without waiting for a claim's round-trip. A waiting message's
+//! slots free, without waiting for a claim's round-trip; when the drain sizes
+//! the prefetch itself (`sizing`), the first claim too waits for a whole
+//! share of room while more messages wait than cover a couple of claim
+//! round trips, so claims stay large. A waiting message's
 //! lease runs (its heartbeat starts with its handler), so one that waited
 //! until less than a heartbeat interval, plus what its claim took, of its
 //! lease is left is given back undelivered (outcome `released`); at
@@ -74,8 +77,10 @@ use crate::messages::{
 use crate::notices::{CancelledMessage, DeadLetter};
 use crate::telemetry;
 use lanes::Lanes;
+use waiting::{Waiting, late_claim};
 
 mod lanes;
+mod waiting;
 
 /// New messages may be due (a wake-up, a tick or a `Drain` arrived during
 /// the pass): claim again for free slots, even after an empty claim.
@@ -630,45 +635,6 @@ impl Claimer {
             ctx.stop();
         }
     }
-}
-
-/// A prefetched message waiting for a free slot.
-struct Waiting {
-    /// The claimed message, its lease running.
-    message: outbox::ClaimedMessage,
-    /// Its queue's lane.
-    lane: usize,
-    /// How long its claim took.
-    took: Duration,
-    /// When its claim returned.
-    returned: tokio::time::Instant,
-}
-
-impl Waiting {
-    /// Whether to give the message back rather than start its handler now,
-    /// with a heartbeat renewing every `heartbeat`.
-    fn give_back(&self, heartbeat: Duration) -> Option<GiveBack> {
-        // Measured as `late` measures a fresh claim, with the wait added.
-        let granted = until(self.message.claimed_at, self.message.locked_until);
-        let waited = self.returned.elapsed();
-        let left = granted.saturating_sub(self.took + waited);
-        // The heartbeat's first renewal comes one interval after the
-        // handler starts, and may take as long as the claim did.
-        (left < self.took + heartbeat || left.is_zero()).then_some(GiveBack::Stale { waited, left })
-    }
-}
-
-/// Whether to give a fresh claim back rather than deliver it: the lease
-/// left when the claim returned, against how long it `took`. A store slow
-/// enough that the lease it gave is mostly spent would leave a handler too
-/// little time to finish and settle before the message goes to another
-/// worker. The lease is measured on the store's clock (it stamped both
-/// ends), the time taken on the runtime's, so a skewed clock between them
-/// cannot make every claim look late, or none.
-fn late_claim(message: &outbox::ClaimedMessage, took: Duration) -> Option<GiveBack> {
-    let granted = until(message.claimed_at, message.locked_until);
-    let left = granted.saturating_sub(took);
-    (left < took || left.is_zero()).then_some(GiveBack::Late { took, left })
 }
 
 /// Release every claim of `batch`, each bounded by the lease.

@@ -121,6 +121,9 @@
 //!   ([`LeaseLostError`], [`MaxActiveDurationError`]).
 //! - `report`: what a pass did, [`DrainReport`], and the one [`Outcome`] of
 //!   each message it claimed.
+//! - `sizing`: how much a drain claims ahead and how many claims it
+//!   overlaps when its config leaves them unset, from what it measures and
+//!   what the store says suits it.
 //!
 //! # Tracing
 //!
