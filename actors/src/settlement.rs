@@ -330,156 +330,202 @@ pub(crate) async fn settle_delivery(
     };
     let (write, delivery_error) = write_for(drain, message, result);
     let deadline = Deadline::new(locked_until, active_until);
-    let lease = |state, confirmed_lost, error: Error| {
-        LeaseLost::new(message, LeaseOperation::Renew, state, confirmed_lost, error)
-            .after(handler.clone())
-    };
-    // The first write failed and took the claim with it.
-    let lost = |failure: LeaseLost, error: Error| {
-        (
-            Some(failure),
-            Err(Unsettled {
-                error,
-                claim_lost: true,
-            }),
-        )
-    };
     let mut failed_attempts = Vec::new();
     let first = write_once(drain, message, &write, deadline.at).await;
-    // A write that failed without being refused, or never answered: the
-    // store is in trouble, and claiming more would only queue behind it.
-    let store_faulted = match &first {
-        Err(Unwritten::Deadline) => true,
-        Err(Unwritten::Failed(error)) => !error.is_claim_lost(),
-        Ok(_) | Err(Unwritten::Expired) => false,
-    };
-    let (renewal, settled) = match first {
-        Ok(cancelled) => (
-            renewal_error.map(|error| lease(LeaseState::Recovered, false, error)),
-            Ok(cancelled),
-        ),
-        Err(Unwritten::Expired) => {
-            // Nothing was written: as a final extension found too late.
-            let confirmed_lost = !deadline.max_active_first;
-            return Settlement::Lost(
-                deadline
-                    .passed(
-                        drain,
-                        message,
-                        confirmed_lost,
-                        "the lease ran out before the delivery's outcome could be written",
-                        None,
-                    )
-                    .after(handler),
-            );
-        }
-        Err(Unwritten::Deadline) => {
-            let failure = deadline
-                .passed(
-                    drain,
-                    message,
-                    false,
-                    "the extension write did not complete before the lease deadline",
-                    None,
-                )
-                .after(handler.clone());
-            let error = failure.error.clone();
-            lost(failure, error)
-        }
-        Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
-            let error = Error::from(error);
-            lost(lease(LeaseState::Lost, true, error.clone()), error)
-        }
-        Err(Unwritten::Failed(error)) if drain.now() < deadline.at => {
-            // The last confirmed lease is still running: settle under it, the
-            // failed write counting as the first attempt.
-            let settled = retry_settlement(
+    // The first write failed, but the last confirmed lease is still
+    // running: settle under it, the failed write counting as the first
+    // attempt. Boxed, since it is rare: every settlement's future would
+    // otherwise carry its timers and writes.
+    let retried = match &first {
+        Err(Unwritten::Failed(error)) if !error.is_claim_lost() && drain.now() < deadline.at => {
+            let retry = retry_settlement(
                 drain,
                 message,
                 deadline.at,
                 &write,
                 error.clone(),
                 &mut failed_attempts,
-            )
-            .await;
-            (
-                Some(lease(LeaseState::Degraded, false, error.into())),
-                settled,
-            )
-        }
-        Err(Unwritten::Failed(error)) => {
-            let error = Error::from(error);
-            let failure = if deadline.max_active_first {
-                // `max_active` names the failure; no lease reason is read.
-                deadline
-                    .passed(drain, message, false, "", None)
-                    .after(handler.clone())
-            } else {
-                lease(LeaseState::Lost, false, error.clone())
-            };
-            lost(failure, error)
-        }
-    };
-
-    // Only the degraded branch can lose the claim in a later attempt; the
-    // other losses already carry their notice in `renewal`.
-    let lost = match (&renewal, &settled) {
-        (Some(degraded), Err(unsettled))
-            if degraded.state == LeaseState::Degraded && unsettled.claim_lost =>
-        {
-            Some(Box::new(lease(
-                LeaseState::Lost,
-                unsettled.error.is_claim_lost(),
-                unsettled.error.clone(),
-            )))
+            );
+            Some(Box::pin(retry).await)
         }
         _ => None,
     };
-    let end = match (settled, write) {
-        (Err(unsettled), write) => End::Unsettled(SettlementFailed {
-            id: message.id.clone(),
-            kind: message.kind,
-            name: message.name.clone(),
-            attempt: message.attempts,
-            operation: write.operation(),
-            delivery_succeeded: delivery_error.is_none(),
-            delivery_error: delivery_error.clone(),
-            error: unsettled.error,
-            claim_lost: unsettled.claim_lost,
-        }),
-        (Ok(_), Write::Delivered) => End::Delivered {
-            deleted: drain.config.retention.delete_on_delivery,
-        },
-        (Ok(true), Write::Failed { .. }) => End::Cancelled,
-        (
-            Ok(false),
-            Write::Failed {
-                error,
-                dead_letter: true,
-                ..
-            },
-        ) => End::DeadLettered(DeadLetter::delivered(message, error)),
-        (
-            Ok(false),
-            Write::Failed {
-                error,
-                retry_at,
-                retry_delay,
-                ..
-            },
-        ) => End::Retried {
-            error,
-            delay: retry_delay,
-            retry_at,
-        },
-    };
-    Settlement::Written {
-        renewal,
-        lost,
+    let written = Written {
+        handler,
+        renewal_error,
+        write,
         delivery_error,
-        end,
-        store_faulted,
+        deadline,
         failed_attempts,
+    };
+    written.conclude(drain, message, first, retried)
+}
+
+/// What a settlement knows once its writes are done; kept apart from the
+/// writes so that the future that awaits them stays small.
+struct Written {
+    handler: HandlerResult,
+    renewal_error: Option<Error>,
+    write: Write,
+    delivery_error: Option<DeliveryError>,
+    deadline: Deadline,
+    failed_attempts: Vec<(u32, outbox::Error)>,
+}
+
+impl Written {
+    /// The settlement that the first write's result (`first`) and the
+    /// retries after it (`retried`, when they ran) make.
+    fn conclude(
+        self,
+        drain: &DrainContext,
+        message: &ClaimedMessage,
+        first: Result<bool, Unwritten>,
+        retried: Option<Result<bool, Unsettled>>,
+    ) -> Settlement {
+        let Written {
+            handler,
+            renewal_error,
+            write,
+            delivery_error,
+            deadline,
+            failed_attempts,
+        } = self;
+        let lease = |state, confirmed_lost, error: Error| {
+            LeaseLost::new(message, LeaseOperation::Renew, state, confirmed_lost, error)
+                .after(handler.clone())
+        };
+        // The first write failed and took the claim with it.
+        let lost = |failure: LeaseLost, error: Error| {
+            (
+                Some(failure),
+                Err(Unsettled {
+                    error,
+                    claim_lost: true,
+                }),
+            )
+        };
+        // A write that failed without being refused, or never answered: the
+        // store is in trouble, and claiming more would only queue behind it.
+        let store_faulted = match &first {
+            Err(Unwritten::Deadline) => true,
+            Err(Unwritten::Failed(error)) => !error.is_claim_lost(),
+            Ok(_) | Err(Unwritten::Expired) => false,
+        };
+        let (renewal, settled) = match first {
+            Ok(cancelled) => (
+                renewal_error.map(|error| lease(LeaseState::Recovered, false, error)),
+                Ok(cancelled),
+            ),
+            Err(Unwritten::Expired) => {
+                // Nothing was written: as a final extension found too late.
+                let confirmed_lost = !deadline.max_active_first;
+                return Settlement::Lost(
+                    deadline
+                        .passed(
+                            drain,
+                            message,
+                            confirmed_lost,
+                            "the lease ran out before the delivery's outcome could be written",
+                            None,
+                        )
+                        .after(handler),
+                );
+            }
+            Err(Unwritten::Deadline) => {
+                let failure = deadline
+                    .passed(
+                        drain,
+                        message,
+                        false,
+                        "the extension write did not complete before the lease deadline",
+                        None,
+                    )
+                    .after(handler.clone());
+                let error = failure.error.clone();
+                lost(failure, error)
+            }
+            Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
+                let error = Error::from(error);
+                lost(lease(LeaseState::Lost, true, error.clone()), error)
+            }
+            Err(Unwritten::Failed(error)) if retried.is_some() => (
+                Some(lease(LeaseState::Degraded, false, error.into())),
+                retried.expect("the retries ran"),
+            ),
+            Err(Unwritten::Failed(error)) => {
+                let error = Error::from(error);
+                let failure = if deadline.max_active_first {
+                    // `max_active` names the failure; no lease reason is read.
+                    deadline
+                        .passed(drain, message, false, "", None)
+                        .after(handler.clone())
+                } else {
+                    lease(LeaseState::Lost, false, error.clone())
+                };
+                lost(failure, error)
+            }
+        };
+
+        // Only the degraded branch can lose the claim in a later attempt; the
+        // other losses already carry their notice in `renewal`.
+        let lost = match (&renewal, &settled) {
+            (Some(degraded), Err(unsettled))
+                if degraded.state == LeaseState::Degraded && unsettled.claim_lost =>
+            {
+                Some(Box::new(lease(
+                    LeaseState::Lost,
+                    unsettled.error.is_claim_lost(),
+                    unsettled.error.clone(),
+                )))
+            }
+            _ => None,
+        };
+        let end = match (settled, write) {
+            (Err(unsettled), write) => End::Unsettled(SettlementFailed {
+                id: message.id.clone(),
+                kind: message.kind,
+                name: message.name.clone(),
+                attempt: message.attempts,
+                operation: write.operation(),
+                delivery_succeeded: delivery_error.is_none(),
+                delivery_error: delivery_error.clone(),
+                error: unsettled.error,
+                claim_lost: unsettled.claim_lost,
+            }),
+            (Ok(_), Write::Delivered) => End::Delivered {
+                deleted: drain.config.retention.delete_on_delivery,
+            },
+            (Ok(true), Write::Failed { .. }) => End::Cancelled,
+            (
+                Ok(false),
+                Write::Failed {
+                    error,
+                    dead_letter: true,
+                    ..
+                },
+            ) => End::DeadLettered(DeadLetter::delivered(message, error)),
+            (
+                Ok(false),
+                Write::Failed {
+                    error,
+                    retry_at,
+                    retry_delay,
+                    ..
+                },
+            ) => End::Retried {
+                error,
+                delay: retry_delay,
+                retry_at,
+            },
+        };
+        Settlement::Written {
+            renewal,
+            lost,
+            delivery_error,
+            end,
+            store_faulted,
+            failed_attempts,
+        }
     }
 }
 
