@@ -15,6 +15,7 @@
 //! lease, reported as degraded; earlier renewal errors are reported as
 //! recovered once it succeeds.
 
+use std::ops::Deref;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -313,6 +314,10 @@ fn write_for(
 /// `lease_lost`, as the reference counts a failed acknowledgement). Only a
 /// lease that had already ended before the first write could be made, or
 /// one the heartbeat could not hand over, is a plain lease loss.
+///
+/// A delivery makes the two steps itself ([`prepare`], then
+/// [`write_settlement`]), to settle a lost hand-over without a future.
+#[cfg(test)]
 pub(crate) async fn settle_delivery(
     drain: &DrainContext,
     message: &ClaimedMessage,
@@ -320,50 +325,80 @@ pub(crate) async fn settle_delivery(
     hand_over: HandOver,
     result: DeliveryResult,
 ) -> Settlement {
+    match prepare(drain, message, active_until, hand_over, result) {
+        Ok(written) => write_settlement(drain, message, written).await,
+        Err(lost) => Settlement::Lost(*lost),
+    }
+}
+
+/// What [`settle_delivery`] does before its first write: the write the
+/// handler's `result` calls for, under the lease `hand_over` confirms; or,
+/// when the heartbeat could not hand a lease over, the loss that settles
+/// the delivery at once.
+pub(crate) fn prepare(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    active_until: DateTime<Utc>,
+    hand_over: HandOver,
+    result: DeliveryResult,
+) -> Result<Written, Box<LeaseLost>> {
     let handler = HandlerResult::of(&result);
     let (locked_until, renewal_error) = match hand_over {
-        HandOver::Lost(failure) => return Settlement::Lost(failure.after(handler)),
+        HandOver::Lost(failure) => return Err(Box::new(failure.after(handler))),
         HandOver::Held {
             locked_until,
             renewal_error,
         } => (locked_until, renewal_error),
     };
     let (write, delivery_error) = write_for(drain, message, result);
-    let deadline = Deadline::new(locked_until, active_until);
-    let mut failed_attempts = Vec::new();
-    let first = write_once(drain, message, &write, deadline.at).await;
+    Ok(Written {
+        handler,
+        renewal_error,
+        write,
+        delivery_error,
+        deadline: Deadline::new(locked_until, active_until),
+        failed_attempts: Vec::new(),
+    })
+}
+
+/// The writes of [`settle_delivery`], once [`prepare`]d, and the settlement
+/// they make. It takes the drain and the message by anything that derefs to
+/// them, so a delivery can hand over its `Arc`s and the future holds what
+/// it settles only once.
+pub(crate) async fn write_settlement(
+    drain: impl Deref<Target = DrainContext>,
+    message: impl Deref<Target = ClaimedMessage>,
+    mut written: Written,
+) -> Settlement {
+    let (drain, message) = (&*drain, &*message);
+    let deadline = written.deadline.at;
+    let first = write_once(drain, message, &written.write, deadline).await;
     // The first write failed, but the last confirmed lease is still
     // running: settle under it, the failed write counting as the first
     // attempt. Boxed, since it is rare: every settlement's future would
     // otherwise carry its timers and writes.
     let retried = match &first {
-        Err(Unwritten::Failed(error)) if !error.is_claim_lost() && drain.now() < deadline.at => {
+        Err(Unwritten::Failed(error)) if !error.is_claim_lost() && drain.now() < deadline => {
             let retry = retry_settlement(
                 drain,
                 message,
-                deadline.at,
-                &write,
+                deadline,
+                &written.write,
                 error.clone(),
-                &mut failed_attempts,
+                &mut written.failed_attempts,
             );
             Some(Box::pin(retry).await)
         }
         _ => None,
     };
-    let written = Written {
-        handler,
-        renewal_error,
-        write,
-        delivery_error,
-        deadline,
-        failed_attempts,
-    };
     written.conclude(drain, message, first, retried)
 }
 
-/// What a settlement knows once its writes are done; kept apart from the
-/// writes so that the future that awaits them stays small.
-struct Written {
+/// What a settlement knows before its writes, and uses once they are done;
+/// kept apart from the writes so that the future that awaits them stays
+/// small (it was over a kilobyte, an allocation glibc serves slowly, once
+/// per message).
+pub(crate) struct Written {
     handler: HandlerResult,
     renewal_error: Option<Error>,
     write: Write,
