@@ -331,10 +331,10 @@ pub(crate) async fn settle_delivery(
     }
 }
 
-/// What [`settle_delivery`] does before its first write: the write the
-/// handler's `result` calls for, under the lease `hand_over` confirms; or,
-/// when the heartbeat could not hand a lease over, the loss that settles
-/// the delivery at once.
+/// The first step of a settlement (see `settle_delivery` above), before
+/// any write: the write the handler's `result` calls for, under the lease
+/// `hand_over` confirms; or, when the heartbeat could not hand a lease
+/// over, the loss that settles the delivery at once.
 pub(crate) fn prepare(
     drain: &DrainContext,
     message: &ClaimedMessage,
@@ -361,7 +361,7 @@ pub(crate) fn prepare(
     })
 }
 
-/// The writes of [`settle_delivery`], once [`prepare`]d, and the settlement
+/// The writes of a settlement, once [`prepare`]d, and the settlement
 /// they make. It takes the drain and the message by anything that derefs to
 /// them, so a delivery can hand over its `Arc`s and the future holds what
 /// it settles only once.
