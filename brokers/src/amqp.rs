@@ -8,7 +8,7 @@
 //!   mode 2), so a confirm means the broker took responsibility for it;
 //! - `message_id` is the outbox message id, `content_type` is
 //!   `application/json`, `type` is the message name, and the headers of
-//!   [`headers`] (id, name, kind, attempt, `traceparent`,
+//!   [`headers`](crate::headers) (id, name, kind, attempt, `traceparent`,
 //!   `tracestate`) are AMQP headers;
 //! - the publish is `mandatory`: a message no queue is bound to receive comes
 //!   back (basic.return) and is dead-lettered at once with the broker's reply

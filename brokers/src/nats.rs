@@ -1,7 +1,7 @@
 //! NATS JetStream through `async-nats`.
 //!
 //! [`NatsTransport`] publishes each message to the subject its name maps to
-//! ([`NameMap`]), with the stored JSON as the payload, the [`headers`] of
+//! ([`NameMap`]), with the stored JSON as the payload, the [`headers`](crate::headers) of
 //! every transport, and `Nats-Msg-Id` set to the outbox message id; it
 //! settles the delivery only once JetStream's `PubAck` arrived.
 //!

@@ -3,7 +3,7 @@
 //! [`RedisTransport`] appends each claimed message to a stream (`XADD`), the
 //! stream key being what its [`NameMap`] gives the message name. An entry has
 //! the field `payload` (the stored JSON as is) and one field per header of
-//! [`headers`]: `Outbox-Message-Id`, `Outbox-Name`,
+//! [`headers`](crate::headers): `Outbox-Message-Id`, `Outbox-Name`,
 //! `Outbox-Kind`, `Outbox-Attempt`, and `traceparent`/`tracestate` when the
 //! message was enqueued inside a trace.
 //!

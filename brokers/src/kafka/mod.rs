@@ -5,7 +5,7 @@
 //! the broker acknowledged the record:
 //!
 //! - the record's value is the stored JSON as is; its key is the message's
-//!   ordering key (none without one); its headers are those of [`headers`]:
+//!   ordering key (none without one); its headers are those of [`headers`](crate::headers):
 //!   `Outbox-Message-Id`, `Outbox-Name`, `Outbox-Kind`, `Outbox-Attempt`,
 //!   and `traceparent`/`tracestate` when the message was enqueued inside a
 //!   trace;
