@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::LocalBoxFuture;
 
@@ -39,29 +40,47 @@ pub struct DeliveryContext {
 /// renewal of the lease reports the request; the handler reads it through
 /// its [`DeliveryContext`]. Cheap to clone; clones share the state.
 #[derive(Debug, Clone, Default)]
-pub struct CancelToken(Arc<tokio::sync::watch::Sender<bool>>);
+pub struct CancelToken(Arc<CancelState>);
+
+/// A flag and the waiters to wake when it is set. Every delivery makes a
+/// token and almost none is ever cancelled, so it is one allocation of a
+/// few words, not a channel.
+#[derive(Debug, Default)]
+struct CancelState {
+    cancelled: AtomicBool,
+    waiters: tokio::sync::Notify,
+}
 
 impl CancelToken {
     /// A token not cancelled.
     pub fn new() -> Self {
-        CancelToken(Arc::new(tokio::sync::watch::Sender::new(false)))
+        CancelToken::default()
     }
 
     /// Mark it cancelled, waking every [`CancelToken::cancelled`] waiting.
     pub fn cancel(&self) {
-        self.0.send_replace(true);
+        if !self.0.cancelled.swap(true, Ordering::AcqRel) {
+            self.0.waiters.notify_waiters();
+        }
     }
 
     /// `true` once it was cancelled.
     pub fn is_cancelled(&self) -> bool {
-        *self.0.borrow()
+        self.0.cancelled.load(Ordering::Acquire)
     }
 
     /// Resolves once it is cancelled; never, if it is not.
     pub async fn cancelled(&self) {
-        let mut changes = self.0.subscribe();
-        // The sender lives as long as this token, so the wait cannot fail.
-        let _ = changes.wait_for(|cancelled| *cancelled).await;
+        loop {
+            // Registered before the flag is read, so a `cancel` between the
+            // two still wakes this wait.
+            let mut wake = std::pin::pin!(self.0.waiters.notified());
+            wake.as_mut().enable();
+            if self.is_cancelled() {
+                return;
+            }
+            wake.await;
+        }
     }
 }
 

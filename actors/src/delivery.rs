@@ -374,12 +374,18 @@ impl DeliveryActor {
             .result
             .take()
             .expect("a result is kept while awaiting the lease");
-        let drain = self.drain.clone();
-        let message = self.message.clone();
-        let active_until = self.active_until;
-        let settle = async move {
-            settlement::settle_delivery(&drain, &message, active_until, hand_over, result).await
+        let written = match settlement::prepare(
+            &self.drain,
+            &self.message,
+            self.active_until,
+            hand_over,
+            result,
+        ) {
+            Ok(written) => written,
+            Err(lost) => return self.end(Ending::Lost(*lost), ctx),
         };
+        let settle =
+            settlement::write_settlement(self.drain.clone(), self.message.clone(), written);
         ctx.spawn(
             settle
                 .instrument(self.span.clone())

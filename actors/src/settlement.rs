@@ -15,6 +15,7 @@
 //! lease, reported as degraded; earlier renewal errors are reported as
 //! recovered once it succeeds.
 
+use std::ops::Deref;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -313,6 +314,10 @@ fn write_for(
 /// `lease_lost`, as the reference counts a failed acknowledgement). Only a
 /// lease that had already ended before the first write could be made, or
 /// one the heartbeat could not hand over, is a plain lease loss.
+///
+/// A delivery makes the two steps itself ([`prepare`], then
+/// [`write_settlement`]), to settle a lost hand-over without a future.
+#[cfg(test)]
 pub(crate) async fn settle_delivery(
     drain: &DrainContext,
     message: &ClaimedMessage,
@@ -320,166 +325,242 @@ pub(crate) async fn settle_delivery(
     hand_over: HandOver,
     result: DeliveryResult,
 ) -> Settlement {
+    match prepare(drain, message, active_until, hand_over, result) {
+        Ok(written) => write_settlement(drain, message, written).await,
+        Err(lost) => Settlement::Lost(*lost),
+    }
+}
+
+/// The first step of a settlement (see `settle_delivery` above), before
+/// any write: the write the handler's `result` calls for, under the lease
+/// `hand_over` confirms; or, when the heartbeat could not hand a lease
+/// over, the loss that settles the delivery at once.
+pub(crate) fn prepare(
+    drain: &DrainContext,
+    message: &ClaimedMessage,
+    active_until: DateTime<Utc>,
+    hand_over: HandOver,
+    result: DeliveryResult,
+) -> Result<Written, Box<LeaseLost>> {
     let handler = HandlerResult::of(&result);
     let (locked_until, renewal_error) = match hand_over {
-        HandOver::Lost(failure) => return Settlement::Lost(failure.after(handler)),
+        HandOver::Lost(failure) => return Err(Box::new(failure.after(handler))),
         HandOver::Held {
             locked_until,
             renewal_error,
         } => (locked_until, renewal_error),
     };
     let (write, delivery_error) = write_for(drain, message, result);
-    let deadline = Deadline::new(locked_until, active_until);
-    let lease = |state, confirmed_lost, error: Error| {
-        LeaseLost::new(message, LeaseOperation::Renew, state, confirmed_lost, error)
-            .after(handler.clone())
-    };
-    // The first write failed and took the claim with it.
-    let lost = |failure: LeaseLost, error: Error| {
-        (
-            Some(failure),
-            Err(Unsettled {
-                error,
-                claim_lost: true,
-            }),
-        )
-    };
-    let mut failed_attempts = Vec::new();
-    let first = write_once(drain, message, &write, deadline.at).await;
-    // A write that failed without being refused, or never answered: the
-    // store is in trouble, and claiming more would only queue behind it.
-    let store_faulted = match &first {
-        Err(Unwritten::Deadline) => true,
-        Err(Unwritten::Failed(error)) => !error.is_claim_lost(),
-        Ok(_) | Err(Unwritten::Expired) => false,
-    };
-    let (renewal, settled) = match first {
-        Ok(cancelled) => (
-            renewal_error.map(|error| lease(LeaseState::Recovered, false, error)),
-            Ok(cancelled),
-        ),
-        Err(Unwritten::Expired) => {
-            // Nothing was written: as a final extension found too late.
-            let confirmed_lost = !deadline.max_active_first;
-            return Settlement::Lost(
-                deadline
-                    .passed(
-                        drain,
-                        message,
-                        confirmed_lost,
-                        "the lease ran out before the delivery's outcome could be written",
-                        None,
-                    )
-                    .after(handler),
-            );
-        }
-        Err(Unwritten::Deadline) => {
-            let failure = deadline
-                .passed(
-                    drain,
-                    message,
-                    false,
-                    "the extension write did not complete before the lease deadline",
-                    None,
-                )
-                .after(handler.clone());
-            let error = failure.error.clone();
-            lost(failure, error)
-        }
-        Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
-            let error = Error::from(error);
-            lost(lease(LeaseState::Lost, true, error.clone()), error)
-        }
-        Err(Unwritten::Failed(error)) if drain.now() < deadline.at => {
-            // The last confirmed lease is still running: settle under it, the
-            // failed write counting as the first attempt.
-            let settled = retry_settlement(
+    Ok(Written {
+        handler,
+        renewal_error,
+        write,
+        delivery_error,
+        deadline: Deadline::new(locked_until, active_until),
+        failed_attempts: Vec::new(),
+    })
+}
+
+/// The writes of a settlement, once [`prepare`]d, and the settlement
+/// they make. It takes the drain and the message by anything that derefs to
+/// them, so a delivery can hand over its `Arc`s and the future holds what
+/// it settles only once.
+pub(crate) async fn write_settlement(
+    drain: impl Deref<Target = DrainContext>,
+    message: impl Deref<Target = ClaimedMessage>,
+    mut written: Written,
+) -> Settlement {
+    let (drain, message) = (&*drain, &*message);
+    let deadline = written.deadline.at;
+    let first = write_once(drain, message, &written.write, deadline).await;
+    // The first write failed, but the last confirmed lease is still
+    // running: settle under it, the failed write counting as the first
+    // attempt. Boxed, since it is rare: every settlement's future would
+    // otherwise carry its timers and writes.
+    let retried = match &first {
+        Err(Unwritten::Failed(error)) if !error.is_claim_lost() && drain.now() < deadline => {
+            let retry = retry_settlement(
                 drain,
                 message,
-                deadline.at,
-                &write,
+                deadline,
+                &written.write,
                 error.clone(),
-                &mut failed_attempts,
-            )
-            .await;
-            (
-                Some(lease(LeaseState::Degraded, false, error.into())),
-                settled,
-            )
-        }
-        Err(Unwritten::Failed(error)) => {
-            let error = Error::from(error);
-            let failure = if deadline.max_active_first {
-                // `max_active` names the failure; no lease reason is read.
-                deadline
-                    .passed(drain, message, false, "", None)
-                    .after(handler.clone())
-            } else {
-                lease(LeaseState::Lost, false, error.clone())
-            };
-            lost(failure, error)
-        }
-    };
-
-    // Only the degraded branch can lose the claim in a later attempt; the
-    // other losses already carry their notice in `renewal`.
-    let lost = match (&renewal, &settled) {
-        (Some(degraded), Err(unsettled))
-            if degraded.state == LeaseState::Degraded && unsettled.claim_lost =>
-        {
-            Some(Box::new(lease(
-                LeaseState::Lost,
-                unsettled.error.is_claim_lost(),
-                unsettled.error.clone(),
-            )))
+                &mut written.failed_attempts,
+            );
+            Some(Box::pin(retry).await)
         }
         _ => None,
     };
-    let end = match (settled, write) {
-        (Err(unsettled), write) => End::Unsettled(SettlementFailed {
-            id: message.id.clone(),
-            kind: message.kind,
-            name: message.name.clone(),
-            attempt: message.attempts,
-            operation: write.operation(),
-            delivery_succeeded: delivery_error.is_none(),
-            delivery_error: delivery_error.clone(),
-            error: unsettled.error,
-            claim_lost: unsettled.claim_lost,
-        }),
-        (Ok(_), Write::Delivered) => End::Delivered {
-            deleted: drain.config.retention.delete_on_delivery,
-        },
-        (Ok(true), Write::Failed { .. }) => End::Cancelled,
-        (
-            Ok(false),
-            Write::Failed {
-                error,
-                dead_letter: true,
-                ..
+    written.conclude(drain, message, first, retried)
+}
+
+/// What a settlement knows before its writes, and uses once they are done;
+/// kept apart from the writes so that the future that awaits them stays
+/// small (it was over a kilobyte, an allocation glibc serves slowly, once
+/// per message).
+pub(crate) struct Written {
+    handler: HandlerResult,
+    renewal_error: Option<Error>,
+    write: Write,
+    delivery_error: Option<DeliveryError>,
+    deadline: Deadline,
+    failed_attempts: Vec<(u32, outbox::Error)>,
+}
+
+impl Written {
+    /// The settlement that the first write's result (`first`) and the
+    /// retries after it (`retried`, when they ran) make.
+    fn conclude(
+        self,
+        drain: &DrainContext,
+        message: &ClaimedMessage,
+        first: Result<bool, Unwritten>,
+        retried: Option<Result<bool, Unsettled>>,
+    ) -> Settlement {
+        let Written {
+            handler,
+            renewal_error,
+            write,
+            delivery_error,
+            deadline,
+            failed_attempts,
+        } = self;
+        let lease = |state, confirmed_lost, error: Error| {
+            LeaseLost::new(message, LeaseOperation::Renew, state, confirmed_lost, error)
+                .after(handler.clone())
+        };
+        // The first write failed and took the claim with it.
+        let lost = |failure: LeaseLost, error: Error| {
+            (
+                Some(failure),
+                Err(Unsettled {
+                    error,
+                    claim_lost: true,
+                }),
+            )
+        };
+        // A write that failed without being refused, or never answered: the
+        // store is in trouble, and claiming more would only queue behind it.
+        let store_faulted = match &first {
+            Err(Unwritten::Deadline) => true,
+            Err(Unwritten::Failed(error)) => !error.is_claim_lost(),
+            Ok(_) | Err(Unwritten::Expired) => false,
+        };
+        let (renewal, settled) = match first {
+            Ok(cancelled) => (
+                renewal_error.map(|error| lease(LeaseState::Recovered, false, error)),
+                Ok(cancelled),
+            ),
+            Err(Unwritten::Expired) => {
+                // Nothing was written: as a final extension found too late.
+                let confirmed_lost = !deadline.max_active_first;
+                return Settlement::Lost(
+                    deadline
+                        .passed(
+                            drain,
+                            message,
+                            confirmed_lost,
+                            "the lease ran out before the delivery's outcome could be written",
+                            None,
+                        )
+                        .after(handler),
+                );
+            }
+            Err(Unwritten::Deadline) => {
+                let failure = deadline
+                    .passed(
+                        drain,
+                        message,
+                        false,
+                        "the extension write did not complete before the lease deadline",
+                        None,
+                    )
+                    .after(handler.clone());
+                let error = failure.error.clone();
+                lost(failure, error)
+            }
+            Err(Unwritten::Failed(error)) if error.is_claim_lost() => {
+                let error = Error::from(error);
+                lost(lease(LeaseState::Lost, true, error.clone()), error)
+            }
+            Err(Unwritten::Failed(error)) if retried.is_some() => (
+                Some(lease(LeaseState::Degraded, false, error.into())),
+                retried.expect("the retries ran"),
+            ),
+            Err(Unwritten::Failed(error)) => {
+                let error = Error::from(error);
+                let failure = if deadline.max_active_first {
+                    // `max_active` names the failure; no lease reason is read.
+                    deadline
+                        .passed(drain, message, false, "", None)
+                        .after(handler.clone())
+                } else {
+                    lease(LeaseState::Lost, false, error.clone())
+                };
+                lost(failure, error)
+            }
+        };
+
+        // Only the degraded branch can lose the claim in a later attempt; the
+        // other losses already carry their notice in `renewal`.
+        let lost = match (&renewal, &settled) {
+            (Some(degraded), Err(unsettled))
+                if degraded.state == LeaseState::Degraded && unsettled.claim_lost =>
+            {
+                Some(Box::new(lease(
+                    LeaseState::Lost,
+                    unsettled.error.is_claim_lost(),
+                    unsettled.error.clone(),
+                )))
+            }
+            _ => None,
+        };
+        let end = match (settled, write) {
+            (Err(unsettled), write) => End::Unsettled(SettlementFailed {
+                id: message.id.clone(),
+                kind: message.kind,
+                name: message.name.clone(),
+                attempt: message.attempts,
+                operation: write.operation(),
+                delivery_succeeded: delivery_error.is_none(),
+                delivery_error: delivery_error.clone(),
+                error: unsettled.error,
+                claim_lost: unsettled.claim_lost,
+            }),
+            (Ok(_), Write::Delivered) => End::Delivered {
+                deleted: drain.config.retention.delete_on_delivery,
             },
-        ) => End::DeadLettered(DeadLetter::delivered(message, error)),
-        (
-            Ok(false),
-            Write::Failed {
+            (Ok(true), Write::Failed { .. }) => End::Cancelled,
+            (
+                Ok(false),
+                Write::Failed {
+                    error,
+                    dead_letter: true,
+                    ..
+                },
+            ) => End::DeadLettered(DeadLetter::delivered(message, error)),
+            (
+                Ok(false),
+                Write::Failed {
+                    error,
+                    retry_at,
+                    retry_delay,
+                    ..
+                },
+            ) => End::Retried {
                 error,
+                delay: retry_delay,
                 retry_at,
-                retry_delay,
-                ..
             },
-        ) => End::Retried {
-            error,
-            delay: retry_delay,
-            retry_at,
-        },
-    };
-    Settlement::Written {
-        renewal,
-        lost,
-        delivery_error,
-        end,
-        store_faulted,
-        failed_attempts,
+        };
+        Settlement::Written {
+            renewal,
+            lost,
+            delivery_error,
+            end,
+            store_faulted,
+            failed_attempts,
+        }
     }
 }
 

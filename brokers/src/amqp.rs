@@ -8,7 +8,7 @@
 //!   mode 2), so a confirm means the broker took responsibility for it;
 //! - `message_id` is the outbox message id, `content_type` is
 //!   `application/json`, `type` is the message name, and the headers of
-//!   [`headers`] (id, name, kind, attempt, `traceparent`,
+//!   [`headers`](crate::headers) (id, name, kind, attempt, `traceparent`,
 //!   `tracestate`) are AMQP headers;
 //! - the publish is `mandatory`: a message no queue is bound to receive comes
 //!   back (basic.return) and is dead-lettered at once with the broker's reply
@@ -69,7 +69,7 @@ use outbox::{Delivery, DeliveryResult, EventBus, JobDispatcher};
 use tokio::sync::Mutex;
 
 use crate::error::redact;
-use crate::{BrokerError, FailureClass, NameMap, headers};
+use crate::{BrokerError, FailureClass, NameMap, each_header};
 
 const BROKER: &str = "amqp";
 
@@ -223,12 +223,12 @@ impl AmqpTransport {
         let message = delivery.context.message();
         let routing_key = config.routing.destination(&message.name);
         let mut table = FieldTable::default();
-        for (name, value) in headers(message) {
+        each_header(message, |name, value| {
             table.insert(
                 ShortString::from(name),
                 AMQPValue::LongString(LongString::from(value)),
             );
-        }
+        });
         let properties = BasicProperties::default()
             .with_message_id(ShortString::from(message.id.clone()))
             .with_type(ShortString::from(message.name.clone()))

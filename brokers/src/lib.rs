@@ -92,17 +92,52 @@ pub const HEADER_TRACESTATE: &str = "tracestate";
 /// id, name, kind, attempt, then `traceparent` and `tracestate` when the
 /// message carries a trace context.
 pub fn headers(message: &ClaimedMessage) -> Vec<(&'static str, String)> {
-    let mut headers = vec![
-        (HEADER_ID, message.id.clone()),
-        (HEADER_NAME, message.name.clone()),
-        (HEADER_KIND, message.kind.to_string()),
-        (HEADER_ATTEMPT, message.attempts.to_string()),
-    ];
+    let mut headers = Vec::with_capacity(6);
+    each_header(message, |name, value| {
+        headers.push((name, value.to_owned()))
+    });
+    headers
+}
+
+/// Call `put` with each of [`headers`], in the same order, on text
+/// borrowed from the message: a transport copies each value once, into its
+/// client's own header type, instead of into a `String` first.
+pub(crate) fn each_header(message: &ClaimedMessage, mut put: impl FnMut(&'static str, &str)) {
+    let mut digits = [0u8; 10];
+    put(HEADER_ID, &message.id);
+    put(HEADER_NAME, &message.name);
+    put(HEADER_KIND, message.kind.as_str());
+    put(HEADER_ATTEMPT, decimal(message.attempts, &mut digits));
     if let Some(trace) = &message.trace {
-        headers.push((HEADER_TRACEPARENT, trace.traceparent.clone()));
+        put(HEADER_TRACEPARENT, &trace.traceparent);
         if let Some(state) = &trace.tracestate {
-            headers.push((HEADER_TRACESTATE, state.clone()));
+            put(HEADER_TRACESTATE, state);
         }
     }
-    headers
+}
+
+/// `n` in decimal, written into `digits` (the ten a `u32` can take).
+fn decimal(mut n: u32, digits: &mut [u8; 10]) -> &str {
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&digits[start..]).expect("ASCII digits")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decimal;
+
+    #[test]
+    fn attempts_are_written_in_decimal() {
+        for n in [0, 1, 9, 10, 42, 1_000_000, u32::MAX] {
+            assert_eq!(decimal(n, &mut [0; 10]), n.to_string());
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! NATS JetStream through `async-nats`.
 //!
 //! [`NatsTransport`] publishes each message to the subject its name maps to
-//! ([`NameMap`]), with the stored JSON as the payload, the [`headers`] of
+//! ([`NameMap`]), with the stored JSON as the payload, the [`headers`](crate::headers) of
 //! every transport, and `Nats-Msg-Id` set to the outbox message id; it
 //! settles the delivery only once JetStream's `PubAck` arrived.
 //!
@@ -49,6 +49,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::header::HeaderName;
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
 use async_nats::{
@@ -59,7 +60,7 @@ use futures_util::future::LocalBoxFuture;
 use outbox::{ClaimedMessage, Delivery, DeliveryResult, EventBus, JobDispatcher};
 
 use crate::error::redact;
-use crate::{BrokerError, FailureClass, NameMap, headers};
+use crate::{BrokerError, FailureClass, NameMap, each_header};
 
 const BROKER: &str = "nats";
 /// How many server permission violations are remembered to explain a
@@ -118,10 +119,16 @@ impl NatsConfig {
 ///
 /// Cloning is cheap and shares the connection.
 #[derive(Debug, Clone)]
-pub struct NatsTransport {
+pub struct NatsTransport(Arc<Shared>);
+
+/// What the clones of one transport share. Behind one `Arc` because every
+/// delivery takes a clone into its future: one count to move, where the
+/// client and the JetStream context would take several.
+#[derive(Debug)]
+struct Shared {
     client: Client,
     jetstream: jetstream::Context,
-    config: Arc<NatsConfig>,
+    config: NatsConfig,
     violations: Arc<Mutex<VecDeque<String>>>,
 }
 
@@ -182,52 +189,61 @@ impl NatsTransport {
                 let reason = format!("cannot connect to {}: {err}", redact(url));
                 BrokerError::new(BROKER, "connect", class, reason).with_source(err)
             })?;
-        let mut transport = Self::from_client(client, config).await?;
-        transport.violations = violations;
-        Ok(transport)
+        Self::checked(client, config, violations).await
     }
 
     /// Use a connected client (its own options, its own reconnection
     /// policy), checking the stream as [`NatsTransport::connect`] does.
     pub async fn from_client(client: Client, config: NatsConfig) -> Result<Self, BrokerError> {
+        Self::checked(client, config, Arc::new(Mutex::new(VecDeque::new()))).await
+    }
+
+    /// The transport over `client`, once the stream is checked;
+    /// `violations` is where the client's event callback keeps the
+    /// permission violations it saw.
+    async fn checked(
+        client: Client,
+        config: NatsConfig,
+        violations: Arc<Mutex<VecDeque<String>>>,
+    ) -> Result<Self, BrokerError> {
         let jetstream = jetstream::ContextBuilder::new()
             .timeout(config.ack_timeout)
             .max_ack_inflight(config.max_ack_inflight)
             .backpressure_on_inflight(true)
             .build(client.clone());
-        let transport = NatsTransport {
+        let transport = NatsTransport(Arc::new(Shared {
             client,
             jetstream,
-            config: Arc::new(config),
-            violations: Arc::new(Mutex::new(VecDeque::new())),
-        };
+            config,
+            violations,
+        }));
         transport.verify_stream().await?;
         Ok(transport)
     }
 
     /// The client, to subscribe or publish outside the outbox.
     pub fn client(&self) -> &Client {
-        &self.client
+        &self.0.client
     }
 
     /// The JetStream context publishes go through.
     pub fn jetstream(&self) -> &jetstream::Context {
-        &self.jetstream
+        &self.0.jetstream
     }
 
     /// The settings.
     pub fn config(&self) -> &NatsConfig {
-        &self.config
+        &self.0.config
     }
 
     /// The subject `name` is published to.
     pub fn subject(&self, name: &str) -> String {
-        self.config.names.destination(name)
+        self.config().names.destination(name)
     }
 
     async fn verify_stream(&self) -> Result<(), BrokerError> {
         let subjects = self.stream_subjects("verify stream").await?;
-        let prefix = self.config.names.prefix();
+        let prefix = self.config().names.prefix();
         if subjects.iter().any(|s| covers_prefix(s, prefix)) {
             return Ok(());
         }
@@ -238,14 +254,14 @@ impl NatsTransport {
             format!(
                 "stream `{}` has subjects {subjects:?}, which do not cover every subject \
                  starting with `{prefix}`: add `{prefix}>` to its subjects or change the prefix",
-                self.config.stream
+                self.config().stream
             ),
         ))
     }
 
     async fn stream_subjects(&self, operation: &'static str) -> Result<Vec<String>, BrokerError> {
-        let stream = &self.config.stream;
-        match self.jetstream.get_stream(stream).await {
+        let stream = &self.config().stream;
+        match self.jetstream().get_stream(stream).await {
             Ok(found) => Ok(found.cached_info().config.subjects.clone()),
             Err(err) => {
                 let (class, reason) = match err.kind() {
@@ -257,8 +273,8 @@ impl NatsTransport {
                             format!(
                                 "stream `{stream}` does not exist: create it with subjects covering `{}>` \
                              (e.g. `nats stream add {stream} --subjects '{}>'`)",
-                                self.config.names.prefix(),
-                                self.config.names.prefix()
+                                self.config().names.prefix(),
+                                self.config().names.prefix()
                             ),
                         )
                     }
@@ -301,36 +317,17 @@ impl NatsTransport {
                 ),
             ));
         }
-        // The client panics on a header value with a line break, and a
-        // stored id, name or trace carrier can hold one: refuse it here.
-        let value = |header: &str, value: &str| {
-            value.parse::<HeaderValue>().map_err(|_| {
-                BrokerError::new(
-                    BROKER,
-                    "publish",
-                    FailureClass::Permanent,
-                    format!(
-                        "the {header} header of message {:?} would hold a line break, which \
-                         NATS headers cannot carry",
-                        message.id
-                    ),
-                )
-            })
-        };
-        let mut map = HeaderMap::new();
-        map.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            value("Nats-Msg-Id", &message.id)?,
-        );
-        for (name, text) in headers(message) {
-            map.insert(name, value(name, &text)?);
-        }
+        let map = header_map(message)?;
         let payload = Bytes::copy_from_slice(message.payload.as_str().as_bytes());
         let size = payload.len();
-        let sent = self
-            .jetstream
-            .publish_with_headers(subject.clone(), map, payload)
-            .await;
+        // Boxed on its own: the client's publish future is most of a
+        // publish's, and with it inline the whole took over a kilobyte, an
+        // allocation the allocator serves slowly, once per message.
+        let sent = Box::pin(
+            self.jetstream()
+                .publish_with_headers(subject.clone(), map, payload),
+        )
+        .await;
         let result = match sent {
             Ok(ack) => ack.await,
             Err(err) => Err(err),
@@ -342,7 +339,10 @@ impl NatsTransport {
                 }
                 Ok(())
             }
-            Err(err) => Err(self.classify(err, &subject, size).await),
+            // Boxed: classifying may look the stream up, a future many
+            // times the size of a publish, which every publish's future
+            // would otherwise carry.
+            Err(err) => Err(Box::pin(self.classify(err, &subject, size)).await),
         }
     }
 
@@ -352,7 +352,7 @@ impl NatsTransport {
                 FailureClass::Permanent,
                 format!(
                     "message of {size} bytes to `{subject}` exceeds the server's max_payload of {} bytes",
-                    self.client.server_info().max_payload
+                    self.0.client.server_info().max_payload
                 ),
             ),
             PublishErrorKind::StreamNotFound => match self.stream_subjects("publish").await {
@@ -368,7 +368,7 @@ impl NatsTransport {
                     FailureClass::Permanent,
                     format!(
                         "no stream for subject `{subject}`: stream `{}` covers {subjects:?}",
-                        self.config.stream
+                        self.0.config.stream
                     ),
                 ),
                 Err(lookup) if lookup.is_permanent() => (
@@ -389,8 +389,8 @@ impl NatsTransport {
                     FailureClass::Transient,
                     format!(
                         "no PubAck for `{subject}` within {:?} (connection {:?})",
-                        self.config.ack_timeout,
-                        self.client.connection_state()
+                        self.0.config.ack_timeout,
+                        self.0.client.connection_state()
                     ),
                 ),
             },
@@ -425,7 +425,7 @@ impl NatsTransport {
     }
 
     fn violation(&self, subject: &str) -> Option<String> {
-        let seen = self.violations.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = self.0.violations.lock().unwrap_or_else(|e| e.into_inner());
         let quoted = format!("\"{subject}\"");
         seen.iter().rev().find(|r| r.contains(&quoted)).cloned()
     }
@@ -468,6 +468,43 @@ fn valid_subject(subject: &str) -> Result<(), &'static str> {
         return Err("which contains a wildcard");
     }
     Ok(())
+}
+
+/// The headers `message` is published with: `Nats-Msg-Id` and every
+/// transport's. The client panics on a header value with a line break, and
+/// a stored id, name or trace carrier can hold one: it is refused here.
+fn header_map(message: &ClaimedMessage) -> Result<HeaderMap, BrokerError> {
+    let mut map = HeaderMap::new();
+    // The first header that would hold a line break.
+    let mut refused = None;
+    let mut put =
+        |name: HeaderName, header: &'static str, text: &str| match text.parse::<HeaderValue>() {
+            Ok(value) => map.insert(name, value),
+            Err(_) => {
+                refused.get_or_insert(header);
+            }
+        };
+    put(
+        async_nats::header::NATS_MESSAGE_ID,
+        "Nats-Msg-Id",
+        &message.id,
+    );
+    each_header(message, |name, text| {
+        put(HeaderName::from_static(name), name, text)
+    });
+    match refused {
+        None => Ok(map),
+        Some(header) => Err(BrokerError::new(
+            BROKER,
+            "publish",
+            FailureClass::Permanent,
+            format!(
+                "the {header} header of message {:?} would hold a line break, which \
+                 NATS headers cannot carry",
+                message.id
+            ),
+        )),
+    }
 }
 
 /// Whether the stream subject `pattern` matches `subject`.

@@ -3,7 +3,7 @@
 //! [`RedisTransport`] appends each claimed message to a stream (`XADD`), the
 //! stream key being what its [`NameMap`] gives the message name. An entry has
 //! the field `payload` (the stored JSON as is) and one field per header of
-//! [`headers`]: `Outbox-Message-Id`, `Outbox-Name`,
+//! [`headers`](crate::headers): `Outbox-Message-Id`, `Outbox-Name`,
 //! `Outbox-Kind`, `Outbox-Attempt`, and `traceparent`/`tracestate` when the
 //! message was enqueued inside a trace.
 //!
@@ -71,7 +71,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script};
 use tokio::sync::Mutex;
 
-use crate::{BrokerError, FailureClass, NameMap, headers};
+use crate::{BrokerError, FailureClass, NameMap, each_header};
 
 const BROKER: &str = "redis";
 
@@ -269,9 +269,9 @@ impl RedisTransport {
             .arg(config.max_len.unwrap_or(0))
             .arg("payload")
             .arg(message.payload.as_str());
-        for (name, value) in headers(message) {
+        each_header(message, |name, value| {
             invocation.arg(name).arg(value);
-        }
+        });
         let call = invocation.invoke_async::<String>(&mut connection);
         let (result, lost) = match tokio::time::timeout(config.timeout, call).await {
             Ok(Ok(reply)) if reply == DUPLICATE => (Ok(Appended::Duplicate), false),

@@ -5,7 +5,7 @@
 //! the broker acknowledged the record:
 //!
 //! - the record's value is the stored JSON as is; its key is the message's
-//!   ordering key (none without one); its headers are those of [`headers`]:
+//!   ordering key (none without one); its headers are those of [`headers`](crate::headers):
 //!   `Outbox-Message-Id`, `Outbox-Name`, `Outbox-Kind`, `Outbox-Attempt`,
 //!   and `traceparent`/`tracestate` when the message was enqueued inside a
 //!   trace;
@@ -118,7 +118,7 @@ pub use config::KafkaConfig;
 pub(crate) use config::bootstrap_servers;
 pub use topic::{InvalidTopic, MAX_TOPIC_LEN};
 
-use crate::{BrokerError, FailureClass, NameMap, headers};
+use crate::{BrokerError, FailureClass, NameMap, each_header};
 
 const BROKER: &str = "kafka";
 
@@ -246,13 +246,17 @@ impl KafkaTransport {
             )
             .with_source(invalid)
         })?;
-        let mut record_headers = OwnedHeaders::new();
-        for (name, value) in headers(message) {
-            record_headers = record_headers.insert(Header {
-                key: name,
-                value: Some(value.as_bytes()),
+        // `insert` takes the list and gives it back.
+        let mut record_headers = Some(OwnedHeaders::new_with_capacity(6));
+        each_header(message, |name, value| {
+            record_headers = record_headers.take().map(|list| {
+                list.insert(Header {
+                    key: name,
+                    value: Some(value.as_bytes()),
+                })
             });
-        }
+        });
+        let record_headers = record_headers.expect("the header list is given back");
         let mut record = FutureRecord::<str, str>::to(&topic)
             .payload(message.payload.as_str())
             .headers(record_headers);
