@@ -29,6 +29,7 @@
 //! writer gains nothing from it.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use outbox::DrainConfig;
@@ -72,6 +73,9 @@ pub(crate) struct Sizing {
     /// A quarter of the heartbeat interval: the longest a message is
     /// claimed ahead to wait.
     longest_wait: Duration,
+    /// Handler starts since the current rate sample began: counted on every
+    /// start, so outside the lock.
+    started: AtomicU64,
     measured: Mutex<Measured>,
 }
 
@@ -81,8 +85,6 @@ struct Measured {
     rate: Option<f64>,
     /// Seconds a claim takes, averaged.
     round_trip: Option<f64>,
-    /// Handler starts since `since`.
-    started: u64,
     /// Where the current rate sample began.
     since: Option<Instant>,
 }
@@ -96,6 +98,7 @@ impl Sizing {
             claims_in_flight: config.claims_in_flight.unwrap_or(claim_parallelism).max(1),
             concurrency: config.total_concurrency().max(1),
             longest_wait: config.heartbeat() / 4,
+            started: AtomicU64::new(0),
             measured: Mutex::new(Measured::default()),
         }
     }
@@ -142,7 +145,7 @@ impl Sizing {
     /// `count` handlers started.
     pub(crate) fn started(&self, count: u64) {
         if self.fixed_prefetch.is_none() {
-            self.lock().started += count;
+            self.started.fetch_add(count, Ordering::Relaxed);
         }
     }
 
@@ -156,14 +159,13 @@ impl Sizing {
         match measured.since {
             Some(since) if now.duration_since(since) >= MIN_SPAN => {
                 let span = now.duration_since(since).as_secs_f64();
-                let rate = measured.started as f64 / span;
+                let rate = self.started.swap(0, Ordering::Relaxed) as f64 / span;
                 measured.rate = Some(average(measured.rate, rate));
-                measured.started = 0;
                 measured.since = Some(now);
             }
             Some(_) => {}
             None => {
-                measured.started = 0;
+                self.started.store(0, Ordering::Relaxed);
                 measured.since = Some(now);
             }
         }
@@ -172,9 +174,8 @@ impl Sizing {
     /// A pass ended: the next one may start after a pause in which nothing
     /// was asked of the handlers, which says nothing of their rate.
     pub(crate) fn pass_ended(&self) {
-        let mut measured = self.lock();
-        measured.since = None;
-        measured.started = 0;
+        self.lock().since = None;
+        self.started.store(0, Ordering::Relaxed);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Measured> {
