@@ -855,3 +855,12 @@ async fn concurrent_setups_of_a_new_database_all_succeed() {
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     stores[0].enqueue(event("a", 1, t0())).await.unwrap();
 }
+
+/// One writer: a drain sizing itself claims nothing ahead (messages held
+/// would only wait behind the settlements) and one claim at a time.
+#[tokio::test]
+async fn a_self_sizing_drain_claims_nothing_ahead_and_one_claim_at_a_time() {
+    let store = setup().await;
+    assert!(!store.claims_ahead());
+    assert_eq!(store.claim_parallelism(), 1);
+}

@@ -77,3 +77,63 @@ async fn an_enqueue_open_while_its_keys_head_is_delivered_is_the_next_head() {
 async fn an_enqueue_under_repeatable_read_while_its_keys_head_is_delivered_is_the_next_head() {
     enqueue_while_the_head_is_delivered("REPEATABLE READ").await;
 }
+
+/// The keys of `table` that hold a row in its keys table.
+async fn key_rows(pool: &sqlx::PgPool, table: &str) -> Vec<String> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT ordering_key FROM \"{table}_keys\" ORDER BY ordering_key"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// A key keeps its row (what its writers lock to take turns) only while it
+/// has a pending or claimed message: per-entity keys do not grow the table
+/// without bound, whether delivered rows are kept or deleted. A key used
+/// again after its row went gets one again.
+#[tokio::test]
+async fn a_key_with_nothing_pending_or_claimed_holds_no_row() {
+    let pool = pool().await;
+    for delete in [false, true] {
+        let table = unique("keyrows");
+        let outbox = store(&pool, &table, SettlementMode::default()).await;
+        for (id, key) in [("a1", "a"), ("a2", "a"), ("b1", "b")] {
+            outbox
+                .enqueue(event(id, 1, t0()).with_ordering_key(key))
+                .await
+                .unwrap();
+        }
+        assert_eq!(key_rows(&pool, &table).await, ["a", "b"]);
+        let deliver = |claimed: Vec<(String, String)>, now: i64| {
+            let outbox = outbox.clone();
+            async move {
+                for (id, claim_token) in claimed {
+                    outbox
+                        .mark_delivered(MarkDelivered {
+                            delete,
+                            id,
+                            claim_token,
+                            now: t0() + secs(now),
+                        })
+                        .await
+                        .unwrap();
+                }
+            }
+        };
+        // The heads a1 and b1: b has nothing left, a has a2.
+        deliver(claim(&outbox, 1).await, 1).await;
+        assert_eq!(key_rows(&pool, &table).await, ["a"], "delete: {delete}");
+        deliver(claim(&outbox, 2).await, 2).await;
+        assert!(key_rows(&pool, &table).await.is_empty(), "delete: {delete}");
+
+        outbox
+            .enqueue(event("b2", 3, t0()).with_ordering_key("b"))
+            .await
+            .unwrap();
+        assert_eq!(key_rows(&pool, &table).await, ["b"]);
+        let claimed = claim(&outbox, 4).await;
+        assert_eq!(claimed.len(), 1);
+        assert_eq!(claimed[0].0, "b2");
+    }
+}

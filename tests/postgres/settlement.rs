@@ -91,3 +91,25 @@ async fn concurrent_settlement_statements_keep_each_messages_writes_in_order() {
     let stats = outbox.stats(now).await.unwrap();
     assert_eq!((stats.delivered, stats.pending), (300, 0));
 }
+
+/// A claim is a round trip (and, durable, a flush): a drain sizing itself
+/// claims ahead, and keeps as many claims in flight as the pool has
+/// connections beside the settlement statements and one for the
+/// application, one at least and four at most.
+#[tokio::test]
+async fn a_self_sizing_drain_claims_ahead_within_the_pool() {
+    let small = pool().await; // four connections
+    for (statements, claims) in [(1, 2), (2, 1), (3, 1)] {
+        let store = PostgresOutbox::builder(small.clone())
+            .settlement_statements(statements)
+            .unwrap()
+            .build();
+        assert!(store.claims_ahead());
+        assert_eq!(store.claim_parallelism(), claims, "{statements} statements");
+    }
+    let large = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(16)
+        .connect_lazy_with(small.connect_options().as_ref().clone());
+    let store = PostgresOutbox::builder(large).build();
+    assert_eq!(store.claim_parallelism(), 4);
+}
