@@ -137,3 +137,60 @@ async fn a_key_with_nothing_pending_or_claimed_holds_no_row() {
         assert_eq!(claimed[0].0, "b2");
     }
 }
+
+/// Enqueues of a few keys, each in a transaction of its own, race a drain
+/// that delivers each key's head as soon as it can, so enqueues commit
+/// while their key's row is being deleted and inserted again. Every
+/// message is delivered, each key's in enqueue order, and no key's row is
+/// left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueues_racing_the_deliveries_of_their_keys_keep_order_and_leave_no_rows() {
+    const KEYS: usize = 4;
+    const PER_KEY: usize = 150;
+    let pool = pool().await;
+    let table = unique("keyrace");
+    let outbox = store(&pool, &table, SettlementMode::default()).await;
+    let producer = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            for seq in 0..PER_KEY {
+                for key in 0..KEYS {
+                    let id = format!("k{key}-{seq:03}");
+                    outbox
+                        .enqueue(event(&id, seq as u64, t0()).with_ordering_key(format!("k{key}")))
+                        .await
+                        .unwrap();
+                }
+            }
+        })
+    };
+    let mut delivered: Vec<Vec<String>> = vec![Vec::new(); KEYS];
+    let mut claims = 0;
+    while delivered.iter().map(Vec::len).sum::<usize>() < KEYS * PER_KEY {
+        claims += 1;
+        assert!(
+            claims < 100_000,
+            "gave up with {:?} delivered per key",
+            delivered.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+        for (id, claim_token) in claim(&outbox, 1).await {
+            outbox
+                .mark_delivered(MarkDelivered {
+                    delete: claims % 2 == 0,
+                    id: id.clone(),
+                    claim_token,
+                    now: t0() + secs(1),
+                })
+                .await
+                .unwrap();
+            let key: usize = id[1..2].parse().unwrap();
+            delivered[key].push(id);
+        }
+    }
+    producer.await.unwrap();
+    for (key, ids) in delivered.iter().enumerate() {
+        let expected: Vec<String> = (0..PER_KEY).map(|seq| format!("k{key}-{seq:03}")).collect();
+        assert_eq!(ids, &expected, "key k{key}");
+    }
+    assert!(key_rows(&pool, &table).await.is_empty());
+}
