@@ -56,8 +56,9 @@ impl KafkaConfig {
 
     /// How long a publish may take, retries inside the client included,
     /// before it fails as transient and the outbox retries the message with
-    /// its backoff (librdkafka's `message.timeout.ms`; default 10 s, at least
-    /// 1 ms). Keep it well under the claim lease: a publish still waiting
+    /// its backoff (default 10 s, at least 1 ms). The transport keeps this
+    /// time itself, not librdkafka (whose `message.timeout.ms` is set to
+    /// never, see the [module docs](super#failures)). Keep it well under the claim lease: a publish still waiting
     /// when the lease runs out is abandoned and published again.
     pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
         self.delivery_timeout = timeout.max(Duration::from_millis(1));
@@ -110,12 +111,16 @@ impl KafkaConfig {
         // long, with an error that dead-letters them; it must come before
         // the delivery timeout, whose error is only retried.
         let propagation_ms = (timeout_ms / 2).max(1);
+        // A record librdkafka timed out would make it bump the session's
+        // epoch and go on producing under the new one, which not every
+        // Kafka-API broker accepts: the transport times each publish out
+        // itself and then starts a new session (see `KafkaTransport::produce`).
         config
             .set("bootstrap.servers", brokers)
             .set("client.id", &self.client_id)
             .set("enable.idempotence", "true")
             .set("acks", "all")
-            .set("message.timeout.ms", timeout_ms.to_string())
+            .set("message.timeout.ms", "0")
             .set("request.timeout.ms", timeout_ms.to_string())
             .set(
                 "topic.metadata.propagation.max.ms",
@@ -205,7 +210,8 @@ mod tests {
         let built = config.client_config("kafka://a:9092").unwrap();
         assert_eq!(built.get("enable.idempotence"), Some("true"));
         assert_eq!(built.get("acks"), Some("all"));
-        assert_eq!(built.get("message.timeout.ms"), Some("4000"));
+        assert_eq!(built.get("message.timeout.ms"), Some("0"));
+        assert_eq!(built.get("request.timeout.ms"), Some("4000"));
         assert_eq!(built.get("topic.metadata.propagation.max.ms"), Some("2000"));
         assert_eq!(built.get("linger.ms"), Some("5"));
         assert_eq!(built.get("partitioner"), Some("murmur2_random"));

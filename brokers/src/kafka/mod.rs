@@ -85,8 +85,11 @@
 //! producer session: the transport replaces the producer with a new one (a
 //! new producer id), and fails the old one's queued and in-flight records,
 //! which the outbox retries. librdkafka would instead bump the session's
-//! epoch by itself, which Apache Kafka accepts but not every Kafka-API
-//! broker does (tansu 0.6 fails every later record of such a session). A
+//! epoch by itself and go on producing, which Apache Kafka accepts but not
+//! every Kafka-API broker does (tansu 0.6's storage panics on the first
+//! record of the bumped session and answers nothing after). So the
+//! transport keeps the delivery timeout itself and librdkafka never times
+//! a record out: the session ends before the client could bump it. A
 //! producer that hit a fatal error is replaced the same way.
 //!
 //! # Why librdkafka
@@ -103,7 +106,6 @@ mod config;
 mod topic;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
@@ -265,13 +267,10 @@ impl KafkaTransport {
         }
         let (producer, generation) = self.current();
         let timeout = self.inner.config.delivery_timeout;
-        // librdkafka reports every record by the delivery timeout; the
-        // margin only guards against a client that stopped reporting.
-        let sent = tokio::time::timeout(
-            timeout + Duration::from_secs(5),
-            producer.send(record, Timeout::After(timeout)),
-        )
-        .await;
+        // The client never times a record out (see `KafkaConfig`): this is
+        // the delivery timeout. The enqueue wait is bounded by it too.
+        let sent =
+            tokio::time::timeout(timeout, producer.send(record, Timeout::After(timeout))).await;
         match sent {
             Ok(Ok(delivery)) => Ok(Produced {
                 partition: delivery.partition,
@@ -313,21 +312,33 @@ impl KafkaTransport {
                 };
                 Err(BrokerError::new(BROKER, "publish", class, reason).with_source(error))
             }
-            Err(_) => Err(BrokerError::new(
-                BROKER,
-                "publish",
-                FailureClass::Transient,
-                format!("no delivery report for `{topic}` within {timeout:?}"),
-            )),
+            Err(_) => {
+                drop(producer);
+                // The record's fate is unknown: its session ends, and the
+                // record is purged with the old producer's queue.
+                self.replace(generation);
+                Err(BrokerError::new(
+                    BROKER,
+                    "publish",
+                    FailureClass::Transient,
+                    format!(
+                        "no acknowledgement from the brokers for `{topic}` within {timeout:?}; \
+                         the producer is replaced"
+                    ),
+                ))
+            }
         }
     }
 
-    fn current(&self) -> (FutureProducer, u64) {
-        let guard = self
-            .inner
+    fn lock(&self) -> std::sync::MutexGuard<'_, (FutureProducer, u64)> {
+        self.inner
             .producer
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn current(&self) -> (FutureProducer, u64) {
+        let guard = self.lock();
         (guard.0.clone(), guard.1)
     }
 
@@ -336,6 +347,12 @@ impl KafkaTransport {
     /// (their publishes are retried by the outbox), so it sends nothing
     /// more under the session it gave up.
     fn replace(&self, generation: u64) {
+        // Every publish of a lost session fails at once: one makes the new
+        // producer, the others see it made.
+        let made = |guard: &(FutureProducer, u64)| guard.1 != generation;
+        if made(&self.lock()) {
+            return;
+        }
         let fresh = match create(&self.inner.client) {
             Ok(fresh) => fresh,
             Err(error) => {
@@ -344,12 +361,8 @@ impl KafkaTransport {
             }
         };
         let stale = {
-            let mut guard = self
-                .inner
-                .producer
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if guard.1 != generation {
+            let mut guard = self.lock();
+            if made(&guard) {
                 return;
             }
             let next = guard.1 + 1;
