@@ -57,9 +57,10 @@ impl KafkaConfig {
     /// How long a publish may take, retries inside the client included,
     /// before it fails as transient and the outbox retries the message with
     /// its backoff (default 10 s, at least 1 ms). The transport keeps this
-    /// time itself, not librdkafka (whose `message.timeout.ms` is set to
-    /// never, see the [module docs](super#failures)). Keep it well under the claim lease: a publish still waiting
-    /// when the lease runs out is abandoned and published again.
+    /// time itself, not librdkafka, whose `message.timeout.ms` is set to
+    /// never (the [module docs](super#failures) say why). Keep it well
+    /// under the claim lease: a publish still waiting when the lease runs
+    /// out is abandoned and published again.
     pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
         self.delivery_timeout = timeout.max(Duration::from_millis(1));
         self
