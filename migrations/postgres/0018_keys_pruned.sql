@@ -1,41 +1,19 @@
--- A key's row in "outbox_keys" lives only while the key has a pending or
--- claimed message. Keys are often entities (an order, an account), so a
--- row kept for every key ever used grows the table without bound.
+-- The rows of "outbox_keys" of keys with nothing pending or claimed can
+-- go. Keys are often entities (an order, an account), so a row kept for
+-- every key ever used grows the table without bound.
 --
 -- The row is only what the writers of a key lock to take turns (see
--- 0017); nothing is read from it. The move that leaves its key with no
--- pending or claimed message deletes it, holding its lock, and the next
--- writer of the key inserts it again. An enqueue that finds the row gone
--- between its insert and its lock (a move deleted it and committed) goes
--- round again, so it never flags its message without the lock.
-
-CREATE OR REPLACE FUNCTION "outbox_head_moved"()
-RETURNS trigger
-LANGUAGE plpgsql VOLATILE
-SET enable_seqscan = off
-AS $$
-DECLARE
-    v_row "outbox";
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        v_row := OLD;
-    ELSE
-        v_row := NEW;
-    END IF;
-    INSERT INTO "outbox_keys" AS k (queue, ordering_key)
-    VALUES (v_row.queue, v_row.ordering_key)
-    ON CONFLICT (queue, ordering_key) DO UPDATE SET moves = k.moves + 1;
-    PERFORM "outbox_flag_head"(v_row.queue, v_row.ordering_key);
-    -- A fresh snapshot under READ COMMITTED: an enqueue of the key that
-    -- committed while this move waited for the lock keeps the row.
-    DELETE FROM "outbox_keys" AS k
-    WHERE k.queue = v_row.queue AND k.ordering_key = v_row.ordering_key
-      AND NOT EXISTS (SELECT 1 FROM "outbox" AS m
-          WHERE m.queue = v_row.queue AND m.ordering_key = v_row.ordering_key
-            AND m.ordering_key IS NOT NULL AND m.status IN ('pending', 'claimed'));
-    RETURN NULL;
-END
-$$;
+-- 0017); nothing is read from it. The store's vacuum (which retention
+-- runs call) deletes the rows of idle keys, skipping rows a writer holds,
+-- and the next writer of such a key inserts its row again. Not the move
+-- that leaves a key idle: a key between two messages would then lose its
+-- row every time, and enqueues inserting the rows of the same new keys in
+-- opposite orders wait on each other, so two business transactions could
+-- deadlock at commit.
+--
+-- An enqueue whose key row went between its insert and its lock (a vacuum
+-- deleted it and committed) goes round again, so it never flags its
+-- message without the lock.
 
 CREATE OR REPLACE FUNCTION "outbox_head_enqueued"()
 RETURNS trigger

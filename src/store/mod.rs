@@ -519,7 +519,9 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Make the space of the rows deleted so far reusable, where the store
     /// needs to be told: on PostgreSQL a plain `VACUUM` of the table (never
     /// `FULL`; reads and writes go on meanwhile, and a table another vacuum
-    /// holds is skipped). The runtime's retention runs call it once enough
+    /// holds is skipped), after deleting the rows of `<table>_keys` whose
+    /// ordering keys have nothing pending or claimed (up to 100 000 a
+    /// call, none a writer holds). The runtime's retention runs call it once enough
     /// rows went (`RetentionConfig::vacuum_after`). The default does
     /// nothing, for stores that reuse freed space as rows go.
     fn vacuum(&self) -> impl Future<Output = Result<()>> + Send {

@@ -109,6 +109,7 @@ impl Statements {
     pub(super) fn new(table: &TableName, notify: bool) -> (Self, SharedStatements) {
         let t = table.quoted();
         let paused = table.derived("paused", true);
+        let keys = table.derived("keys", true);
         let all = columns("");
         let m_all = columns("m.");
         // The rows come as one array per column, so the statement is the
@@ -321,6 +322,21 @@ impl Statements {
             // the table when another vacuum (autovacuum, another worker's
             // retention run) holds it, rather than wait.
             vacuum: Some(format!("VACUUM (SKIP_LOCKED) {t}").into()),
+            // The key rows' reason to be is in
+            // `migrations/postgres/0018_keys_pruned.sql`. The probe reads
+            // the index of each key's live messages (its predicate,
+            // literally).
+            prune_keys: Some(
+                format!(
+                    "DELETE FROM {keys} WHERE (queue, ordering_key) IN ( \
+                       SELECT k.queue, k.ordering_key FROM {keys} AS k \
+                       WHERE NOT EXISTS (SELECT 1 FROM {t} AS m \
+                         WHERE m.queue = k.queue AND m.ordering_key = k.ordering_key \
+                           AND m.ordering_key IS NOT NULL AND m.status IN ('pending', 'claimed')) \
+                       LIMIT $1 FOR UPDATE SKIP LOCKED)"
+                )
+                .into(),
+            ),
             pause: format!(
                 "INSERT INTO {paused} (queue, paused_at) \
                  VALUES ($1, coalesce($2::timestamptz, statement_timestamp())) \

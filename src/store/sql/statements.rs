@@ -49,6 +49,10 @@ pub(crate) struct SharedStatements {
     /// Make the space of deleted rows reusable, where the database does not
     /// do so by itself as rows go. Binds nothing.
     pub(crate) vacuum: Option<Arc<str>>,
+    /// Before the vacuum, where the store keeps a row per ordering key: one
+    /// batch of rows of keys with nothing pending or claimed deleted,
+    /// skipping rows a writer holds. Binds: the batch's size.
+    pub(crate) prune_keys: Option<Arc<str>>,
     /// Pause a queue unless it is paused; changes a row when it paused it.
     /// Binds: queue, now.
     pub(crate) pause: Arc<str>,

@@ -481,6 +481,7 @@ where
 
     /// See [`OutboxStore::vacuum`](crate::OutboxStore::vacuum).
     pub(crate) async fn vacuum(&self) -> Result<()> {
+        self.prune_keys().await?;
         let Some(sql) = self.core.parts().shared.vacuum.clone() else {
             return Ok(());
         };
@@ -490,6 +491,27 @@ where
             .execute(&self.core.parts().pool)
             .await
             .map_err(db("vacuum"))?;
+        Ok(())
+    }
+
+    /// Delete the rows of idle ordering keys, batch after batch, a bounded
+    /// number per call: the next vacuum goes on where this one stopped.
+    async fn prune_keys(&self) -> Result<()> {
+        const BATCH: i64 = 10_000;
+        const MOST_BATCHES: usize = 10;
+        let Some(sql) = self.core.parts().shared.prune_keys.clone() else {
+            return Ok(());
+        };
+        for _ in 0..MOST_BATCHES {
+            let done = sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(BATCH)
+                .execute(&self.core.parts().pool)
+                .await
+                .map_err(db("vacuum"))?;
+            if done.count() < BATCH as u64 {
+                break;
+            }
+        }
         Ok(())
     }
 

@@ -328,6 +328,7 @@ impl Statements {
             .into(),
             // Freed pages go back to the file's free list as rows go.
             vacuum: None,
+            prune_keys: None,
             pause: format!(
                 "INSERT INTO {paused} (queue, paused_at) VALUES (?1, ?2) \
                  ON CONFLICT (queue) DO NOTHING"
