@@ -7,9 +7,10 @@
 -- runs call) deletes the rows of idle keys, skipping rows a writer holds,
 -- and the next writer of such a key inserts its row again. Not the move
 -- that leaves a key idle: a key between two messages would then lose its
--- row every time, and enqueues inserting the rows of the same new keys in
--- opposite orders wait on each other, so two business transactions could
--- deadlock at commit.
+-- row every time. Enqueues that insert the rows of the same keys wait on
+-- each other, and two business transactions inserting them in opposite
+-- orders deadlock at commit; that should stay as rare as a key's first
+-- use after a vacuum, not come with every key that went idle.
 --
 -- An enqueue whose key row went between its insert and its lock (a vacuum
 -- deleted it and committed) goes round again, so it never flags its

@@ -521,9 +521,9 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// `FULL`; reads and writes go on meanwhile, and a table another vacuum
     /// holds is skipped), after deleting the rows of `<table>_keys` whose
     /// ordering keys have nothing pending or claimed (up to 100 000 a
-    /// call, none a writer holds). The runtime's retention runs call it once enough
-    /// rows went (`RetentionConfig::vacuum_after`). The default does
-    /// nothing, for stores that reuse freed space as rows go.
+    /// call, none a writer holds). The runtime's retention runs call it
+    /// once enough rows went (`RetentionConfig::vacuum_after`). The default
+    /// does nothing, for stores that reuse freed space as rows go.
     fn vacuum(&self) -> impl Future<Output = Result<()>> + Send {
         std::future::ready(Ok(()))
     }

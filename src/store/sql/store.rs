@@ -495,7 +495,7 @@ where
     }
 
     /// Delete the rows of idle ordering keys, batch after batch, a bounded
-    /// number per call: the next vacuum goes on where this one stopped.
+    /// number per call so a vacuum stays short: the next one deletes more.
     async fn prune_keys(&self) -> Result<()> {
         const BATCH: i64 = 10_000;
         const MOST_BATCHES: usize = 10;
