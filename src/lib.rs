@@ -27,7 +27,7 @@
 //! let id = store.enqueue(NewMessage::event(&OrderPlaced { order_id: 7 })?).await?.into_id();
 //!
 //! let batch = store
-//!     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS, queues: Vec::new() })
+//!     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now: outbox::SystemClock.now(), lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS, queues: Vec::new(), durable: true })
 //!     .await?;
 //! assert_eq!(batch.claimed[0].id, id);
 //! # Ok(())

@@ -48,6 +48,7 @@ fn claim() -> ClaimBatch {
         lease: Duration::from_secs(30),
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         queues: Vec::new(),
+        durable: true,
     }
 }
 

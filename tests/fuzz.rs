@@ -930,6 +930,7 @@ fn claim(now: DateTime<Utc>) -> ClaimBatch {
         lease: Duration::from_secs(30),
         queues: Vec::new(),
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
+        durable: true,
     }
 }
 

@@ -113,6 +113,7 @@ async fn run(route: impl Fn(&str, u32) -> usize, seed: u64) -> Vec<Delivered> {
                     lease: Duration::from_secs(3600),
                     max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                     queues: Vec::new(),
+                    durable: true,
                 })
                 .await
                 .expect("claim");

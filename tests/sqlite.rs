@@ -161,6 +161,7 @@ async fn in_memory_database_works_on_one_connection() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -395,6 +396,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -489,6 +491,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -517,6 +520,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap_err();
@@ -552,6 +556,7 @@ async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -599,6 +604,7 @@ async fn timestamps_payloads_and_traces_round_trip_exactly() {
             lease: Duration::from_micros(1_500_001),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -645,6 +651,7 @@ async fn an_unreadable_row_is_reported_and_does_not_block_claims() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -733,6 +740,7 @@ async fn a_claim_takes_readable_rows_and_dead_letters_the_rest_whatever_they_hol
                 lease: LEASE,
                 max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                 queues: Vec::new(),
+                durable: true,
             })
             .await
             .unwrap();
@@ -805,6 +813,7 @@ async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap()
@@ -835,6 +844,7 @@ async fn duplicate_ids_are_reported_and_claim_losses_are_named() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();

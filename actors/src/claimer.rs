@@ -342,6 +342,17 @@ impl Claimer {
     /// many slots aside until the claim comes back.
     fn claim(&mut self, asks: Vec<(usize, usize)>, ctx: &mut Context<Self>) {
         let limit: usize = asks.iter().map(|&(_, ask)| ask).sum();
+        // A claim for more than the idle handlers (those no running
+        // delivery, waiting message or claim in flight will take), over
+        // the drain or in one queue, leaves messages waiting: it must be
+        // durable before they run, or a store crash could undo it while
+        // their handlers run on, every one of them then delivered again.
+        // One whose every message starts at once may skip the wait for the
+        // disk: a crash then doubles no more than what was running.
+        let idle = self
+            .concurrency
+            .saturating_sub(self.handling + self.waiting.len() + self.asked);
+        let durable = limit > idle || self.lanes.may_wait(&asks);
         self.claims += 1;
         self.asked += limit;
         self.budget -= limit;
@@ -358,6 +369,7 @@ impl Claimer {
                 lease,
                 max_attempts: drain.config.retry.attempt_cap(),
                 queues,
+                durable,
             });
             // A claim that outlives a lease is useless even if it succeeds:
             // every lease it took would already be over.

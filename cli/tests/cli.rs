@@ -208,6 +208,7 @@ impl<S: OutboxStore + OutboxAdmin> Fixture<S> {
                 lease,
                 max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                 queues: Vec::new(),
+                durable: true,
             })
             .await
             .unwrap();
@@ -492,6 +493,7 @@ async fn skip_unblocks_an_ordering_key_that_status_lists<S: OutboxStore + Outbox
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -554,6 +556,7 @@ async fn skip_unblocks_an_ordering_key_that_status_lists<S: OutboxStore + Outbox
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();

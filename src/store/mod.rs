@@ -140,6 +140,16 @@ pub struct ClaimBatch {
     /// The queues to claim from, each with the most messages to take from
     /// it; no queue twice. Empty: the `default` queue alone, up to `limit`.
     pub queues: Vec<QueueLimit>,
+    /// Whether the claim must be durable when the call returns. The drain
+    /// asks for that when some of the messages may wait for a handler: a
+    /// store crash that undid their claim would otherwise let their
+    /// handlers run while the messages are pending again, to be delivered
+    /// a second time. When `false` the drain has an idle handler for every
+    /// message it asked for, and a store may answer before the claim is
+    /// durable (PostgreSQL then commits without waiting for its WAL
+    /// flush): a crash delivers again at most what was already running.
+    /// A store whose every commit is equally durable ignores it.
+    pub durable: bool,
 }
 
 /// One queue a claim takes messages from; see [`ClaimBatch::queues`].

@@ -11,6 +11,7 @@ async fn claim_capped<S: OutboxStore>(store: &S, now: i64, cap: u32) -> ClaimedB
             max_attempts: cap,
             on_dead_letter: Default::default(),
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .expect("claim_batch")
@@ -100,6 +101,7 @@ pub(crate) async fn zero_claim_cap_is_refused<S: OutboxStore + OutboxAdmin + Clo
         lease: lease(MINUTE),
         max_attempts: 0,
         queues: Vec::new(),
+        durable: true,
     };
     assert_invalid(store.claim_batch(zero).await, "max_attempts");
     let stored = get(&store, "m").await;

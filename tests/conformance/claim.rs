@@ -416,6 +416,7 @@ pub(crate) async fn invalid_claim_parameters_change_nothing<
         lease: lease(MINUTE),
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         queues: Vec::new(),
+        durable: true,
     };
     assert_invalid(store.claim_batch(zero_limit).await, "limit");
     let zero_lease = ClaimBatch {
@@ -425,6 +426,7 @@ pub(crate) async fn invalid_claim_parameters_change_nothing<
         lease: Duration::ZERO,
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         queues: Vec::new(),
+        durable: true,
     };
     assert_invalid(store.claim_batch(zero_lease).await, "lease");
     assert_eq!(everything(&store).await, before);

@@ -34,6 +34,7 @@ async fn claim_under<S: OutboxStore>(
             lease: lease(MINUTE),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .expect("claim_batch")

@@ -329,6 +329,7 @@ async fn claim<S: OutboxStore>(store: &S, limit: usize, now: i64, lease_ms: i64)
             lease: lease(lease_ms),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .expect("claim_batch");

@@ -40,6 +40,7 @@ pub(crate) async fn claim_from<S: OutboxStore>(
                 .iter()
                 .map(|&(queue, limit)| QueueLimit::new(queue, limit))
                 .collect(),
+            durable: true,
         })
         .await
         .expect("claim_batch")
@@ -193,6 +194,7 @@ pub(crate) async fn queue_names_and_limits_are_checked<S: OutboxStore + OutboxAd
         lease: lease(MINUTE),
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         queues,
+        durable: true,
     };
     let refused = [
         vec![QueueLimit::new("bad name", 1)],
@@ -252,6 +254,7 @@ pub(crate) async fn queue_attempt_caps_are_each_queues_own<S: OutboxStore + Outb
                         },
                         QueueLimit::new("b", 5),
                     ],
+                    durable: true,
                 })
                 .await
                 .unwrap()

@@ -39,6 +39,7 @@ async fn concurrent_claims_never_take_the_same_message() {
                         lease: LEASE,
                         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                         queues: Vec::new(),
+                        durable: true,
                     })
                     .await
                     .unwrap();
@@ -79,6 +80,7 @@ async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -93,6 +95,7 @@ async fn messages_out_of_attempts_are_dead_lettered_by_the_claim() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();

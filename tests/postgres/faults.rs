@@ -52,6 +52,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
                     lease: LEASE,
                     max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                     queues: Vec::new(),
+                    durable: true,
                 })
                 .await
         }
@@ -78,6 +79,7 @@ async fn killed_connections_are_transient_and_the_pool_recovers() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();

@@ -18,6 +18,7 @@ async fn claim(outbox: &PostgresOutbox, now: i64) -> Vec<(String, String)> {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();

@@ -33,6 +33,7 @@ async fn claim_now(outbox: &PostgresOutbox, limit: usize) -> outbox::Result<outb
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
 }

@@ -323,6 +323,7 @@ async fn claim_is_answered_from_the_partial_indexes() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();

@@ -26,6 +26,7 @@ async fn admin_changes_follow_the_servers_clock() {
         lease: LEASE,
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         queues: Vec::new(),
+        durable: true,
     };
     outbox
         .enqueue(event("dead", 1, real()).with_id("dead"))
@@ -99,6 +100,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             lease,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -129,6 +131,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             lease,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -176,6 +179,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             lease: short,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap()
@@ -205,6 +209,7 @@ async fn leases_follow_the_servers_clock_whatever_the_callers_say() {
             lease,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -253,6 +258,7 @@ async fn on_the_servers_clock_a_claim_takes_the_heads_of_its_keys() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
     };
     let batch = claim().await.unwrap();

@@ -59,6 +59,7 @@ async fn concurrent_settlement_statements_keep_each_messages_writes_in_order() {
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();

@@ -78,6 +78,7 @@ pub async fn settlement_script<S: OutboxStore + OutboxAdmin>(store: &S) -> Vec<S
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -638,6 +639,7 @@ macro_rules! sql_conformance_suite {
                     lease: $crate::sql_support::LEASE,
                     max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                     queues: Vec::new(),
+                    durable: true,
                 })
                 .await
                 .unwrap();

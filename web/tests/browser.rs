@@ -71,6 +71,7 @@ async fn settle(store: &SqliteOutbox, name: &str, count: usize, minutes_ago: i64
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -130,6 +131,7 @@ async fn seeded(url: &str) -> SqliteOutbox {
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -441,6 +443,7 @@ async fn a_browser_follows_a_dead_letter_requeues_it_and_no_injected_script_runs
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: vec![QueueLimit::new("mail", 10), QueueLimit::new("reports", 10)],
+            durable: true,
         })
         .await
         .unwrap();

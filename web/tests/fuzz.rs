@@ -218,6 +218,7 @@ async fn seeded(url: &str) -> SqliteOutbox {
             lease: Duration::from_secs(30),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .expect("a claim");

@@ -41,6 +41,7 @@ async fn seeded() -> MemoryOutbox {
             lease: Duration::from_secs(30),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -294,6 +295,7 @@ async fn retry_now_makes_a_backed_off_message_due_and_refuses_live_claims() {
             lease: Duration::from_secs(600),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -525,6 +527,7 @@ async fn blocked_keys_show_on_the_overview_and_lists_filter_by_key() {
             lease: Duration::from_secs(60),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -566,6 +569,7 @@ async fn claim_from(store: &MemoryOutbox, queue: &str) -> usize {
             lease: Duration::from_secs(600),
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: vec![outbox::QueueLimit::new(queue, 10)],
+            durable: true,
         })
         .await
         .unwrap()

@@ -145,6 +145,19 @@ impl Lanes {
             .collect()
     }
 
+    /// `true` when `asks`, not yet counted as asked for, may leave a
+    /// message waiting for a handler: some lane is asked for more than its
+    /// idle handlers, those no running delivery, waiting message or claim
+    /// in flight will take.
+    pub(super) fn may_wait(&self, asks: &[(usize, usize)]) -> bool {
+        asks.iter().any(|&(lane, ask)| {
+            let lane = &self.lanes[lane];
+            ask > lane
+                .concurrency
+                .saturating_sub(lane.handling + lane.waiting + lane.asked)
+        })
+    }
+
     /// Count `asks` as asked for, or, with `back`, as answered.
     pub(super) fn ask(&mut self, asks: &[(usize, usize)], back: bool) {
         for &(lane, limit) in asks {
@@ -224,6 +237,19 @@ mod tests {
         assert!(two.all_idle());
         two.wake();
         assert!(!two.all_idle());
+    }
+
+    #[test]
+    fn a_claim_may_leave_messages_waiting_when_one_lane_lacks_idle_handlers() {
+        let mut two = lanes(&[("a", 4), ("b", 4)], 8);
+        assert!(!two.may_wait(&[(0, 4), (1, 4)]));
+        assert!(two.may_wait(&[(0, 5)]), "more than its handlers");
+        two.get_mut(0).handling = 2;
+        two.get_mut(0).waiting = 1;
+        assert!(!two.may_wait(&[(0, 1), (1, 4)]));
+        assert!(two.may_wait(&[(0, 2)]), "a message already waits for one");
+        two.ask(&[(1, 3)], false);
+        assert!(two.may_wait(&[(1, 2)]), "a claim in flight takes three");
     }
 
     #[test]

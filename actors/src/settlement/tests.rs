@@ -115,6 +115,7 @@ async fn claimed(max_attempts: u32) -> (DrainContext, FaultStore, ClaimedMessage
             lease: config.lease,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();

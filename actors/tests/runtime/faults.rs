@@ -46,6 +46,7 @@ fn abandoned_messages_are_dead_lettered_at_claim_and_observed() {
                 lease: Duration::from_secs(30),
                 max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                 queues: Vec::new(),
+                durable: true,
             })
             .await
             .unwrap();

@@ -140,14 +140,80 @@ fn a_prefetched_message_whose_lease_ran_low_is_given_back_unstarted() {
 
 /// Messages per claim, in the order the claims were made.
 fn claim_sizes(store: &FaultStore) -> Vec<usize> {
-    let mut sizes: Vec<(chrono::DateTime<chrono::Utc>, usize)> = Vec::new();
+    claims(store).into_iter().map(|(size, _)| size).collect()
+}
+
+/// Messages per claim and whether the drain asked it to be durable, in the
+/// order the claims were made.
+fn claims(store: &FaultStore) -> Vec<(usize, bool)> {
+    let mut claims: Vec<(chrono::DateTime<chrono::Utc>, usize, bool)> = Vec::new();
     for call in store.log().iter().filter(|c| c.op == Op::Claim) {
-        match sizes.iter_mut().find(|(at, _)| *at == call.now) {
-            Some((_, size)) => *size += 1,
-            None => sizes.push((call.now, 1)),
+        match claims.iter_mut().find(|(at, ..)| *at == call.now) {
+            Some((_, size, durable)) => {
+                *size += 1;
+                *durable |= call.durable;
+            }
+            None => claims.push((call.now, 1, call.durable)),
         }
     }
-    sizes.into_iter().map(|(_, size)| size).collect()
+    claims
+        .into_iter()
+        .map(|(_, size, durable)| (size, durable))
+        .collect()
+}
+
+#[test]
+fn a_claim_for_idle_handlers_alone_need_not_be_durable() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.always(Op::Claim, Fault::Delay(Duration::from_millis(5)));
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                batch_size: 6,
+                concurrency: 2,
+                prefetch: Some(0),
+                ..config()
+            },
+            |builder| builder,
+        );
+        for n in 0..6 {
+            h.enqueue(ping(n, 100)).await;
+        }
+        assert_eq!(h.drain().await.delivered, 6);
+        // Every message claimed starts at once: a store crash that undid
+        // such a claim would deliver again only what was already running.
+        let claims = claims(&h.store);
+        assert_eq!(claims.iter().map(|&(size, _)| size).sum::<usize>(), 6);
+        assert!(claims.iter().all(|&(_, durable)| !durable), "{claims:?}");
+    });
+}
+
+#[test]
+fn a_claim_whose_messages_may_wait_for_a_handler_is_durable() {
+    run(|| async {
+        let store = FaultStore::new();
+        store.always(Op::Claim, Fault::Delay(Duration::from_millis(5)));
+        let h = Harness::start_with(
+            store,
+            DrainConfig {
+                batch_size: 6,
+                concurrency: 2,
+                prefetch: Some(2),
+                ..config()
+            },
+            |builder| builder,
+        );
+        for n in 0..6 {
+            h.enqueue(ping(n, 100)).await;
+        }
+        assert_eq!(h.drain().await.delivered, 6);
+        // The first claim takes two messages for idle handlers and two to
+        // wait. Undone by a crash after they started, the two waiting would
+        // run while pending again, and be delivered twice.
+        let claims = claims(&h.store);
+        assert_eq!(claims.first(), Some(&(4, true)), "{claims:?}");
+    });
 }
 
 #[test]

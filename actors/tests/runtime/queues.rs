@@ -304,6 +304,7 @@ fn cancel_an_expired_claim_with_a_request_is_cancelled_at_claim() {
                 lease: Duration::from_secs(3),
                 max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                 queues: Vec::new(),
+                durable: true,
             })
             .await
             .unwrap();

@@ -92,6 +92,8 @@ pub struct Call {
     pub locked_until: Option<DateTime<Utc>>,
     /// The store really did it (even if the caller heard otherwise).
     pub applied: bool,
+    /// For claims: whether the drain asked for a durable claim.
+    pub durable: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -272,6 +274,7 @@ impl FaultStore {
             answer,
             locked_until: None,
             applied,
+            durable: false,
         });
         result
     }
@@ -326,6 +329,7 @@ impl OutboxStore for FaultStore {
                 answer,
                 locked_until: Some(message.locked_until),
                 applied: true,
+                durable: params.durable,
             });
         }
         match answer {
@@ -368,6 +372,7 @@ impl OutboxStore for FaultStore {
             answer,
             locked_until: result.as_ref().ok().copied(),
             applied: false,
+            durable: false,
         });
         result
     }

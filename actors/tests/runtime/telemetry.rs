@@ -346,6 +346,7 @@ fn abandoned_dead_letters_are_labelled_and_never_claimed() {
                 lease: Duration::from_secs(30),
                 max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
                 queues: Vec::new(),
+                durable: true,
             })
             .await
             .unwrap();

@@ -63,6 +63,7 @@ pub fn claim(limit: usize, now: DateTime<Utc>, lease: Duration) -> ClaimBatch {
         lease,
         max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
         queues: Vec::new(),
+        durable: true,
     }
 }
 

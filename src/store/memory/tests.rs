@@ -21,6 +21,7 @@ fn claim(store: &MemoryOutbox, limit: usize, now: i64) -> ClaimedBatch {
             lease,
             max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .unwrap()
 }
@@ -176,6 +177,7 @@ fn claims_read_each_queue_by_priority_and_skip_scheduled_messages() {
             lease: Duration::from_secs(10),
             max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
             queues: vec![crate::QueueLimit::new("a", 1)],
+            durable: true,
         })
         .unwrap();
     assert_eq!(claimed(&batch), ["high"]);

@@ -74,6 +74,7 @@ impl Core {
         now: Option<DateTime<Utc>>,
         lease_micros: i64,
         block: bool,
+        durable: bool,
     ) -> PgQuery<'static> {
         sqlx::query(AssertSqlSafe(self.sql.claim_first.clone()))
             .bind(served.queues.clone())
@@ -86,12 +87,13 @@ impl Core {
             .bind(now)
             .bind(lease_micros)
             .bind(block)
+            .bind(durable)
     }
 
     /// A claim's first pass that claims nothing, to plan the function on a
     /// connection (see `Core::warm_up`).
     pub(super) fn claim_nothing(&self) -> PgQuery<'static> {
-        self.claim_first(&Served::default(), 0, None, 1, false)
+        self.claim_first(&Served::default(), 0, None, 1, false, false)
     }
 
     pub(super) async fn claim(&self, params: ClaimBatch) -> Result<ClaimedBatch> {
@@ -102,6 +104,7 @@ impl Core {
             limit,
             now,
             lease,
+            durable,
             ..
         } = params;
         let locked_until = lease_end(now, lease)?;
@@ -111,7 +114,14 @@ impl Core {
         let mut claimed = Vec::with_capacity(limit);
         let mut abandoned = Vec::new();
         let rows = self
-            .claim_first(&served, limit, self.bound_now(now), lease_micros, block)
+            .claim_first(
+                &served,
+                limit,
+                self.bound_now(now),
+                lease_micros,
+                block,
+                durable,
+            )
             .fetch_all(&self.parts.pool)
             .await
             .map_err(db("claim_batch"))?;
@@ -146,6 +156,7 @@ impl Core {
                 .bind(self.bound_now(now))
                 .bind(lease_micros)
                 .bind(block)
+                .bind(durable)
                 .fetch_all(&self.parts.pool)
                 .await
                 .map_err(db("claim_batch"))?;

@@ -17,18 +17,29 @@ use crate::store::sql::{
 /// its own, where the two agree.
 const NOW: &str = "coalesce($1::timestamptz, statement_timestamp())";
 
-/// Put in a claim's `FROM`: its transaction commits without waiting for
-/// the flush of its WAL, so a claim costs a round trip, not a disk write.
-/// This loses nothing. The claim is visible to every other session at once;
-/// only a server crash in the moment before the WAL writer flushes it (a
-/// fraction of a second) can undo it, and then its messages are pending
-/// again, as if their lease had run out, and are delivered again. Any later
-/// commit that waits for its flush (an enqueue, a settlement) flushes the
-/// claim with it, so a claim whose messages were settled is never undone,
-/// and a crash redelivers no more messages than those it caught in flight.
-/// Settlements keep waiting for theirs: a settlement undone would deliver
-/// again a message already reported done.
-const NO_FLUSH: &str = "set_config('synchronous_commit', 'off', true) AS no_flush";
+/// Put in a claim's `FROM`, with the number of the parameter that says
+/// whether the claim must be durable ([`ClaimBatch::durable`]): when it
+/// need not, its transaction commits without waiting for the flush of its
+/// WAL, so the claim costs a round trip, not a disk write. The drain asks
+/// for that only when it has an idle handler for every message it claims.
+/// The claim is visible to every other session at once; only a server crash
+/// in the moment before the WAL writer flushes it (a fraction of a second)
+/// can undo it, and then its messages are pending again and delivered
+/// again, but they were running already. Any later commit that waits for
+/// its flush (an enqueue, a settlement) flushes the claim with it, so a
+/// claim whose messages were settled is never undone. A claim whose
+/// messages may wait for a handler keeps the session's setting: had a crash
+/// undone it, they would run after it, each one then delivered twice.
+/// Settlements always wait for their flush: a settlement undone would
+/// deliver again a message already reported done.
+///
+/// [`ClaimBatch::durable`]: crate::ClaimBatch::durable
+fn no_flush(durable: &str) -> String {
+    format!(
+        "set_config('synchronous_commit', CASE WHEN {durable} \
+         THEN current_setting('synchronous_commit') ELSE 'off' END, true) AS no_flush"
+    )
+}
 
 /// Every column, each after `prefix`, in the order rows are read.
 pub(super) fn columns(prefix: &str) -> String {
@@ -65,7 +76,7 @@ pub(super) struct Statements {
     /// `$2` their limits, `$3` their attempt caps, `$4` the limit, `$5` a
     /// number the function no longer reads, `$6` now (NULL for the
     /// database's), `$7` the lease in µs, `$8` whether a dead letter holds
-    /// its key.
+    /// its key, `$9` whether the claim must be durable (see [`no_flush`]).
     pub(super) claim_first: Arc<str>,
     /// The second pass of a claim that found keyed heads: a call of the
     /// table's `claim_heads` function.
@@ -192,11 +203,12 @@ impl Statements {
             // statement begins, so that statement's snapshot holds every
             // claim of those keys (`claim_heads`).
             //
-            // A claim commits without waiting for its WAL to reach disk
-            // (`synchronous_commit` off for its transaction alone; see
-            // `NO_FLUSH`).
+            // A claim for idle handlers commits without waiting for its WAL
+            // to reach disk (`synchronous_commit` off for its transaction
+            // alone; see `no_flush`).
             claim_first: format!(
-                "SELECT c.* FROM {NO_FLUSH}, {}($1, $2, $3, $4, $5, $6, $7, $8) AS c",
+                "SELECT c.* FROM {}, {}($1, $2, $3, $4, $5, $6, $7, $8) AS c",
+                no_flush("$9"),
                 table.derived("claim", true)
             )
             .into(),
@@ -206,9 +218,10 @@ impl Statements {
             // hashes in ascending order, `$2` the ids, `$3` the queues
             // served and `$4` their attempt caps, `$5` now (NULL for the
             // database's), `$6` the lease in µs, `$7` whether a dead
-            // letter holds its key.
+            // letter holds its key, `$8` whether the claim must be durable.
             claim_heads: format!(
-                "SELECT c.* FROM {NO_FLUSH}, {}($1, $2, $3, $4, $5, $6, $7) AS c",
+                "SELECT c.* FROM {}, {}($1, $2, $3, $4, $5, $6, $7) AS c",
+                no_flush("$8"),
                 table.derived("claim_heads", true)
             )
             .into(),

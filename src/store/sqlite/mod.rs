@@ -133,7 +133,7 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// let now = outbox::SystemClock.now();
 /// let batch = outbox
-///     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now, lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS, queues: Vec::new() })
+///     .claim_batch(ClaimBatch { on_dead_letter: Default::default(), limit: 10, now, lease: std::time::Duration::from_secs(30), max_attempts: outbox::DEFAULT_MAX_ATTEMPTS, queues: Vec::new(), durable: true })
 ///     .await?;
 /// assert_eq!(batch.claimed.len(), 1);
 /// # std::fs::remove_dir_all(&dir).ok();

@@ -71,6 +71,7 @@ async fn claimed(file: &TempFile, count: usize) -> (SqliteOutbox, Vec<crate::Cla
             lease: Duration::from_secs(30),
             max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
@@ -170,6 +171,7 @@ async fn a_claimed_row_decodes_as_the_full_decode_does() {
             lease: Duration::from_secs(30),
             max_attempts: cap,
             queues: Vec::new(),
+            durable: true,
         })
         .await
         .unwrap();
