@@ -23,8 +23,13 @@ async fn one_connection_store(prefix: &str) -> (PgPool, String, PostgresOutbox) 
     (pool, table, outbox)
 }
 
-/// Claim up to `limit` messages now.
-async fn claim_now(outbox: &PostgresOutbox, limit: usize) -> outbox::Result<outbox::ClaimedBatch> {
+/// Claim up to `limit` messages now, durable or not (see
+/// `ClaimBatch::durable`).
+async fn claim_now(
+    outbox: &PostgresOutbox,
+    limit: usize,
+    durable: bool,
+) -> outbox::Result<outbox::ClaimedBatch> {
     outbox
         .claim_batch(ClaimBatch {
             on_dead_letter: Default::default(),
@@ -33,7 +38,7 @@ async fn claim_now(outbox: &PostgresOutbox, limit: usize) -> outbox::Result<outb
             lease: LEASE,
             max_attempts: outbox::DEFAULT_MAX_ATTEMPTS,
             queues: Vec::new(),
-            durable: true,
+            durable,
         })
         .await
 }
@@ -45,7 +50,7 @@ async fn claim_now(outbox: &PostgresOutbox, limit: usize) -> outbox::Result<outb
 #[tokio::test]
 async fn a_plan_made_on_an_empty_table_does_not_scan_it_once_it_fills() {
     let (pool, table, outbox) = one_connection_store("replan").await;
-    let claim = |limit| claim_now(&outbox, limit);
+    let claim = |limit| claim_now(&outbox, limit, false);
     let deliver = |id: &str, claim_token: &str, delete| {
         outbox.mark_delivered(MarkDelivered {
             delete,
@@ -97,11 +102,12 @@ async fn a_plan_made_on_an_empty_table_does_not_scan_it_once_it_fills() {
     );
 }
 
-/// A claim commits without waiting for its WAL to be flushed, whichever
-/// pass claims; enqueues and settlements still wait, and the setting never
-/// outlives the claim's transaction on its pooled connection.
+/// A claim the drain does not need durable commits without waiting for its
+/// WAL to be flushed, whichever pass claims; one it needs durable waits, as
+/// enqueues and settlements do, and the setting never outlives the claim's
+/// transaction on its pooled connection.
 #[tokio::test]
-async fn only_claims_commit_without_waiting_for_the_disk() {
+async fn only_claims_for_idle_handlers_commit_without_waiting_for_the_disk() {
     let (pool, table, outbox) = one_connection_store("no_flush").await;
     // The test cluster turns synchronous commits off for speed; its one
     // connection turns them back on, as a production server has them.
@@ -178,7 +184,7 @@ async fn only_claims_commit_without_waiting_for_the_disk() {
         .await
         .unwrap();
     assert_eq!(commits().await, [row("INSERT", "pending", "on")]);
-    let claimed = claim_now(&outbox, 10).await.unwrap().claimed;
+    let claimed = claim_now(&outbox, 10, false).await.unwrap().claimed;
     assert_eq!(claimed.len(), 3);
     assert_eq!(commits().await, [row("UPDATE", "claimed", "off")]);
     settle(claimed).await;
@@ -193,11 +199,22 @@ async fn only_claims_commit_without_waiting_for_the_disk() {
     }
     outbox.enqueue(event("x9", 60, t0())).await.unwrap();
     commits().await;
-    let claimed = claim_now(&outbox, 10).await.unwrap().claimed;
+    let claimed = claim_now(&outbox, 10, false).await.unwrap().claimed;
     let mut ids: Vec<_> = claimed.iter().map(|m| m.id.as_str()).collect();
     ids.sort_unstable();
     assert_eq!(ids, ["k00", "k01", "k02", "x9"]);
     assert_eq!(commits().await, [row("UPDATE", "claimed", "off")]);
+    settle(claimed).await;
+
+    // A claim whose messages may wait for a handler waits for its flush,
+    // in both passes.
+    outbox.enqueue(event("x10", 61, t0())).await.unwrap();
+    commits().await;
+    let claimed = claim_now(&outbox, 10, true).await.unwrap().claimed;
+    let mut ids: Vec<_> = claimed.iter().map(|m| m.id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["k03", "k04", "k05", "x10"]);
+    assert_eq!(commits().await, [row("UPDATE", "claimed", "on")]);
     settle(claimed).await;
     let session: String = sqlx::query_scalar("SHOW synchronous_commit")
         .fetch_one(&pool)
