@@ -18,10 +18,12 @@
 //! values. The two take turns batch by batch, so
 //! both see the same machine; the rows are the same, ids included.
 //!
-//! **Transactions.** `--transactions` transactions (2 000) of each of two
+//! **Transactions.** `--transactions` transactions (2 000) of each of three
 //! kinds, taking turns: one inserts a business row and enqueues an event
-//! with `enqueue_in`; the other inserts two business rows. Each is timed
-//! from `begin` to the end of its commit. On PostgreSQL the store notifies
+//! with `enqueue_in`; one does the same with an event that carries an
+//! ordering key (one of 997 customers, so most keys already have messages
+//! waiting, as an application's entities do); the other inserts two
+//! business rows. Each is timed from `begin` to the end of its commit. On PostgreSQL the store notifies
 //! on insert (the default), as an application whose drains wait for
 //! wake-ups runs it; no drain listens, so no `NOTIFY` is sent, but each
 //! enqueue still reads the drains' flag.
@@ -40,7 +42,8 @@
 //! `transactions`, `tx_enqueue_p50_ms`, `tx_enqueue_p99_ms`,
 //! `tx_plain_p50_ms`, `tx_plain_p99_ms`, `tx_overhead` (the median
 //! transaction with an enqueue over the median one with two plain rows),
-//! `seconds`.
+//! `tx_keyed_p50_ms`, `tx_keyed_p99_ms`, `tx_keyed_overhead` (the same with
+//! a keyed enqueue), `seconds`.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -120,8 +123,8 @@ trait Subject {
     async fn batch(&self, messages: Vec<NewMessage>);
     /// Inserts the same rows into the raw table, one statement.
     async fn raw(&self, messages: &[NewMessage]);
-    /// A transaction with business row `order` and an enqueued event.
-    async fn with_enqueue(&self, order: i64);
+    /// A transaction with business row `order` and `message` enqueued.
+    async fn with_enqueue(&self, order: i64, message: NewMessage);
     /// A transaction with business rows `order` and `order + 1`.
     async fn plain(&self, order: i64);
     /// Whether the database keeps a commit through a crash, in its words.
@@ -144,6 +147,9 @@ struct Summary<'a> {
     tx_plain_p50_ms: f64,
     tx_plain_p99_ms: f64,
     tx_overhead: f64,
+    tx_keyed_p50_ms: f64,
+    tx_keyed_p99_ms: f64,
+    tx_keyed_overhead: f64,
     seconds: f64,
 }
 
@@ -181,30 +187,38 @@ async fn run(label: &str, subject: &impl Subject, args: &Args) {
         args.batch
     );
 
-    let (mut with_enqueue, mut plain) = (Vec::new(), Vec::new());
+    // Microseconds per transaction: with an enqueue, with a keyed one,
+    // with two plain rows.
+    let mut timings: [Vec<u64>; 3] = Default::default();
     for i in 0..args.transactions {
         let order = 10 * i as i64;
-        // Each kind goes first every other time.
-        for first in [i % 2 == 0, i % 2 == 1] {
+        // Each kind goes first every third time.
+        for turn in 0..3 {
+            let kind = (i + turn) % 3;
             let timer = Instant::now();
-            if first {
-                subject.with_enqueue(order).await;
-                with_enqueue.push(timer.elapsed().as_micros() as u64);
-            } else {
-                subject.plain(order + 2).await;
-                plain.push(timer.elapsed().as_micros() as u64);
+            match kind {
+                0 => subject.with_enqueue(order, message(i)).await,
+                1 => {
+                    let keyed = message(i).with_ordering_key(format!("customer-{}", i % 997));
+                    subject.with_enqueue(order + 2, keyed).await;
+                }
+                _ => subject.plain(order + 4).await,
             }
+            timings[kind].push(timer.elapsed().as_micros() as u64);
         }
     }
-    with_enqueue.sort_unstable();
-    plain.sort_unstable();
-    let (enqueue_p50, plain_p50) = (
-        percentile_ms(&with_enqueue, 50.0),
-        percentile_ms(&plain, 50.0),
+    for timing in &mut timings {
+        timing.sort_unstable();
+    }
+    let [with_enqueue, keyed, plain] = &timings;
+    let (enqueue_p50, keyed_p50, plain_p50) = (
+        percentile_ms(with_enqueue, 50.0),
+        percentile_ms(keyed, 50.0),
+        percentile_ms(plain, 50.0),
     );
     println!(
         "{label}: {} transactions each: with enqueue_in p50 {enqueue_p50:.3} ms, \
-         with two plain rows p50 {plain_p50:.3} ms",
+         with a keyed one {keyed_p50:.3} ms, with two plain rows {plain_p50:.3} ms",
         args.transactions
     );
     print_json(&Summary {
@@ -217,10 +231,13 @@ async fn run(label: &str, subject: &impl Subject, args: &Args) {
         batch_ratio: round(batch_rate / raw_rate, 3),
         transactions: args.transactions,
         tx_enqueue_p50_ms: enqueue_p50,
-        tx_enqueue_p99_ms: percentile_ms(&with_enqueue, 99.0),
+        tx_enqueue_p99_ms: percentile_ms(with_enqueue, 99.0),
         tx_plain_p50_ms: plain_p50,
-        tx_plain_p99_ms: percentile_ms(&plain, 99.0),
+        tx_plain_p99_ms: percentile_ms(plain, 99.0),
         tx_overhead: round(enqueue_p50 / plain_p50, 3),
+        tx_keyed_p50_ms: keyed_p50,
+        tx_keyed_p99_ms: percentile_ms(keyed, 99.0),
+        tx_keyed_overhead: round(keyed_p50 / plain_p50, 3),
         seconds: round(started.elapsed().as_secs_f64(), 1),
     });
 }
@@ -247,7 +264,7 @@ mod sqlite {
     use outbox::sqlx::{self, AssertSqlSafe, Sqlite};
     use outbox::{NewMessage, OutboxStore, SqliteOutbox};
 
-    use super::{ORDERS, message, raw_insert};
+    use super::{ORDERS, raw_insert};
 
     pub(super) struct Subject {
         pub(super) store: SqliteOutbox,
@@ -323,11 +340,11 @@ mod sqlite {
                 .expect("a raw insert");
         }
 
-        async fn with_enqueue(&self, order: i64) {
+        async fn with_enqueue(&self, order: i64, message: NewMessage) {
             let mut tx = self.store.pool().begin().await.expect("begin");
             Self::order(&mut tx, order).await;
             self.store
-                .enqueue_in(&mut tx, message(order as usize))
+                .enqueue_in(&mut tx, message)
                 .await
                 .expect("enqueue_in");
             tx.commit().await.expect("commit");
@@ -359,7 +376,7 @@ mod postgres {
     use outbox::sqlx::{self, AssertSqlSafe, Postgres};
     use outbox::{NewMessage, OutboxStore, PostgresOutbox};
 
-    use super::{ORDERS, message, raw_insert};
+    use super::{ORDERS, raw_insert};
 
     pub(super) struct Subject {
         pub(super) store: PostgresOutbox,
@@ -444,11 +461,11 @@ mod postgres {
                 .expect("a raw insert");
         }
 
-        async fn with_enqueue(&self, order: i64) {
+        async fn with_enqueue(&self, order: i64, message: NewMessage) {
             let mut tx = self.store.pool().begin().await.expect("begin");
             Self::order(&mut tx, order).await;
             self.store
-                .enqueue_in(&mut tx, message(order as usize))
+                .enqueue_in(&mut tx, message)
                 .await
                 .expect("enqueue_in");
             tx.commit().await.expect("commit");
