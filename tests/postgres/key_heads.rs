@@ -210,3 +210,40 @@ async fn enqueues_racing_the_deliveries_of_their_keys_keep_order_and_leave_no_ro
     outbox.vacuum().await.unwrap();
     assert!(key_rows(&pool, &table).await.is_empty());
 }
+
+/// Two batches of the same new keys, enqueued at once in opposite orders:
+/// each commit inserts its keys' rows in its batch's order, so without
+/// care each would wait for a row the other inserted, a deadlock the
+/// server ends by failing one. Both are stored, each message once.
+#[tokio::test]
+async fn batches_of_the_same_new_keys_in_opposite_orders_are_both_stored() {
+    const KEYS: usize = 300;
+    let pool = pool().await;
+    let outbox = store(&pool, &unique("opposite"), SettlementMode::default()).await;
+    for round in 0..3 {
+        let batch = |side: &str| -> Vec<outbox::NewMessage> {
+            (0..KEYS)
+                .map(|n| {
+                    event(&format!("{side}{round}-{n}"), n as u64, t0())
+                        .with_ordering_key(format!("key{round}-{n}"))
+                })
+                .collect()
+        };
+        let mut reversed = batch("b");
+        reversed.reverse();
+        let (forward, backward) = tokio::join!(
+            outbox.enqueue_batch(batch("a")),
+            outbox.enqueue_batch(reversed)
+        );
+        let stored = |answers: outbox::Result<Vec<outbox::Enqueued>>| {
+            let answers = answers.expect("the batch is stored");
+            assert!(answers.iter().all(outbox::Enqueued::is_inserted));
+            answers.len()
+        };
+        assert_eq!(
+            stored(forward) + stored(backward),
+            2 * KEYS,
+            "round {round}"
+        );
+    }
+}

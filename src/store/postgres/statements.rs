@@ -142,6 +142,26 @@ impl Statements {
              ORDER BY n \
              ON CONFLICT DO NOTHING RETURNING id"
         );
+        // The batch's keys' rows (see `migrations/postgres/0018_keys_pruned.sql`),
+        // inserted by the batch's statement in one order for every batch,
+        // sorted. At commit each keyed row's trigger inserts its key's row
+        // in the batch's order: two batches with some of the same new keys
+        // in opposite orders would each wait for a row the other inserted,
+        // a deadlock the server ends by failing one. Inserted here, a
+        // batch's new keys' rows are taken in the order every batch takes
+        // them, and the triggers find them already there. Under READ
+        // COMMITTED only, as the triggers take them: under a snapshot that
+        // predates a concurrent key's row, the insert would fail the
+        // transaction with a serialization error.
+        let key_rows = format!(
+            "key_rows AS (INSERT INTO {keys} (queue, ordering_key) \
+               SELECT DISTINCT k.queue, k.ordering_key \
+               FROM unnest($13::text[], $9::text[]) AS k(queue, ordering_key) \
+               WHERE k.ordering_key IS NOT NULL \
+                 AND current_setting('transaction_isolation') = 'read committed' \
+               ORDER BY 1, 2 \
+               ON CONFLICT DO NOTHING)"
+        );
         // One row, its values bound as they are: in a transaction with one
         // enqueue, the batch's form (arrays, a sort) cost nearly as much
         // again as the insert itself.
@@ -168,12 +188,15 @@ impl Statements {
             // stored. The ids come back as one array, one row to transfer.
             insert: if notify {
                 format!(
-                    "WITH inserted AS ({insert}) \
+                    "WITH {key_rows}, inserted AS ({insert}) \
                      SELECT ARRAY(SELECT id FROM inserted), \
                        CASE WHEN EXISTS (SELECT FROM inserted) THEN {wake}($15) END"
                 )
             } else {
-                format!("WITH inserted AS ({insert}) SELECT ARRAY(SELECT id FROM inserted)")
+                format!(
+                    "WITH {key_rows}, inserted AS ({insert}) \
+                     SELECT ARRAY(SELECT id FROM inserted)"
+                )
             }
             .into(),
             // One statement, so the advisory lock is held only while it
