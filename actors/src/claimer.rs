@@ -342,17 +342,15 @@ impl Claimer {
     /// many slots aside until the claim comes back.
     fn claim(&mut self, asks: Vec<(usize, usize)>, ctx: &mut Context<Self>) {
         let limit: usize = asks.iter().map(|&(_, ask)| ask).sum();
-        // A claim for more than the idle handlers (those no running
-        // delivery, waiting message or claim in flight will take), over
-        // the drain or in one queue, leaves messages waiting: it must be
-        // durable before they run, or a store crash could undo it while
-        // their handlers run on, every one of them then delivered again.
-        // One whose every message starts at once may skip the wait for the
-        // disk: a crash then doubles no more than what was running.
-        let idle = self
-            .concurrency
-            .saturating_sub(self.handling + self.waiting.len() + self.asked);
-        let durable = limit > idle || self.lanes.may_wait(&asks);
+        // A claim for more than a queue's idle handlers (those no running
+        // delivery, waiting message or claim in flight will take) leaves
+        // messages waiting: it must be durable before they run, or a store
+        // crash could undo it while their handlers run on, every one of
+        // them then delivered again. One whose every message starts at once
+        // may skip the wait for the disk: a crash then doubles no more than
+        // what was running. The lanes' handlers add up to the drain's, so
+        // no lane asked past its own idle ones is no claim past the drain's.
+        let durable = self.lanes.may_wait(&asks);
         self.claims += 1;
         self.asked += limit;
         self.budget -= limit;

@@ -43,6 +43,13 @@ async fn claim_now(
         .await
 }
 
+/// The ids of `claimed`, sorted.
+fn sorted_ids(claimed: &[outbox::ClaimedMessage]) -> Vec<&str> {
+    let mut ids: Vec<_> = claimed.iter().map(|m| m.id.as_str()).collect();
+    ids.sort_unstable();
+    ids
+}
+
 /// A connection keeps a statement's plan until the table's statistics
 /// change, and a plan made while the table was empty reads the table whole.
 /// Claims and settlements run functions whose plans price sequential scans
@@ -200,9 +207,7 @@ async fn only_claims_for_idle_handlers_commit_without_waiting_for_the_disk() {
     outbox.enqueue(event("x9", 60, t0())).await.unwrap();
     commits().await;
     let claimed = claim_now(&outbox, 10, false).await.unwrap().claimed;
-    let mut ids: Vec<_> = claimed.iter().map(|m| m.id.as_str()).collect();
-    ids.sort_unstable();
-    assert_eq!(ids, ["k00", "k01", "k02", "x9"]);
+    assert_eq!(sorted_ids(&claimed), ["k00", "k01", "k02", "x9"]);
     assert_eq!(commits().await, [row("UPDATE", "claimed", "off")]);
     settle(claimed).await;
 
@@ -211,9 +216,7 @@ async fn only_claims_for_idle_handlers_commit_without_waiting_for_the_disk() {
     outbox.enqueue(event("x10", 61, t0())).await.unwrap();
     commits().await;
     let claimed = claim_now(&outbox, 10, true).await.unwrap().claimed;
-    let mut ids: Vec<_> = claimed.iter().map(|m| m.id.as_str()).collect();
-    ids.sort_unstable();
-    assert_eq!(ids, ["k03", "k04", "k05", "x10"]);
+    assert_eq!(sorted_ids(&claimed), ["k03", "k04", "k05", "x10"]);
     assert_eq!(commits().await, [row("UPDATE", "claimed", "on")]);
     settle(claimed).await;
     let session: String = sqlx::query_scalar("SHOW synchronous_commit")

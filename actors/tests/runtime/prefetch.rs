@@ -162,28 +162,34 @@ fn claims(store: &FaultStore) -> Vec<(usize, bool)> {
         .collect()
 }
 
+/// The claims of a drain of six messages of 100 ms by two handlers, with
+/// `prefetch` and claims of 5 ms (see [`claims`]).
+async fn claims_of_six(prefetch: usize) -> Vec<(usize, bool)> {
+    let store = FaultStore::new();
+    store.always(Op::Claim, Fault::Delay(Duration::from_millis(5)));
+    let h = Harness::start_with(
+        store,
+        DrainConfig {
+            batch_size: 6,
+            concurrency: 2,
+            prefetch: Some(prefetch),
+            ..config()
+        },
+        |builder| builder,
+    );
+    for n in 0..6 {
+        h.enqueue(ping(n, 100)).await;
+    }
+    assert_eq!(h.drain().await.delivered, 6);
+    claims(&h.store)
+}
+
 #[test]
 fn a_claim_for_idle_handlers_alone_need_not_be_durable() {
     run(|| async {
-        let store = FaultStore::new();
-        store.always(Op::Claim, Fault::Delay(Duration::from_millis(5)));
-        let h = Harness::start_with(
-            store,
-            DrainConfig {
-                batch_size: 6,
-                concurrency: 2,
-                prefetch: Some(0),
-                ..config()
-            },
-            |builder| builder,
-        );
-        for n in 0..6 {
-            h.enqueue(ping(n, 100)).await;
-        }
-        assert_eq!(h.drain().await.delivered, 6);
         // Every message claimed starts at once: a store crash that undid
         // such a claim would deliver again only what was already running.
-        let claims = claims(&h.store);
+        let claims = claims_of_six(0).await;
         assert_eq!(claims.iter().map(|&(size, _)| size).sum::<usize>(), 6);
         assert!(claims.iter().all(|&(_, durable)| !durable), "{claims:?}");
     });
@@ -192,26 +198,10 @@ fn a_claim_for_idle_handlers_alone_need_not_be_durable() {
 #[test]
 fn a_claim_whose_messages_may_wait_for_a_handler_is_durable() {
     run(|| async {
-        let store = FaultStore::new();
-        store.always(Op::Claim, Fault::Delay(Duration::from_millis(5)));
-        let h = Harness::start_with(
-            store,
-            DrainConfig {
-                batch_size: 6,
-                concurrency: 2,
-                prefetch: Some(2),
-                ..config()
-            },
-            |builder| builder,
-        );
-        for n in 0..6 {
-            h.enqueue(ping(n, 100)).await;
-        }
-        assert_eq!(h.drain().await.delivered, 6);
         // The first claim takes two messages for idle handlers and two to
         // wait. Undone by a crash after they started, the two waiting would
         // run while pending again, and be delivered twice.
-        let claims = claims(&h.store);
+        let claims = claims_of_six(2).await;
         assert_eq!(claims.first(), Some(&(4, true)), "{claims:?}");
     });
 }
