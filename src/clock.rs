@@ -72,6 +72,32 @@ impl Clock for TokioClock {
 
 /// The system time, truncated to microseconds: the finest precision every
 /// store keeps, so a timestamp reads back exactly as it was written.
+///
+/// Read once or more per delivery, so it skips chrono's rounding: the
+/// microseconds since the epoch are exact in an `i64` for ±292,000 years,
+/// and a clock set before 1970 takes the slow path.
 pub(crate) fn system_now() -> DateTime<Utc> {
-    Utc::now().trunc_subsecs(6)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|since| i64::try_from(since.as_micros()).ok())
+        .and_then(DateTime::from_timestamp_micros)
+        .unwrap_or_else(|| Utc::now().trunc_subsecs(6))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_now_is_the_system_time_to_the_microsecond() {
+        let before = Utc::now().trunc_subsecs(6);
+        let now = system_now();
+        let after = Utc::now();
+        assert_eq!(now.timestamp_subsec_nanos() % 1_000, 0);
+        assert!(
+            before <= now && now <= after,
+            "{before} <= {now} <= {after}"
+        );
+    }
 }

@@ -74,6 +74,7 @@ use crate::error::Error;
 use crate::messages::{
     Abandoned, Arming, ClaimerDone, DeliveryEnded, DeliveryFinished, GiveBack, HandlerReturned,
 };
+use crate::metrics::PassMetrics;
 use crate::notices::{CancelledMessage, DeadLetter};
 use crate::telemetry;
 use lanes::Lanes;
@@ -185,6 +186,8 @@ pub(crate) struct Claimer {
     arming: Arming,
     /// Where this pass's deliveries report, once one has started.
     report_to: Option<Arc<ReportTo>>,
+    /// What this pass's deliveries record, by kind and name.
+    metrics: PassMetrics,
     /// Arming has not answered yet: a claim before it could miss a commit
     /// that then wakes nobody.
     arming_in_flight: bool,
@@ -224,6 +227,7 @@ impl Claimer {
             arming: Arming::NotAsked,
             arming_in_flight: false,
             report_to: None,
+            metrics: PassMetrics::default(),
         }
     }
 
@@ -595,7 +599,8 @@ impl Claimer {
                 ended: ctx.address().recipient(),
             })
         });
-        let reporter = Reporter::new(to.clone(), slot, Arc::new(message));
+        let metrics = self.metrics.of(message.kind, &message.name);
+        let reporter = Reporter::new(to.clone(), slot, Arc::new(message), metrics);
         let drain = self.drain.clone();
         let actor = move || match give_back {
             Some(why) => DeliveryActor::give_back(drain, reporter, why),

@@ -43,6 +43,7 @@ use crate::messages::{
     CancelRequested, DeliveryEnded, DeliveryFinished, GiveBack, HandOver, HandlerReturned,
     HeartbeatLoss, LeaseHandedOver,
 };
+use crate::metrics::NameMetrics;
 use crate::notices::{HandlerResult, LeaseLost, LeaseOperation, LeaseState, Notice};
 use crate::report::Outcome;
 use crate::settlement;
@@ -90,6 +91,8 @@ pub(crate) struct Reporter {
     slot: u64,
     /// The claimed message, for the loss a dying actor reports.
     message: Arc<ClaimedMessage>,
+    /// What deliveries of its kind and name record.
+    metrics: Arc<NameMetrics>,
     /// The delivery's heartbeat while it runs: reporting stops it.
     heartbeat: Option<Addr<HeartbeatActor>>,
     /// How the handler ended, once it has: a dying actor's loss says so.
@@ -100,12 +103,18 @@ pub(crate) struct Reporter {
 }
 
 impl Reporter {
-    pub(crate) fn new(to: Arc<ReportTo>, slot: u64, message: Arc<ClaimedMessage>) -> Self {
-        telemetry::delivery_claimed(&message);
+    pub(crate) fn new(
+        to: Arc<ReportTo>,
+        slot: u64,
+        message: Arc<ClaimedMessage>,
+        metrics: Arc<NameMetrics>,
+    ) -> Self {
+        telemetry::delivery_claimed(&metrics);
         Reporter {
             to,
             slot,
             message,
+            metrics,
             heartbeat: None,
             handler: HandlerResult::Unfinished,
             armed: true,
@@ -122,7 +131,7 @@ impl Reporter {
         store_faulted: bool,
     ) {
         if self.armed {
-            telemetry::delivery_reported();
+            telemetry::delivery_reported(&self.metrics);
         }
         self.armed = false;
         if let Some(heartbeat) = self.heartbeat.take() {
@@ -199,7 +208,7 @@ pub(crate) struct DeliveryActor {
     result: Option<DeliveryResult>,
     /// The delivery's span: every event of this delivery is inside it.
     span: tracing::Span,
-    /// When the handler started.
+    /// When the delivery started, its handler about to.
     started: tokio::time::Instant,
     /// Set for a message given back undelivered, and why.
     give_back: Option<GiveBack>,
@@ -412,6 +421,7 @@ impl DeliveryActor {
         if settled {
             telemetry::settled(
                 &self.message,
+                &self.reporter.metrics,
                 report.outcome,
                 self.started,
                 self.drain.now(),
@@ -439,15 +449,20 @@ impl Actor for DeliveryActor {
         }
         let started_at = self.drain.now();
         self.active_until = after(started_at, self.drain.config.max_active);
-        let first_renewal =
-            lease::renewal_delay(&self.drain, self.message.locked_until, self.active_until);
-        let now = tokio::time::Instant::now();
+        let first_renewal = lease::renewal_delay(
+            &self.drain,
+            started_at,
+            self.message.locked_until,
+            self.active_until,
+        );
+        // The instant the actor was made, a moment ago: each read of the
+        // runtime's clock costs, and one per delivery is enough.
+        let now = self.started;
         self.heartbeat_due = true;
         self.heartbeat_at = now + first_renewal;
         self.max_active_at = now + self.drain.config.max_active;
 
-        self.started = self
-            .span
+        self.span
             .in_scope(|| telemetry::delivery_started(&self.message));
         let run = deliver(
             &self.drain,

@@ -222,6 +222,7 @@ impl HeartbeatActor {
                 }
                 Ok(lease::renewal_delay(
                     &self.drain,
+                    self.drain.now(),
                     self.locked_until,
                     self.active_until,
                 ))

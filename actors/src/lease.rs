@@ -93,10 +93,11 @@ pub(crate) fn deadline_ahead(
 /// delivery's own timer stops it and an early renewal would gain nothing.
 pub(crate) fn renewal_delay(
     drain: &DrainContext,
+    now: DateTime<Utc>,
     locked_until: DateTime<Utc>,
     active_until: DateTime<Utc>,
 ) -> Duration {
-    let remaining = until(drain.now(), locked_until);
+    let remaining = until(now, locked_until);
     if remaining >= drain.heartbeat || active_until <= locked_until {
         drain.heartbeat
     } else {

@@ -20,7 +20,7 @@ use crate::context::{DrainContext, until};
 use crate::error::Error;
 use crate::events;
 use crate::messages::GiveBack;
-use crate::metrics;
+use crate::metrics::{self, NameMetrics};
 use crate::notices::{CancelledMessage, DeadLetter, LeaseLost, LeaseState, SettlementFailed};
 use crate::report::{DrainReport, Outcome};
 
@@ -61,39 +61,40 @@ pub(crate) fn delivery_trace(message: &ClaimedMessage, span: &Span) -> Option<Tr
 }
 
 /// A delivery's handler starts now. Call inside its span.
-pub(crate) fn delivery_started(message: &ClaimedMessage) -> Instant {
+pub(crate) fn delivery_started(message: &ClaimedMessage) {
     tracing::trace!(target: "outbox", event = events::DELIVERY_STARTED, id = %message.id,
         kind = message.kind.as_str(), name = %message.name, attempt = message.attempts,
         payload = message.payload.as_str(), "outbox delivery started");
-    Instant::now()
 }
 
 /// A claimed message got its delivery (and its slot).
-pub(crate) fn delivery_claimed(message: &ClaimedMessage) {
-    metrics::claimed(message);
+pub(crate) fn delivery_claimed(metrics: &NameMetrics) {
+    metrics::claimed(metrics);
 }
 
 /// A delivery reported its one outcome and freed its slot.
-pub(crate) fn delivery_reported() {
-    metrics::reported();
+pub(crate) fn delivery_reported(metrics: &NameMetrics) {
+    metrics::reported(metrics);
 }
 
-/// A delivery's outcome is final; `started` is when its handler started.
+/// A delivery's outcome is final; `started` is when the delivery started.
 pub(crate) fn settled(
     message: &ClaimedMessage,
+    metrics: &NameMetrics,
     outcome: Outcome,
     started: Instant,
     now: DateTime<Utc>,
 ) {
     metrics::settled(
-        message.kind,
-        &message.name,
+        metrics,
         outcome,
         started.elapsed(),
         until(message.created_at, now),
     );
 }
 
+/// A message was delivered and its delivery settled; its counter is
+/// recorded with the outcome, by [`settled`].
 pub(crate) fn delivered(message: &ClaimedMessage) {
     tracing::info!(target: "outbox", event = events::DELIVERED, id = %message.id,
         kind = message.kind.as_str(), name = %message.name, attempt = message.attempts,
@@ -102,7 +103,6 @@ pub(crate) fn delivered(message: &ClaimedMessage) {
         tracing::info!(target: "outbox", event = events::JOB_COMPLETED, id = %message.id,
             job = %message.name, attempt = message.attempts, "job completed");
     }
-    metrics::delivered(message);
 }
 
 pub(crate) fn retry_scheduled(
