@@ -298,12 +298,16 @@ impl RedisTransport {
         let settings = AsyncConnectionConfig::new()
             .set_connection_timeout(timeout)
             .set_response_timeout(timeout);
-        let connection = self
-            .inner
-            .client
-            .get_multiplexed_async_connection_with_config(&settings)
-            .await
-            .map_err(|e| classify("connect", e))?;
+        // Boxed, as connecting is rare: inline, its future made every
+        // publish's over two kilobytes, an allocation glibc serves slowly
+        // (it consolidates its free lists for every one that large).
+        let connection = Box::pin(
+            self.inner
+                .client
+                .get_multiplexed_async_connection_with_config(&settings),
+        )
+        .await
+        .map_err(|e| classify("connect", e))?;
         let generation = guard.1 + 1;
         *guard = (Some(connection.clone()), generation);
         Ok((connection, generation))
