@@ -5,9 +5,8 @@
 //! call is a no-op. Install it before the runtime starts: a drain pass
 //! takes the handles of what every delivery records from the recorder
 //! installed when it does, once per message name. Names follow Prometheus
-//! conventions: counters end in
-//! `_total`, durations are histograms in seconds. The constants below are
-//! the names, for dashboards and tests.
+//! conventions: counters end in `_total`, durations are histograms in
+//! seconds. The constants below are the names, for dashboards and tests.
 //!
 //! Labels: `kind` is `event` or `job`, `name` the registered message name
 //! (so cardinality is the number of registered types).
