@@ -92,6 +92,38 @@ pub(crate) async fn claim_cap_applies_to_messages_without_their_own<
     assert_eq!(stored.attempts, 3);
 }
 
+/// A pending message whose attempts already reach the claim's cap (it was
+/// retried under a higher one) is dead-lettered by the claim that finds
+/// it, beside the messages it claims, in whichever form the store's claim
+/// takes for one queue of one priority.
+pub(crate) async fn pending_message_out_of_attempts_is_dead_lettered_by_the_claim<
+    S: OutboxStore + OutboxAdmin + Clone,
+>(
+    store: S,
+) {
+    put(&store, message("spent", "conformance.event", 0)).await;
+    let first = claim_capped(&store, 0, 3).await;
+    assert_eq!(ids(&first), (sorted(&["spent"]), sorted(&[])));
+    let token = first.claimed[0].claim_token.clone();
+    store
+        .mark_failed(failed("spent", &token, SECOND / 2, false, None))
+        .await
+        .expect("a retry");
+    put(&store, message("fresh", "conformance.event", 2 * SECOND)).await;
+
+    let second = claim_capped(&store, 3 * SECOND, 1).await;
+    assert_eq!(ids(&second), (sorted(&["fresh"]), sorted(&["spent"])));
+    let error = second.dead_lettered[0].last_error.as_ref().expect("why");
+    assert!(error.message.contains("1 of 1"), "{error:?}");
+    let stored = get(&store, "spent").await;
+    assert_eq!(
+        stored.status,
+        outbox::MessageStatus::DeadLettered,
+        "{stored:?}"
+    );
+    assert_eq!(stored.attempts, 1);
+}
+
 pub(crate) async fn zero_claim_cap_is_refused<S: OutboxStore + OutboxAdmin + Clone>(store: S) {
     put(&store, message("m", "conformance.event", 0)).await;
     let zero = ClaimBatch {

@@ -189,6 +189,8 @@ macro_rules! conformance_suite {
                 => ordering::invalid_enqueue_options_change_nothing,
             conformance_claim_cap_applies_to_messages_without_their_own
                 => budget::claim_cap_applies_to_messages_without_their_own,
+            conformance_pending_message_out_of_attempts_is_dead_lettered_by_the_claim
+                => budget::pending_message_out_of_attempts_is_dead_lettered_by_the_claim,
             conformance_zero_claim_cap_is_refused => budget::zero_claim_cap_is_refused,
             conformance_purge_batch_deletes_oldest_settled_first_and_is_bounded
                 => retention::purge_batch_deletes_oldest_settled_first_and_is_bounded,
