@@ -3,15 +3,19 @@
 
 mod harness;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use harness::{
     coordinator, count, counting, ctl, enqueue, serial, service_url, settled, shutdown, unique,
     wait_for,
 };
-use outbox::{MemoryOutbox, MessageStatus, OutboxAdmin};
-use outbox_brokers::redis::{RedisConfig, RedisTransport};
+use outbox::{
+    ClaimedMessage, Delivery, DeliveryContext, MemoryOutbox, MessageKind, MessageStatus,
+    OutboxAdmin, Payload,
+};
+use outbox_brokers::redis::{Appended, RedisConfig, RedisTransport};
 use outbox_brokers::{FailureClass, NameMap};
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
@@ -287,5 +291,153 @@ fn oom_is_transient_back_pressure_and_the_message_goes_out_once_memory_frees() {
         shutdown(coordinator).await;
         assert_eq!(message.status, MessageStatus::Delivered);
         assert_eq!(entries(&format!("{prefix}orders.placed")).await.len(), 1);
+    });
+}
+
+/// A claimed message of `name` with `id`, as the runtime hands it over.
+fn delivery(id: &str, name: &str) -> Delivery {
+    let now = chrono::Utc::now();
+    let message = ClaimedMessage {
+        id: id.to_owned(),
+        kind: MessageKind::Event,
+        name: name.to_owned(),
+        payload: Payload::from_json(format!(r#"{{"id":"{id}"}}"#)).expect("JSON"),
+        trace: None,
+        attempts: 1,
+        max_attempts: 5,
+        max_attempts_set: false,
+        available_at: now,
+        created_at: now,
+        ordering_key: None,
+        claim_token: "token".to_owned(),
+        claimed_at: now,
+        locked_until: now + chrono::Duration::seconds(30),
+        queue: outbox::DEFAULT_QUEUE.to_owned(),
+        priority: 0,
+    };
+    Delivery {
+        payload: Box::new(()),
+        context: DeliveryContext::new(Arc::new(message), None),
+    }
+}
+
+/// How many script calls (`EVALSHA`) the server has answered so far.
+async fn script_calls(connection: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(connection)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().expect("a count"))
+}
+
+#[test]
+fn publishes_made_together_share_script_calls_and_each_gets_its_own_answer() {
+    let _serial = serial();
+    harness::run(|| async {
+        let prefix = format!("test:{}:", unique());
+        let mut connection = client().await;
+        // Appends to this stream key are refused: it holds a string.
+        let _: () = redis::cmd("SET")
+            .arg(format!("{prefix}broken"))
+            .arg("not a stream")
+            .query_async(&mut connection)
+            .await
+            .expect("SET");
+        let transport = transport(config(&prefix)).await;
+        // More than one call takes; every tenth to the broken stream; the
+        // last 50 repeat the first 50 ids (and their streams).
+        let deliveries: Vec<Delivery> = (0..300)
+            .map(|n| {
+                let name = if n % 10 == 9 {
+                    "broken"
+                } else {
+                    "orders.placed"
+                };
+                delivery(&format!("m-{}", n % 250), name)
+            })
+            .collect();
+        let calls_before = script_calls(&mut connection).await;
+        let answers =
+            futures_util::future::join_all(deliveries.iter().map(|d| transport.send(d))).await;
+        let calls = script_calls(&mut connection).await - calls_before;
+
+        for (n, answer) in answers.iter().enumerate() {
+            match answer {
+                // A refused append removes its dedup key, so the repeat is
+                // tried and refused again.
+                Err(error) if n % 10 == 9 => {
+                    assert_eq!(error.class, FailureClass::Permanent, "{error}");
+                    assert!(error.reason.starts_with("WRONGTYPE"), "{error}");
+                }
+                Ok(Appended::Duplicate) if n >= 250 => {}
+                Ok(Appended::Entry(entry)) if n < 250 => assert!(!entry.is_empty()),
+                other => panic!("publish {n}: {other:?}"),
+            }
+        }
+        assert!(
+            (5..=20).contains(&calls),
+            "300 publishes made at once took {calls} script calls"
+        );
+        let stored = entries(&format!("{prefix}orders.placed")).await;
+        assert_eq!(
+            stored.len(),
+            225,
+            "each id once, the refused ones not at all"
+        );
+        let ids: HashSet<&str> = stored
+            .iter()
+            .map(|entry| entry["Outbox-Message-Id"].as_str())
+            .collect();
+        assert_eq!(ids.len(), 225);
+    });
+}
+
+#[test]
+fn a_transport_outlives_the_runtime_its_calls_ran_on() {
+    let _serial = serial();
+    let prefix = format!("test:{}:", unique());
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    let first = runtime();
+    let transport = first.block_on(async {
+        let transport = transport(config(&prefix)).await;
+        let appended = transport
+            .send(&delivery("m-1", "orders.placed"))
+            .await
+            .expect("published");
+        assert!(matches!(appended, Appended::Entry(_)), "{appended:?}");
+        transport
+    });
+    // Its calls ran on this runtime, and so did its connection.
+    drop(first);
+    runtime().block_on(async {
+        // The connection went with the runtime: the first call may fail as
+        // transient, and the next one connects again.
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            let answer = transport.send(&delivery("m-2", "orders.placed")).await;
+            let done = answer.is_ok();
+            answers.push(answer);
+            if done {
+                break;
+            }
+        }
+        match answers.as_slice() {
+            [.., Ok(Appended::Entry(_))] => {}
+            other => panic!("not published again: {other:?}"),
+        }
+        for answer in &answers[..answers.len() - 1] {
+            let error = answer.as_ref().expect_err("only the last one succeeded");
+            assert_eq!(error.class, FailureClass::Transient, "{error}");
+        }
+        assert_eq!(entries(&format!("{prefix}orders.placed")).await.len(), 2);
     });
 }
