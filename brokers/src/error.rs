@@ -80,6 +80,7 @@ impl BrokerError {
 /// with no `//` after the scheme (`nats:user:pass@host`) or no scheme at
 /// all (`user:pass@host`), and quote a URL they cannot parse: whatever
 /// follows the scheme (or the user name) up to the last `@` is hidden.
+#[cfg(any(feature = "nats", feature = "amqp"))]
 pub(crate) fn redact(url: &str) -> String {
     let Some(at) = url.rfind('@') else {
         return url.to_owned();
