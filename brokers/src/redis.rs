@@ -235,8 +235,10 @@ impl RedisConfig {
         self
     }
 
-    /// How long connecting, and each publish, may take before it fails as
-    /// transient. Keep it well under the claim lease.
+    /// How long connecting, and each script call (the publishes of one
+    /// batch), may take before it fails as transient; a publish that waited
+    /// for a free call waits that long again at most. Keep it well under
+    /// the claim lease.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -262,7 +264,8 @@ struct Shared {
 struct Inner {
     shared: Arc<Shared>,
     /// Where publishes wait for the batch task: `None` before the first
-    /// publish. The task ends once every clone of the transport is gone
+    /// publish. Unbounded, as the publishes waiting are never more than the
+    /// deliveries in flight, each waiting for its answer. The task ends once every clone of the transport is gone
     /// (this sender with them), or with the runtime it was started on; the
     /// next publish then starts another.
     waiting: std::sync::Mutex<Option<mpsc::UnboundedSender<Waiting>>>,
