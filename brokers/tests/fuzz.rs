@@ -11,13 +11,12 @@
 
 #[path = "../../tests/fuzzing/mod.rs"]
 mod fuzzing;
+mod harness;
 
 use std::fmt::Debug;
-use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
-use outbox::{ClaimedMessage, Delivery, DeliveryContext, MessageKind, Payload, TraceCarrier};
+use outbox::{ClaimedMessage, Delivery, MessageKind, Payload, TraceCarrier};
 use outbox_brokers::{
     AmqpConfig, AmqpTransport, BrokerError, NameMap, NatsConfig, NatsTransport, RedisConfig,
     RedisTransport,
@@ -26,6 +25,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 use fuzzing::{ensure, fuzz};
+use harness::{claimed, delivery_of};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -93,40 +93,23 @@ fn message() -> impl Strategy<Value = Generated> {
 
 impl Generated {
     fn claimed(&self) -> ClaimedMessage {
-        let now = Utc::now();
-        ClaimedMessage {
-            id: self.id.clone(),
-            kind: self.kind,
-            name: self.name.clone(),
-            payload: Payload::from_json(self.payload.clone()).expect("JSON"),
-            trace: self
-                .trace
+        claimed(
+            &self.id,
+            self.kind,
+            &self.name,
+            Payload::from_json(self.payload.clone()).expect("JSON"),
+            self.trace
                 .clone()
                 .map(|(traceparent, tracestate)| TraceCarrier {
                     traceparent,
                     tracestate,
                 }),
-            attempts: self.attempts,
-            max_attempts: u32::MAX,
-            max_attempts_set: false,
-            available_at: now,
-            created_at: now,
-            ordering_key: None,
-            claim_token: "token".to_owned(),
-            claimed_at: now,
-            locked_until: now + chrono::Duration::seconds(30),
-            queue: outbox::DEFAULT_QUEUE.to_owned(),
-            priority: 0,
-        }
+            self.attempts,
+        )
     }
 
     fn delivery(&self) -> Delivery {
-        let message = Arc::new(self.claimed());
-        let trace = message.trace.clone();
-        Delivery {
-            payload: Box::new(()),
-            context: DeliveryContext::new(message, trace),
-        }
+        delivery_of(self.claimed())
     }
 }
 

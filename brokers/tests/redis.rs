@@ -4,17 +4,13 @@
 mod harness;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use harness::{
-    coordinator, count, counting, ctl, enqueue, serial, service_url, settled, shutdown, unique,
-    wait_for,
+    claimed, coordinator, count, counting, ctl, delivery_of, enqueue, serial, service_url, settled,
+    shutdown, unique, wait_for,
 };
-use outbox::{
-    ClaimedMessage, Delivery, DeliveryContext, MemoryOutbox, MessageKind, MessageStatus,
-    OutboxAdmin, Payload,
-};
+use outbox::{Delivery, MemoryOutbox, MessageKind, MessageStatus, OutboxAdmin, Payload};
 use outbox_brokers::redis::{Appended, RedisConfig, RedisTransport};
 use outbox_brokers::{FailureClass, NameMap};
 use redis::aio::MultiplexedConnection;
@@ -296,29 +292,8 @@ fn oom_is_transient_back_pressure_and_the_message_goes_out_once_memory_frees() {
 
 /// A claimed message of `name` with `id`, as the runtime hands it over.
 fn delivery(id: &str, name: &str) -> Delivery {
-    let now = chrono::Utc::now();
-    let message = ClaimedMessage {
-        id: id.to_owned(),
-        kind: MessageKind::Event,
-        name: name.to_owned(),
-        payload: Payload::from_json(format!(r#"{{"id":"{id}"}}"#)).expect("JSON"),
-        trace: None,
-        attempts: 1,
-        max_attempts: 5,
-        max_attempts_set: false,
-        available_at: now,
-        created_at: now,
-        ordering_key: None,
-        claim_token: "token".to_owned(),
-        claimed_at: now,
-        locked_until: now + chrono::Duration::seconds(30),
-        queue: outbox::DEFAULT_QUEUE.to_owned(),
-        priority: 0,
-    };
-    Delivery {
-        payload: Box::new(()),
-        context: DeliveryContext::new(Arc::new(message), None),
-    }
+    let payload = Payload::from_json(format!(r#"{{"id":"{id}"}}"#)).expect("JSON");
+    delivery_of(claimed(id, MessageKind::Event, name, payload, None, 1))
 }
 
 /// How many script calls (`EVALSHA`) the server has answered so far.

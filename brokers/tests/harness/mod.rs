@@ -13,9 +13,9 @@ use actix::Addr;
 use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
 use outbox::{
-    Delivery, DeliveryError, DeliveryResult, DrainConfig, EventBus, MemoryOutbox, MessageKind,
-    MessageStatus, NewMessage, OutboxAdmin, OutboxMessage, OutboxStore, Payload, Registry,
-    RetryPolicy, TraceCarrier,
+    ClaimedMessage, Delivery, DeliveryContext, DeliveryError, DeliveryResult, DrainConfig,
+    EventBus, MemoryOutbox, MessageKind, MessageStatus, NewMessage, OutboxAdmin, OutboxMessage,
+    OutboxStore, Payload, Registry, RetryPolicy, TraceCarrier,
 };
 use outbox_actors::{DrainCoordinator, Shutdown};
 
@@ -72,6 +72,46 @@ where
             "gave up after {limit:?} waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A message as a claim hands it to a transport: claimed now, leased for
+/// 30 s, in the default queue, with no attempt cap of its own.
+pub fn claimed(
+    id: &str,
+    kind: MessageKind,
+    name: &str,
+    payload: Payload,
+    trace: Option<TraceCarrier>,
+    attempts: u32,
+) -> ClaimedMessage {
+    let now = chrono::Utc::now();
+    ClaimedMessage {
+        id: id.to_owned(),
+        kind,
+        name: name.to_owned(),
+        payload,
+        trace,
+        attempts,
+        max_attempts: u32::MAX,
+        max_attempts_set: false,
+        available_at: now,
+        created_at: now,
+        ordering_key: None,
+        claim_token: "token".to_owned(),
+        claimed_at: now,
+        locked_until: now + chrono::Duration::seconds(30),
+        queue: outbox::DEFAULT_QUEUE.to_owned(),
+        priority: 0,
+    }
+}
+
+/// The delivery of `message`, its trace carrier with it.
+pub fn delivery_of(message: ClaimedMessage) -> Delivery {
+    let trace = message.trace.clone();
+    Delivery {
+        payload: Box::new(()),
+        context: DeliveryContext::new(Arc::new(message), trace),
     }
 }
 
