@@ -32,7 +32,7 @@ use outbox::{
     OutboxAdmin, OutboxStore, Payload, Registry, RetryPolicy,
 };
 use outbox_actors::{DrainCoordinator, Shutdown};
-use outbox_brokers::{NameMap, NatsConfig, NatsTransport};
+use outbox_brokers::{FailureClass, NameMap, NatsConfig, NatsTransport};
 
 const MESSAGES: usize = 20_000;
 /// Kill the node once this many publishes were acknowledged.
@@ -219,13 +219,29 @@ async fn a_node_lost_mid_relay_loses_nothing_and_stores_each_message_once() {
     .await;
 
     // The relay's client knows every node, from the comma-separated list,
-    // and reconnects to a live one on its own.
-    let transport = NatsTransport::connect(
-        &urls.join(","),
-        NatsConfig::new(&stream, NameMap::new(&prefix)).ack_timeout(ACK_TIMEOUT),
-    )
-    .await
-    .expect("the stream is there for the relay");
+    // and reconnects to a live one on its own. Its check of the stream is
+    // a JetStream request, which a cluster still settling after the
+    // stream's creation may leave unanswered: that is a transient error,
+    // and the relay's caller connects again, as here.
+    let connecting = Instant::now();
+    let transport = loop {
+        let connected = NatsTransport::connect(
+            &urls.join(","),
+            NatsConfig::new(&stream, NameMap::new(&prefix)).ack_timeout(ACK_TIMEOUT),
+        )
+        .await;
+        match connected {
+            Ok(transport) => break transport,
+            Err(error) => {
+                assert_eq!(error.class, FailureClass::Transient, "{error}");
+                assert!(
+                    connecting.elapsed() < Duration::from_secs(30),
+                    "the relay did not find the stream within 30 s: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
     // The harshest node to lose: the stream's leader and the relay's own
     // server at once. Ask the leader to step down until the two coincide.
     let victim = transport.client().server_info().server_name.clone();
