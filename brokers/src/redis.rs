@@ -353,11 +353,14 @@ impl RedisTransport {
     /// dedup window. It goes out in the next script call, with the other
     /// publishes waiting then.
     pub async fn send(&self, delivery: &Delivery) -> Result<Appended, BrokerError> {
+        self.append(delivery.context.clone()).await
+    }
+
+    /// [`RedisTransport::send`] of a delivery the caller gives up, so the
+    /// relay's path moves its context into the batch instead of copying it.
+    async fn append(&self, context: DeliveryContext) -> Result<Appended, BrokerError> {
         let (answer, answered) = oneshot::channel();
-        self.submit(Waiting {
-            context: delivery.context.clone(),
-            answer,
-        });
+        self.submit(Waiting { context, answer });
         answered.await.unwrap_or_else(|_| {
             // The batch task's runtime shut down with this publish in it.
             Err(BrokerError::new(
@@ -615,7 +618,7 @@ impl EventBus for RedisTransport {
         let transport = self.clone();
         async move {
             transport
-                .send(&delivery)
+                .append(delivery.context)
                 .await
                 .map(drop)
                 .map_err(BrokerError::into_delivery_error)
