@@ -56,7 +56,8 @@ pub(crate) async fn drain(store: &AnyOutbox, args: DrainArgs) -> Result<(), Fail
         every: None,
         doing: "draining",
     };
-    run_passes(store, &args.run, settings, bus, jobs).await
+    let stop = pin!(stop_signal()?);
+    run_passes(store, &args.run, settings, stop, bus, jobs).await
 }
 
 /// What a command runs with when its flags leave a setting out.
@@ -71,12 +72,13 @@ pub(crate) struct Defaults {
 }
 
 /// Run passes over the store with `bus` and `jobs` as `args` says: one
-/// (`--once`) or every interval until Ctrl-C or SIGTERM, reporting each pass
-/// and the totals at the end.
+/// (`--once`) or every interval until `stop` (Ctrl-C or SIGTERM, see
+/// [`stop_signal`]), reporting each pass and the totals at the end.
 pub(crate) async fn run_passes(
     store: &AnyOutbox,
     args: &RunArgs,
     defaults: Defaults,
+    stop: Pin<&mut impl Future<Output = ()>>,
     bus: impl EventBus,
     jobs: impl JobDispatcher,
 ) -> Result<(), Failure> {
@@ -93,7 +95,6 @@ pub(crate) async fn run_passes(
     // processes are any use.
     let wakeups = every.and_then(|_| store.cross_process_wakeups());
     let coordinator = start(store, config, bus, jobs)?;
-    let stop = pin!(stop_signal()?);
     match every {
         None => once(&coordinator, stop, args.grace).await,
         Some(every) => {
@@ -484,10 +485,11 @@ async fn woken(wakeups: &mut Option<Wakeups>) {
     std::future::pending().await
 }
 
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM. The handlers are installed here,
-/// before any pass starts, so a signal never kills the process mid-delivery.
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM. The handlers are installed when
+/// this is called, before any pass starts, so a signal never kills the
+/// process mid-delivery.
 #[cfg(unix)]
-fn stop_signal() -> Result<impl Future<Output = ()>, Failure> {
+pub(crate) fn stop_signal() -> Result<impl Future<Output = ()>, Failure> {
     use tokio::signal::unix::{SignalKind, signal};
     let install = |kind| {
         signal(kind)
@@ -505,7 +507,7 @@ fn stop_signal() -> Result<impl Future<Output = ()>, Failure> {
 
 /// Resolves on Ctrl-C.
 #[cfg(not(unix))]
-fn stop_signal() -> Result<impl Future<Output = ()>, Failure> {
+pub(crate) fn stop_signal() -> Result<impl Future<Output = ()>, Failure> {
     Ok(async {
         let _ = tokio::signal::ctrl_c().await;
     })

@@ -349,3 +349,153 @@ async fn relay_to_kafka_produces_each_message_once() {
     .unwrap();
     assert_eq!(records, 50);
 }
+
+/// A loopback port nothing listens on (a moment ago).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `redis-server` of one test's own, stopped when dropped.
+struct OwnRedis(std::process::Child);
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The stderr lines of a running command, as they come.
+fn lines_of(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Every line up to and including the first that contains `wanted`.
+fn until_line(lines: &std::sync::mpsc::Receiver<String>, wanted: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        match lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => {
+                let found = line.contains(wanted);
+                seen.push(line);
+                if found {
+                    return seen;
+                }
+            }
+            Err(error) => panic!("no line with {wanted:?} ({error}); seen: {seen:#?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn relay_waits_for_a_broker_that_is_not_up_yet() {
+    let f = Fixture::new(40).await;
+    let port = free_port();
+    let to = format!("redis://127.0.0.1:{port}");
+    let relay = |extra: &[&str]| {
+        let mut command = outbox_command();
+        command.args([
+            "--database",
+            &f.url,
+            "relay",
+            "--to",
+            &to,
+            "--subject-prefix",
+            &f.prefix,
+        ]);
+        command.args(extra);
+        command
+    };
+
+    // `--once` gives up at the first failure, for its caller to run it again.
+    let output = relay(&["--once"]).output().unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is the broker running"), "{stderr}");
+    assert!(!stderr.contains("trying again"), "{stderr}");
+
+    // Stopped while it waits: nothing was claimed, and that is no failure.
+    let mut child = relay(&[]).stderr(Stdio::piped()).spawn().unwrap();
+    let lines = lines_of(child.stderr.take().unwrap());
+    until_line(&lines, "trying again in 1s");
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -TERM");
+    assert!(child.wait().unwrap().success());
+    let rest: Vec<String> = lines.iter().collect();
+    assert!(
+        rest.iter().any(|line| line.contains("nothing was claimed")),
+        "{rest:#?}"
+    );
+
+    // Left running, it relays once the broker comes up.
+    let mut child = relay(&["--every", "200ms"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(child.stderr.take().unwrap());
+    let waited = until_line(&lines, "trying again in 2s");
+    assert!(
+        waited[0].contains("redis connect failed (Transient)"),
+        "{waited:#?}"
+    );
+    let dir = f.dir.join("redis");
+    std::fs::create_dir_all(&dir).unwrap();
+    let _redis = OwnRedis(
+        Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    until_line(&lines, "relaying to Redis Streams from");
+    let client = redis::Client::open(to.as_str()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{}orders.placed", f.prefix);
+    let start = Instant::now();
+    loop {
+        let entries: u64 = redis::cmd("XLEN")
+            .arg(&stream)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        if entries == 40 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{entries} of 40 relayed within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -TERM");
+    assert!(child.wait().unwrap().success());
+    let rest: Vec<String> = lines.iter().collect();
+    assert!(
+        rest.iter().any(|line| line.contains("delivered 40")),
+        "{rest:#?}"
+    );
+}
