@@ -277,3 +277,120 @@ async fn wakeups_listen_reconnect_and_stop_with_the_last_receiver() {
     let mut again = outbox.wakeups().unwrap();
     assert!(tokio::time::timeout(bound, again.changed()).await.unwrap());
 }
+
+/// Messages whose ids the store generates, without idempotency keys, are
+/// inserted without a conflict clause (nothing stored can hold what they
+/// take); they are stored, answered and wake a drain exactly as the others,
+/// alone or in a batch, in the caller's transaction or not, and with
+/// notifications off.
+#[tokio::test]
+async fn generated_ids_are_stored_and_wake_as_given_ones_do() {
+    let pool = pool().await;
+    let outbox = store(&pool, &unique("fresh_wake"), SettlementMode::default()).await;
+    let mut listener = PgListener::connect(&database_url()).await.unwrap();
+    listener.listen(outbox.channel()).await.unwrap();
+    let wakeups = outbox.wakeups().unwrap();
+    let arm = wakeups.arm().unwrap();
+    let heard = async |listener: &mut PgListener| {
+        sqlx::query("SELECT pg_notify($1, 'marker')")
+            .bind(outbox.channel())
+            .execute(&pool)
+            .await
+            .unwrap();
+        let mut heard = Vec::new();
+        loop {
+            let payload = listener.recv().await.unwrap().payload().to_owned();
+            if payload == "marker" {
+                return heard;
+            }
+            heard.push(payload);
+        }
+    };
+    let fresh = |n: u64| {
+        outbox::NewMessage::new(
+            outbox::MessageKind::Event,
+            "test.event",
+            outbox::Payload::from(serde_json::json!({ "n": n })),
+        )
+        .at(t0())
+    };
+    let inserted = |answers: &[outbox::Enqueued]| -> Vec<String> {
+        answers
+            .iter()
+            .map(|answer| match answer {
+                outbox::Enqueued::Inserted(id) => id.clone(),
+                other => panic!("not inserted: {other:?}"),
+            })
+            .collect()
+    };
+
+    // Nobody armed: stored, and silence.
+    let first = outbox.enqueue(fresh(0)).await.unwrap();
+    assert!(first.is_inserted());
+    assert!(heard(&mut listener).await.is_empty());
+
+    // Armed: one wake-up for the first, none for the next.
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    outbox.enqueue(fresh(1)).await.unwrap();
+    outbox.enqueue(fresh(2)).await.unwrap();
+    assert_eq!(heard(&mut listener).await, [""]);
+
+    // In the caller's transaction: no arming while it is open, the
+    // transaction still usable after, one wake-up at commit.
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    let mut tx = pool.begin().await.unwrap();
+    let one = outbox.enqueue_in(&mut tx, fresh(3)).await.unwrap();
+    let batch: Vec<_> = (4..54).map(fresh).collect();
+    let answers = outbox.enqueue_batch_in(&mut tx, batch).await.unwrap();
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::EnqueueInFlight);
+    let still_usable: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(still_usable, 1);
+    tx.commit().await.unwrap();
+    assert_eq!(heard(&mut listener).await, [""]);
+    let mut ids = inserted(&answers);
+    ids.push(inserted(&[one])[0].clone());
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 51, "every id its own");
+
+    // A rolled-back one stores nothing and leaves the drain armed.
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue_batch_in(&mut tx, (54..60).map(fresh).collect())
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(heard(&mut listener).await.is_empty());
+    outbox.enqueue(fresh(60)).await.unwrap();
+    assert_eq!(heard(&mut listener).await, [""]);
+    assert_eq!(outbox.stats(t0()).await.unwrap().pending, 55);
+
+    // With notifications off, the same statements without the wake-up.
+    let quiet = PostgresOutbox::builder(pool.clone())
+        .table(&unique("fresh_quiet"))
+        .unwrap()
+        .caller_clock(true)
+        .notify(false)
+        .build();
+    quiet.setup().await.unwrap();
+    assert!(quiet.enqueue(fresh(0)).await.unwrap().is_inserted());
+    let answers = quiet
+        .enqueue_batch((1..11).map(fresh).collect())
+        .await
+        .unwrap();
+    assert_eq!(inserted(&answers).len(), 10);
+    let mut tx = pool.begin().await.unwrap();
+    assert!(
+        quiet
+            .enqueue_in(&mut tx, fresh(11))
+            .await
+            .unwrap()
+            .is_inserted()
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(quiet.stats(t0()).await.unwrap().pending, 12);
+}

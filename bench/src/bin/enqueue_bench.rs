@@ -23,7 +23,9 @@
 //! with `enqueue_in`; one does the same with an event that carries an
 //! ordering key (one of 997 customers, so most keys already have messages
 //! waiting, as an application's entities do); the other inserts two
-//! business rows. Each is timed from `begin` to the end of its commit. On PostgreSQL the store notifies
+//! business rows. The events carry no id: the store generates it, as for
+//! an application that does not name its messages. Each is timed from
+//! `begin` to the end of its commit. On PostgreSQL the store notifies
 //! on insert (the default), as an application whose drains wait for
 //! wake-ups runs it; no drain listens, so no `NOTIFY` is sent, but each
 //! enqueue still reads the drains' flag.
@@ -106,6 +108,9 @@ fn parse_args(mut flags: Flags) -> Result<Args, String> {
 }
 
 /// The event every row carries: a small order, as an application's would.
+/// Without an id, the store generates one as it does for an application
+/// that does not name its messages (the batches name theirs, so the raw
+/// table gets the same rows).
 fn message(n: usize) -> NewMessage {
     let payload = Payload::from_json(format!(
         r#"{{"order_id":{n},"customer":"customer-{}","total_cents":{}}}"#,
@@ -114,7 +119,6 @@ fn message(n: usize) -> NewMessage {
     ))
     .expect("valid JSON");
     NewMessage::new(MessageKind::Event, "order.placed", payload)
-        .with_id(outbox::kit::new_message_id())
 }
 
 /// What each store runs, timed by the caller.
@@ -162,8 +166,11 @@ async fn run(label: &str, subject: &impl Subject, args: &Args) {
             break;
         }
         let rows: Vec<NewMessage> = (n..args.messages.min(n + args.batch))
-            .map(message)
-            .map(|m| m.at(Utc::now()))
+            .map(|n| {
+                message(n)
+                    .with_id(outbox::kit::new_message_id())
+                    .at(Utc::now())
+            })
             .collect();
         n += rows.len();
         // Each side goes first every other batch.

@@ -103,10 +103,16 @@ impl Inserts for Core {
         &self,
         conn: &mut PgConnection,
         messages: &[&NewMessage],
+        fresh: bool,
     ) -> Result<HashSet<String>> {
         if let [message] = messages {
             let row = InsertRow::of(message, self.server_clock);
-            let mut query = sqlx::query(AssertSqlSafe(self.sql.insert_one.clone()))
+            let statement = if fresh {
+                &self.sql.insert_one_fresh
+            } else {
+                &self.sql.insert_one
+            };
+            let mut query = sqlx::query(AssertSqlSafe(statement.clone()))
                 .bind(row.id)
                 .bind(row.kind)
                 .bind(row.name)
@@ -123,6 +129,11 @@ impl Inserts for Core {
                 .bind(row.priority);
             if self.notify {
                 query = query.bind(self.channel.as_str());
+            }
+            if fresh {
+                // Inserted, or failed: it returns no row to tell which.
+                query.execute(conn).await.map_err(enqueue_error)?;
+                return Ok(HashSet::from([row.id.to_owned()]));
             }
             let stored = query.fetch_optional(conn).await.map_err(enqueue_error)?;
             return Ok(stored.map(|_| row.id.to_owned()).into_iter().collect());
@@ -159,7 +170,12 @@ impl Inserts for Core {
             queues.push(row.queue);
             priorities.push(row.priority);
         }
-        let mut query = sqlx::query(AssertSqlSafe(self.sql.insert.clone()))
+        let statement = if fresh {
+            &self.sql.insert_fresh
+        } else {
+            &self.sql.insert
+        };
+        let mut query = sqlx::query(AssertSqlSafe(statement.clone()))
             .bind(ids)
             .bind(kinds)
             .bind(names)

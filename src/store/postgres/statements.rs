@@ -71,6 +71,16 @@ pub(super) struct Statements {
     /// [`InsertRow`](crate::store::sql::InsertRow), in its order: `$1` ids
     /// ... `$14` the priorities; `$15` the channel.
     pub(super) insert: Arc<str>,
+    /// [`insert_one`](Self::insert_one) for a row that can take nothing
+    /// already taken (see [`Inserts::insert_rows`]): no `ON CONFLICT`, whose
+    /// check of each unique index ahead of the insert is a share of a
+    /// one-row transaction's cost; it always inserts or fails.
+    ///
+    /// [`Inserts::insert_rows`]: crate::store::sql::Inserts::insert_rows
+    pub(super) insert_one_fresh: Arc<str>,
+    /// [`insert`](Self::insert) for rows that can take nothing already
+    /// taken, as [`insert_one_fresh`](Self::insert_one_fresh).
+    pub(super) insert_fresh: Arc<str>,
     /// The first pass of a claim: a call of the table's `claim` function
     /// (`migrations/postgres/0017_key_heads.sql`). Binds: `$1` the queues,
     /// `$2` their limits, `$3` their attempt caps, `$4` the limit, `$5` a
@@ -127,21 +137,22 @@ impl Statements {
         // same for any number of rows and prepared once. `ORDER BY n`: the
         // rows take their `seq` (evaluated after the sort) in the order
         // given, which is enqueue order for their ordering keys.
-        let insert = format!(
-            "INSERT INTO {t} ({INSERT_COLUMNS}) \
-             SELECT id, kind, name, payload::jsonb, trace, 'pending', 0, max_attempts, \
-               coalesce(available_at, statement_timestamp()), created_at, created_at, \
-               ordering_key, idempotency_key, idempotency_until, max_attempts_set, queue, \
-               priority \
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-               $6::int8[], $7::timestamptz[], $8::timestamptz[], $9::text[], $10::text[], \
-               $11::timestamptz[], $12::bool[], $13::text[], $14::int2[]) WITH ORDINALITY \
-               AS r(id, kind, name, payload, trace, max_attempts, available_at, created_at, \
-                 ordering_key, idempotency_key, idempotency_until, max_attempts_set, queue, \
-                 priority, n) \
-             ORDER BY n \
-             ON CONFLICT DO NOTHING RETURNING id"
-        );
+        let insert = |on_conflict: &str| {
+            format!(
+                "INSERT INTO {t} ({INSERT_COLUMNS}) \
+                 SELECT id, kind, name, payload::jsonb, trace, 'pending', 0, max_attempts, \
+                   coalesce(available_at, statement_timestamp()), created_at, created_at, \
+                   ordering_key, idempotency_key, idempotency_until, max_attempts_set, queue, \
+                   priority \
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                   $6::int8[], $7::timestamptz[], $8::timestamptz[], $9::text[], $10::text[], \
+                   $11::timestamptz[], $12::bool[], $13::text[], $14::int2[]) WITH ORDINALITY \
+                   AS r(id, kind, name, payload, trace, max_attempts, available_at, created_at, \
+                     ordering_key, idempotency_key, idempotency_until, max_attempts_set, queue, \
+                     priority, n) \
+                 ORDER BY n{on_conflict} RETURNING id"
+            )
+        };
         // The batch's keys' rows (see `migrations/postgres/0018_keys_pruned.sql`),
         // inserted by the batch's statement in one order for every batch,
         // sorted. At commit each keyed row's trigger inserts its key's row
@@ -165,28 +176,21 @@ impl Statements {
         // One row, its values bound as they are: in a transaction with one
         // enqueue, the batch's form (arrays, a sort) cost nearly as much
         // again as the insert itself.
-        let insert_one = format!(
-            "INSERT INTO {t} ({INSERT_COLUMNS}) \
-             VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, \
-               coalesce($7, statement_timestamp()), $8, $8, $9, $10, $11, $12, $13, $14) \
-             ON CONFLICT DO NOTHING RETURNING 1"
-        );
+        let insert_one = |on_conflict: &str| {
+            format!(
+                "INSERT INTO {t} ({INSERT_COLUMNS}) \
+                 VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 0, $6, \
+                   coalesce($7, statement_timestamp()), $8, $8, $9, $10, $11, $12, $13, $14)\
+                 {on_conflict}"
+            )
+        };
+        const SKIP_TAKEN: &str = " ON CONFLICT DO NOTHING";
         let wake = table.derived("wake", true);
         let drains = table.derived("drains", true);
-        let own = Statements {
-            // The wake-up in the inserting statement, so it costs no round
-            // trip: a NOTIFY (when a drain waits for one) is delivered at
-            // commit, never for a rollback. Either form returns a row only
-            // when it inserted.
-            insert_one: if notify {
-                format!("WITH inserted AS ({insert_one}) SELECT {wake}($15) FROM inserted")
-            } else {
-                insert_one
-            }
-            .into(),
-            // As `insert_one`, and once per statement however many rows it
-            // stored. The ids come back as one array, one row to transfer.
-            insert: if notify {
+        // As `insert_one`, and once per statement however many rows it
+        // stored. The ids come back as one array, one row to transfer.
+        let batch = |insert: &str| {
+            if notify {
                 format!(
                     "WITH {key_rows}, inserted AS ({insert}) \
                      SELECT ARRAY(SELECT id FROM inserted), \
@@ -198,7 +202,31 @@ impl Statements {
                      SELECT ARRAY(SELECT id FROM inserted)"
                 )
             }
+        };
+        let own = Statements {
+            // The wake-up in the inserting statement, so it costs no round
+            // trip: a NOTIFY (when a drain waits for one) is delivered at
+            // commit, never for a rollback. Either form returns a row only
+            // when it inserted.
+            insert_one: if notify {
+                format!(
+                    "WITH inserted AS ({} RETURNING 1) SELECT {wake}($15) FROM inserted",
+                    insert_one(SKIP_TAKEN)
+                )
+            } else {
+                format!("{} RETURNING 1", insert_one(SKIP_TAKEN))
+            }
             .into(),
+            // Inserted or failed: the wake-up needs no test of a row
+            // returned, and without one the statement returns nothing.
+            insert_one_fresh: if notify {
+                format!("WITH inserted AS ({}) SELECT {wake}($15)", insert_one(""))
+            } else {
+                insert_one("")
+            }
+            .into(),
+            insert: batch(&insert(SKIP_TAKEN)).into(),
+            insert_fresh: batch(&insert("")).into(),
             // One statement, so the advisory lock is held only while it
             // runs: taken without waiting (an enqueue in flight holds it
             // shared until its commit, and waiting would queue every later

@@ -6,7 +6,9 @@
 //!
 //! Every statement here is a plain insert, select or update that raises
 //! nothing on a taken id or key (`ON CONFLICT DO NOTHING`), so an enqueue in
-//! the caller's transaction never aborts it.
+//! the caller's transaction never aborts it. The one exception is an insert
+//! of generated ids without keys (see [`Inserts::insert_rows`]), which has
+//! nothing to conflict with.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -43,10 +45,18 @@ pub(crate) trait Inserts: Send + Sync {
     /// its id or key is taken; returns the ids it stored. Where the store
     /// wakes drains from the inserting statement (PostgreSQL), it does so
     /// once, and only if it stored a row.
+    ///
+    /// `fresh` says that no message can take what a stored one holds:
+    /// every id was generated for this enqueue and none carries an
+    /// idempotency key. The store may then insert without its conflict
+    /// handling; a generated id found taken, which no one should ever see,
+    /// is then an error rather than a message answered as already there
+    /// and never stored.
     fn insert_rows(
         &self,
         conn: &mut Self::Conn,
         messages: &[&NewMessage],
+        fresh: bool,
     ) -> impl Future<Output = Result<HashSet<String>>> + Send;
 
     /// The messages that hold `keys` (distinct), by key.
@@ -148,7 +158,14 @@ pub(crate) async fn enqueue_one<B: Inserts>(
     conn: &mut B::Conn,
     message: NewMessage,
 ) -> Result<Enqueued> {
-    insert_idempotent(core, conn, &with_id(message)).await
+    let fresh = is_fresh(&message);
+    insert_idempotent(core, conn, &with_id(message), fresh).await
+}
+
+/// `true` for a message that can take nothing a stored one holds: its id
+/// is still to be generated, and it has no idempotency key.
+fn is_fresh(message: &NewMessage) -> bool {
+    message.id.is_none() && message.idempotency.is_none()
 }
 
 /// Enqueue a validated batch on `conn`, answering each message as one
@@ -169,6 +186,7 @@ pub(crate) async fn enqueue_batch<B: Inserts>(
     conn: &mut B::Conn,
     messages: Vec<NewMessage>,
 ) -> Result<Vec<Enqueued>> {
+    let fresh: Vec<bool> = messages.iter().map(is_fresh).collect();
     let messages: Vec<NewMessage> = messages.into_iter().map(with_id).collect();
     let mut answers: Vec<Option<Enqueued>> = vec![None; messages.len()];
     // Each id seen, with whether a message of it without a key came first.
@@ -183,8 +201,8 @@ pub(crate) async fn enqueue_batch<B: Inserts>(
             continue;
         }
         if seen.is_some() || key.is_some_and(|key| keys.contains(key)) {
-            insert_run(core, conn, &messages, &mut run, &mut answers).await?;
-            answers[i] = Some(insert_idempotent(core, conn, message).await?);
+            insert_run(core, conn, &messages, &fresh, &mut run, &mut answers).await?;
+            answers[i] = Some(insert_idempotent(core, conn, message, false).await?);
         } else {
             run.push(i);
         }
@@ -193,7 +211,7 @@ pub(crate) async fn enqueue_batch<B: Inserts>(
             keys.insert(key);
         }
     }
-    insert_run(core, conn, &messages, &mut run, &mut answers).await?;
+    insert_run(core, conn, &messages, &fresh, &mut run, &mut answers).await?;
     Ok(answers
         .into_iter()
         .map(|answer| answer.expect("every message of the batch is answered"))
@@ -212,6 +230,7 @@ async fn insert_run<B: Inserts>(
     core: &B,
     conn: &mut B::Conn,
     messages: &[NewMessage],
+    fresh: &[bool],
     run: &mut Vec<usize>,
     answers: &mut [Option<Enqueued>],
 ) -> Result<()> {
@@ -240,7 +259,8 @@ async fn insert_run<B: Inserts>(
         return Ok(());
     }
     let rows: Vec<&NewMessage> = run.iter().map(|&i| &messages[i]).collect();
-    let stored = core.insert_rows(conn, &rows).await?;
+    let all_fresh = run.iter().all(|&i| fresh[i]);
+    let stored = core.insert_rows(conn, &rows, all_fresh).await?;
     for &i in run.iter() {
         let message = &messages[i];
         let id = id_of(message);
@@ -251,7 +271,7 @@ async fn insert_run<B: Inserts>(
         } else {
             // The id was taken, or another transaction took the key since
             // the lookup: the one-message path says which.
-            insert_idempotent(core, conn, message).await?
+            insert_idempotent(core, conn, message, false).await?
         });
     }
     run.clear();
@@ -265,10 +285,15 @@ async fn insert_idempotent<B: Inserts>(
     core: &B,
     conn: &mut B::Conn,
     message: &NewMessage,
+    fresh: bool,
 ) -> Result<Enqueued> {
     let id = id_of(message);
     for _ in 0..2 {
-        if core.insert_rows(conn, &[message]).await?.contains(id) {
+        if core
+            .insert_rows(conn, &[message], fresh)
+            .await?
+            .contains(id)
+        {
             return Ok(Enqueued::Inserted(id.to_owned()));
         }
         let Some(key) = key_of(message) else {

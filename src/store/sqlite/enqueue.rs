@@ -126,6 +126,9 @@ impl Inserts for Core {
         &self,
         conn: &mut SqliteConnection,
         messages: &[&NewMessage],
+        // SQLite checks each unique index the same way with or without a
+        // conflict clause: skipping it would save nothing.
+        _fresh: bool,
     ) -> Result<HashSet<String>> {
         let mut query = sqlx::query(AssertSqlSafe(self.sql.insert(messages.len())));
         for message in messages {
