@@ -365,7 +365,8 @@ async fn postgres_lists_and_shows_unreadable_rows_on_a_server() {
     }
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE \"{table}\", \"{table}_migrations\", \"{table}_drains\"; \
-         DROP FUNCTION \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \"{table}_settle\""
+         DROP FUNCTION \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \"{table}_settle\"; \
+         DROP SEQUENCE \"{table}_armed\", \"{table}_served\""
     )))
     .execute(&pool)
     .await

@@ -423,7 +423,8 @@ async fn harness<R, RF, T, D, DF>(
     );
     sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE \"{table}_effects\", \"{table}_inbox\", \"{table}\", \"{table}_migrations\", \
-         \"{table}_drains\" CASCADE"
+         \"{table}_drains\" CASCADE; \
+         DROP SEQUENCE \"{table}_armed\", \"{table}_served\""
     )))
     .execute(&pool)
     .await

@@ -1420,9 +1420,12 @@ async fn postgres_drain_every_drains_a_committed_message_without_waiting_for_a_t
             })
     };
 
+    // An arming is live and no wake-up has served it yet.
     let armed = format!(
-        "SELECT EXISTS (SELECT FROM \"{}_drains\" WHERE idle)",
-        f.table
+        "SELECT coalesce(pg_sequence_last_value('\"{t}_armed\"'), 0) \
+           > greatest(coalesce(pg_sequence_last_value('\"{t}_served\"'), 0), \
+             (date_part('epoch', clock_timestamp()) * 1000)::int8)",
+        t = f.table
     );
     for name in ["first", "second", "third"] {
         let asked = async {

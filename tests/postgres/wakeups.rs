@@ -10,6 +10,51 @@ use sqlx::postgres::PgListener;
 use crate::sql_support::{event, t0, unique};
 use crate::{backends, database_url, eventually, pool, pool_named, store};
 
+/// What a wake-up's payload is: `arming` for the arming an enqueue
+/// announces (a number), else the payload itself (a test's marker).
+fn kind(payload: &str) -> String {
+    if payload.parse::<i64>().is_ok() {
+        "arming".to_owned()
+    } else {
+        payload.to_owned()
+    }
+}
+
+/// The store's wake-ups, once its listener listens: a wake-up sent before
+/// that is not heard, so not recorded as served either (the listener wakes
+/// its drains once it listens, for them to arm again).
+async fn listening(outbox: &PostgresOutbox) -> outbox::Wakeups {
+    let mut wakeups = outbox.wakeups().unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), wakeups.changed())
+            .await
+            .unwrap()
+    );
+    wakeups
+}
+
+/// Wait until the store's listener has recorded the last wake-up as
+/// served: until then, enqueues go on notifying.
+async fn served(pool: &sqlx::PgPool, outbox: &PostgresOutbox) {
+    let sequence = |suffix: &str| match outbox.table().to_string().split_once('.') {
+        Some((schema, name)) => format!("'\"{schema}\".\"{name}_{suffix}\"'"),
+        None => format!("'\"{}_{suffix}\"'", outbox.table()),
+    };
+    let query = format!(
+        "SELECT coalesce(pg_sequence_last_value({}), 0) \
+           <= coalesce(pg_sequence_last_value({}), 0)",
+        sequence("armed"),
+        sequence("served")
+    );
+    eventually("the wake-up is recorded as served", || async {
+        sqlx::query_scalar::<_, bool>(AssertSqlSafe(query.clone()))
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    })
+    .await;
+}
+
 /// NOTIFY goes out when the enqueueing transaction commits, never on
 /// rollback. Notifications reach a listener in commit order, so a marker
 /// sent after the rollback must be the next thing it sees. (A drain waits
@@ -54,8 +99,9 @@ async fn enqueue_notifies_at_commit_only() {
         .execute(&pool)
         .await
         .unwrap();
-    // One notification for the transaction (PostgreSQL folds duplicates).
-    assert_eq!(listener.recv().await.unwrap().payload(), "");
+    // One notification for the transaction (PostgreSQL folds duplicates),
+    // carrying the arming it answers.
+    assert_eq!(kind(listener.recv().await.unwrap().payload()), "arming");
     assert_eq!(listener.recv().await.unwrap().payload(), "marker");
 
     // Turned off, enqueue sends nothing.
@@ -74,11 +120,12 @@ async fn enqueue_notifies_at_commit_only() {
     assert_eq!(listener.recv().await.unwrap().payload(), "marker");
 }
 
-/// Enqueues notify only when a drain armed, once per arming; a drain
-/// cannot arm while an enqueue is between its insert and its commit; under
-/// REPEATABLE READ and SERIALIZABLE every enqueue notifies, and a flag
-/// changed after the transaction's snapshot fails nothing. On a table in a
-/// schema of its own, whose flag table and function are named after it.
+/// Enqueues notify only when a drain armed, until the store's listener
+/// heard one; a drain cannot arm while an enqueue is between its insert and
+/// its commit; REPEATABLE READ and SERIALIZABLE read the arming as it is
+/// now, and an arming changed after the transaction's snapshot fails
+/// nothing. On a table in a schema of its own, whose sequences and lock are
+/// named after it.
 #[tokio::test]
 async fn enqueues_notify_only_when_a_drain_armed() {
     let pool = pool().await;
@@ -86,7 +133,7 @@ async fn enqueues_notify_only_when_a_drain_armed() {
     let outbox = store(&pool, &table, SettlementMode::default()).await;
     let mut listener = PgListener::connect(&database_url()).await.unwrap();
     listener.listen(outbox.channel()).await.unwrap();
-    let wakeups = outbox.wakeups().unwrap();
+    let wakeups = listening(&outbox).await;
     let arm = wakeups.arm().unwrap();
     let mut n = 0;
     let mut enqueue = || {
@@ -102,7 +149,7 @@ async fn enqueues_notify_only_when_a_drain_armed() {
             .unwrap();
         let mut heard = Vec::new();
         loop {
-            let payload = listener.recv().await.unwrap().payload().to_owned();
+            let payload = kind(listener.recv().await.unwrap().payload());
             if payload == "marker" {
                 return heard;
             }
@@ -114,12 +161,16 @@ async fn enqueues_notify_only_when_a_drain_armed() {
     outbox.enqueue(enqueue()).await.unwrap();
     assert!(heard(&mut listener).await.is_empty());
 
-    // ArmOutcome: the first enqueue notifies, the next ones do not.
+    // Armed: the first enqueue notifies; once the store's listener heard
+    // it, the next ones do not.
     assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    outbox.enqueue(enqueue()).await.unwrap();
+    assert_eq!(heard(&mut listener).await, ["arming"]);
+    served(&pool, &outbox).await;
     for _ in 0..5 {
         outbox.enqueue(enqueue()).await.unwrap();
     }
-    assert_eq!(heard(&mut listener).await, [""]);
+    assert!(heard(&mut listener).await.is_empty());
 
     // An enqueue in flight keeps a drain from arming until it ends.
     let mut tx = pool.begin().await.unwrap();
@@ -133,26 +184,41 @@ async fn enqueues_notify_only_when_a_drain_armed() {
     outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
     tx.rollback().await.unwrap();
     outbox.enqueue(enqueue()).await.unwrap();
-    assert_eq!(heard(&mut listener).await, [""]);
+    assert_eq!(heard(&mut listener).await, ["arming"]);
+    served(&pool, &outbox).await;
 
+    // The arming is read as it is now, not as the transaction's snapshot
+    // saw it, so the stricter isolation levels behave alike.
     for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let begin = async || {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query(AssertSqlSafe(format!(
+                "SET TRANSACTION ISOLATION LEVEL {level}"
+            )))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+            tx
+        };
+        // Armed after the snapshot was taken: the enqueue sees it.
+        let mut tx = begin().await;
         assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query(AssertSqlSafe(format!(
-            "SET TRANSACTION ISOLATION LEVEL {level}"
-        )))
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        // The snapshot is taken here, while the flag is set; another
-        // enqueue clears it (and notifies) before this one runs.
-        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(heard(&mut listener).await, ["arming"], "{level}");
+        served(&pool, &outbox).await;
+        // Served after the snapshot was taken (another enqueue notified):
+        // it does not notify again, and nothing fails.
+        assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+        let mut tx = begin().await;
         outbox.enqueue(enqueue()).await.unwrap();
+        assert_eq!(heard(&mut listener).await, ["arming"], "{level}");
+        served(&pool, &outbox).await;
         outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
         outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
         tx.commit().await.unwrap();
-        // Not armed any more, yet it notified, once for its transaction.
-        assert_eq!(heard(&mut listener).await, ["", ""], "{level}");
+        assert!(heard(&mut listener).await.is_empty(), "{level}");
     }
     assert_eq!(outbox.stats(t0()).await.unwrap().pending, n - 1);
 }
@@ -166,7 +232,7 @@ async fn a_batch_notifies_when_it_stored_a_message() {
     let outbox = store(&pool, &unique("batch_wake"), SettlementMode::default()).await;
     let mut listener = PgListener::connect(&database_url()).await.unwrap();
     listener.listen(outbox.channel()).await.unwrap();
-    let wakeups = outbox.wakeups().unwrap();
+    let wakeups = listening(&outbox).await;
     let arm = wakeups.arm().unwrap();
     let heard = async |listener: &mut PgListener| {
         sqlx::query("SELECT pg_notify($1, 'marker')")
@@ -176,7 +242,7 @@ async fn a_batch_notifies_when_it_stored_a_message() {
             .unwrap();
         let mut heard = Vec::new();
         loop {
-            let payload = listener.recv().await.unwrap().payload().to_owned();
+            let payload = kind(listener.recv().await.unwrap().payload());
             if payload == "marker" {
                 return heard;
             }
@@ -191,7 +257,8 @@ async fn a_batch_notifies_when_it_stored_a_message() {
 
     assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
     outbox.enqueue_batch(batch(0)).await.unwrap();
-    assert_eq!(heard(&mut listener).await, [""]);
+    assert_eq!(heard(&mut listener).await, ["arming"]);
+    served(&pool, &outbox).await;
 
     // Every id taken: nothing stored, no wake-up, the drain still armed.
     assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
@@ -204,7 +271,7 @@ async fn a_batch_notifies_when_it_stored_a_message() {
     outbox.enqueue_batch_in(&mut tx, batch(50)).await.unwrap();
     assert_eq!(arm.arm().await.unwrap(), ArmOutcome::EnqueueInFlight);
     tx.commit().await.unwrap();
-    assert_eq!(heard(&mut listener).await, [""]);
+    assert_eq!(heard(&mut listener).await, ["arming"]);
     assert_eq!(outbox.stats(t0()).await.unwrap().pending, 100);
 }
 
@@ -221,7 +288,10 @@ async fn wakeups_listen_reconnect_and_stop_with_the_last_receiver() {
             .await
             .unwrap()
     );
-    let listening = "query LIKE 'LISTEN%'";
+    // The listener's connection: its last statement is its `LISTEN`, or
+    // the record of a wake-up it heard.
+    let listening =
+        "(query LIKE 'LISTEN%' OR (query LIKE 'SELECT setval(%' AND query LIKE '%served%'))";
     assert_eq!(backends(&pool, &name, listening).await.len(), 1);
 
     // A committed enqueue from another process wakes it, once it armed.
@@ -289,7 +359,7 @@ async fn generated_ids_are_stored_and_wake_as_given_ones_do() {
     let outbox = store(&pool, &unique("fresh_wake"), SettlementMode::default()).await;
     let mut listener = PgListener::connect(&database_url()).await.unwrap();
     listener.listen(outbox.channel()).await.unwrap();
-    let wakeups = outbox.wakeups().unwrap();
+    let wakeups = listening(&outbox).await;
     let arm = wakeups.arm().unwrap();
     let heard = async |listener: &mut PgListener| {
         sqlx::query("SELECT pg_notify($1, 'marker')")
@@ -299,7 +369,7 @@ async fn generated_ids_are_stored_and_wake_as_given_ones_do() {
             .unwrap();
         let mut heard = Vec::new();
         loop {
-            let payload = listener.recv().await.unwrap().payload().to_owned();
+            let payload = kind(listener.recv().await.unwrap().payload());
             if payload == "marker" {
                 return heard;
             }
@@ -329,11 +399,13 @@ async fn generated_ids_are_stored_and_wake_as_given_ones_do() {
     assert!(first.is_inserted());
     assert!(heard(&mut listener).await.is_empty());
 
-    // Armed: one wake-up for the first, none for the next.
+    // Armed: a wake-up for the first, none for the next once it was heard.
     assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
     outbox.enqueue(fresh(1)).await.unwrap();
+    assert_eq!(heard(&mut listener).await, ["arming"]);
+    served(&pool, &outbox).await;
     outbox.enqueue(fresh(2)).await.unwrap();
-    assert_eq!(heard(&mut listener).await, [""]);
+    assert!(heard(&mut listener).await.is_empty());
 
     // In the caller's transaction: no arming while it is open, the
     // transaction still usable after, one wake-up at commit.
@@ -349,7 +421,8 @@ async fn generated_ids_are_stored_and_wake_as_given_ones_do() {
         .unwrap();
     assert_eq!(still_usable, 1);
     tx.commit().await.unwrap();
-    assert_eq!(heard(&mut listener).await, [""]);
+    assert_eq!(heard(&mut listener).await, ["arming"]);
+    served(&pool, &outbox).await;
     let mut ids = inserted(&answers);
     ids.push(inserted(&[one])[0].clone());
     ids.sort();
@@ -366,7 +439,7 @@ async fn generated_ids_are_stored_and_wake_as_given_ones_do() {
     tx.rollback().await.unwrap();
     assert!(heard(&mut listener).await.is_empty());
     outbox.enqueue(fresh(60)).await.unwrap();
-    assert_eq!(heard(&mut listener).await, [""]);
+    assert_eq!(heard(&mut listener).await, ["arming"]);
     assert_eq!(outbox.stats(t0()).await.unwrap().pending, 55);
 
     // With notifications off, the same statements without the wake-up.
@@ -393,4 +466,99 @@ async fn generated_ids_are_stored_and_wake_as_given_ones_do() {
     );
     tx.commit().await.unwrap();
     assert_eq!(quiet.stats(t0()).await.unwrap().pending, 12);
+}
+
+/// The arming a waiting drain relies on lapses after a minute (so enqueues
+/// stop notifying once nobody listens), and its store's listener renews it
+/// before then while no wake-up came; a renewal an enqueue in flight keeps
+/// from arming wakes the drain instead, for it to arm again itself. Runs in
+/// real time: about half a minute.
+#[tokio::test]
+async fn a_waiting_arming_is_renewed_before_it_lapses() {
+    let pool = pool().await;
+    let outbox = store(&pool, &unique("renew"), SettlementMode::default()).await;
+    let armed = format!(
+        "SELECT coalesce(pg_sequence_last_value('\"{}_armed\"'), 0)",
+        outbox.table()
+    );
+    let arming = async || -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(armed.clone()))
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let mut listener = PgListener::connect(&database_url()).await.unwrap();
+    listener.listen(outbox.channel()).await.unwrap();
+    let heard = async |listener: &mut PgListener| {
+        sqlx::query("SELECT pg_notify($1, 'marker')")
+            .bind(outbox.channel())
+            .execute(&pool)
+            .await
+            .unwrap();
+        let mut heard = Vec::new();
+        loop {
+            let payload = kind(listener.recv().await.unwrap().payload());
+            if payload == "marker" {
+                return heard;
+            }
+            heard.push(payload);
+        }
+    };
+
+    // A lapsed arming wakes nobody.
+    let mut wakeups = listening(&outbox).await;
+    let arm = wakeups.arm().unwrap();
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    let first = arming().await;
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    assert!(
+        (now_ms + 50_000..now_ms + 70_000).contains(&first),
+        "an arming lapses a minute after it is made: {first} at {now_ms}"
+    );
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT setval('\"{}_armed\"', $1)",
+        outbox.table()
+    )))
+    .bind(now_ms - 1)
+    .execute(&pool)
+    .await
+    .unwrap();
+    outbox.enqueue(event("lapsed", 1, t0())).await.unwrap();
+    assert!(heard(&mut listener).await.is_empty());
+
+    // Armed and unwoken: renewed within half a minute, to a later lapse.
+    assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
+    let armed_at = arming().await;
+    eventually_within(
+        Duration::from_secs(45),
+        "the arming is renewed",
+        async || arming().await > armed_at,
+    )
+    .await;
+    assert!(arming().await >= armed_at + 15_000);
+
+    // A renewal that finds an enqueue in flight wakes the drain instead.
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("in flight", 1, t0()))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(45), wakeups.changed())
+        .await
+        .expect("woken when the renewal could not arm");
+    tx.commit().await.unwrap();
+    // That enqueue saw the arming still live, and notified at its commit.
+    assert_eq!(heard(&mut listener).await, ["arming"]);
+}
+
+/// Wait up to `bound` for `check`, polling twice a second.
+async fn eventually_within(bound: Duration, what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + bound;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {bound:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

@@ -61,7 +61,8 @@ pub async fn drop_tables(url: &str, table: &str) {
     sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\", \"{table}_drains\", \"{table}_inbox\"; \
          DROP FUNCTION IF EXISTS \"{table}_wake\", \"{table}_claim_heads\", \"{table}_claim\", \
-           \"{table}_settle\""
+           \"{table}_settle\"; \
+         DROP SEQUENCE IF EXISTS \"{table}_armed\", \"{table}_served\""
     )))
     .execute(&mut conn)
     .await

@@ -1,19 +1,38 @@
 //! Wake-ups over `LISTEN`/`NOTIFY`: one listening connection per store
 //! (shared by its clones) while anyone subscribes.
 //!
-//! It knows the store only by the pool and channel it is given, so the
-//! store builds on it and not the other way round.
+//! It knows the store only by the pool, channel and statements it is
+//! given, so the store builds on it and not the other way round.
+//!
+//! Besides waking its subscribers, the listener keeps the store's arming
+//! state (see `migrations/postgres/0020_wake_sequences.sql`): each
+//! wake-up it hears is recorded as served, so the enqueues after it stop
+//! notifying, and an arming that waits unwoken is renewed before it lapses.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use tokio::time::Instant;
 
 use crate::store::kit::WakeupSender;
-use crate::store::{ArmWakeups, Wakeups};
+use crate::store::{ArmOutcome, ArmWakeups, Wakeups};
 
 /// The longest wait between attempts to re-establish the wake-up listener.
 const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(5);
+
+/// How often the listener looks for an arming to renew.
+const RENEW_CHECK: Duration = Duration::from_secs(10);
+
+/// The age at which an arming still unwoken is renewed: a third of its
+/// lapse (`statements::ARMING_LAPSES_MS`), so two more checks come before
+/// it would lapse.
+const RENEW_AFTER: Duration = Duration::from_secs(20);
+
+/// The longest a renewal may take before the drains are told to arm again
+/// themselves.
+const RENEW_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The wake-up listener's state, shared by the store's clones.
 pub(super) struct Listener {
@@ -22,6 +41,18 @@ pub(super) struct Listener {
     /// together with subscribing, so a task never stops while a subscriber
     /// it should serve exists.
     running: Mutex<bool>,
+    /// When a drain of this store last armed, while no wake-up has been
+    /// heard since: the arming to renew.
+    armed_at: Mutex<Option<Instant>>,
+}
+
+/// What the listener task runs besides listening.
+#[derive(Clone)]
+pub(super) struct Statements {
+    /// Arms the store's wake-ups, as a drain does.
+    pub(super) arm: ArmWakeups,
+    /// Records a heard arming as served; binds the arming.
+    pub(super) served: Arc<str>,
 }
 
 impl Listener {
@@ -29,6 +60,7 @@ impl Listener {
         Listener {
             wake: WakeupSender::new(),
             running: Mutex::new(false),
+            armed_at: Mutex::new(None),
         }
     }
 
@@ -36,32 +68,104 @@ impl Listener {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn armed_at(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.armed_at.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A drain of this store armed just now.
+    pub(super) fn armed(&self) {
+        *self.armed_at() = Some(Instant::now());
+    }
+
+    /// Wake every subscriber: the drains arm again before their next
+    /// claim, so no arming is left to renew.
+    fn wake(&self) {
+        *self.armed_at() = None;
+        self.wake.wake();
+    }
+
     /// A receiver of the wake-ups on `channel`, which a drain asks for
-    /// through `arm`; while any receiver lives, a task listens on a
-    /// connection made with `pool`'s options. `None` outside a tokio
+    /// through `statements.arm`; while any receiver lives, a task listens on
+    /// a connection made with `pool`'s options. `None` outside a tokio
     /// runtime.
     pub(super) fn subscribe(
         self: &Arc<Self>,
-        arm: ArmWakeups,
+        statements: &Statements,
         pool: &PgPool,
         channel: &str,
     ) -> Option<Wakeups> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let mut running = self.lock();
-        let wakeups = self.wake.subscribe_armed(arm);
+        let wakeups = self.wake.subscribe_armed(statements.arm.clone());
         if !*running {
             *running = true;
             // The listener gets a connection of its own, outside the store's
             // pool, so it never takes a connection from claims and settlements.
             let options = (*pool.connect_options()).clone();
-            runtime.spawn(listen(options, channel.to_owned(), self.clone()));
+            runtime.spawn(listen(
+                options,
+                channel.to_owned(),
+                statements.clone(),
+                self.clone(),
+            ));
         }
         Some(wakeups)
     }
 }
 
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Renew an arming that waited unwoken for [`RENEW_AFTER`], as long as the
+/// listener runs. A renewal that cannot arm (an enqueue in flight, an
+/// error) wakes the drains instead, which then arm again themselves, and
+/// claim again shortly while they cannot: the arming they rely on would
+/// lapse otherwise.
+async fn keep_armed(shared: Arc<Listener>, arm: ArmWakeups) {
+    let mut checks = tokio::time::interval(RENEW_CHECK);
+    checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        checks.tick().await;
+        let due = shared
+            .armed_at()
+            .is_some_and(|at| at.elapsed() >= RENEW_AFTER);
+        if !due {
+            continue;
+        }
+        // An arming answered `Armed` records itself (see the store's
+        // `subscribe`).
+        match tokio::time::timeout(RENEW_TIMEOUT, arm.arm()).await {
+            Ok(Ok(ArmOutcome::Armed)) => {}
+            Ok(Ok(ArmOutcome::EnqueueInFlight)) => shared.wake(),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "outbox wake-ups could not be armed again");
+                shared.wake();
+            }
+            Err(_) => {
+                tracing::warn!(timeout = ?RENEW_TIMEOUT, "outbox wake-ups could not be armed again in time");
+                shared.wake();
+            }
+        }
+    }
+}
+
 /// Listen on `channel` until the last subscriber is gone.
-async fn listen(options: PgConnectOptions, channel: String, shared: Arc<Listener>) {
+async fn listen(
+    options: PgConnectOptions,
+    channel: String,
+    statements: Statements,
+    shared: Arc<Listener>,
+) {
+    let _renewing = AbortOnDrop(tokio::spawn(keep_armed(
+        shared.clone(),
+        statements.arm.clone(),
+    )));
     let wake = shared.wake.clone();
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -86,7 +190,7 @@ async fn listen(options: PgConnectOptions, channel: String, shared: Arc<Listener
         };
         backoff = Duration::from_millis(50);
         // Notifications sent while nobody listened are lost: look once.
-        wake.wake();
+        shared.wake();
         loop {
             let received = tokio::select! {
                 () = wake.closed() => None,
@@ -97,10 +201,25 @@ async fn listen(options: PgConnectOptions, channel: String, shared: Arc<Listener
                 // start over on a fresh one if subscribers came back.
                 None if stop(&shared) => return,
                 None => break,
-                Some(Ok(Some(_))) => wake.wake(),
+                Some(Ok(Some(notification))) => {
+                    shared.wake();
+                    // The arming it carries (an enqueue's payload); an empty
+                    // one comes from a requeue, or from an earlier version.
+                    if let Ok(arming) = notification.payload().parse::<i64>() {
+                        let served = sqlx::query(AssertSqlSafe(statements.served.clone()))
+                            .bind(arming)
+                            .execute(&mut listener)
+                            .await;
+                        if let Err(e) = served {
+                            // The next enqueues notify again, and the
+                            // next wake-up heard records it.
+                            tracing::warn!(%channel, error = %e, "outbox wake-up could not be recorded as served");
+                        }
+                    }
+                }
                 // The connection dropped and the listener reconnected (and
                 // listens again); anything sent in between is lost.
-                Some(Ok(None)) => wake.wake(),
+                Some(Ok(None)) => shared.wake(),
                 Some(Err(e)) => {
                     tracing::warn!(%channel, error = %e, "outbox wake-up listener lost its connection");
                     break;

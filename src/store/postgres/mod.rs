@@ -39,15 +39,17 @@
 //!   when a drain waits for one; PostgreSQL delivers it when (and only if)
 //!   the transaction commits. `NOTIFY` serializes the commits of the
 //!   transactions that send it, so a drain about to wait says so first
-//!   ([`Wakeups::arm`](crate::Wakeups::arm), an unlogged flag), and only the
-//!   first enqueue after that notifies (under `REPEATABLE READ` and
-//!   `SERIALIZABLE`, every enqueue does; see
-//!   `migrations/postgres/0004_idle_drains.sql`). A drain cannot arm while
-//!   an enqueue is between its insert and its commit; it then claims again
-//!   shortly instead. [`OutboxStore::wakeups`](crate::OutboxStore::wakeups)
-//!   listens on a connection of its own, reconnects after errors, wakes
-//!   once after every (re)connect because notifications sent meanwhile are
-//!   lost, and stops when the last [`Wakeups`] is dropped.
+//!   ([`Wakeups::arm`](crate::Wakeups::arm), a sequence the inserting
+//!   statement reads as it is now, whatever its snapshot), and enqueues
+//!   notify only until a listener has heard one (see
+//!   `migrations/postgres/0020_wake_sequences.sql`). A drain cannot arm
+//!   while an enqueue is between its insert and its commit; it then claims
+//!   again shortly instead. [`OutboxStore::wakeups`](crate::OutboxStore::wakeups)
+//!   listens on a connection of its own, records each wake-up it hears as
+//!   served, renews an arming that waits unwoken before it lapses (a
+//!   minute), reconnects after errors, wakes once after every (re)connect
+//!   because notifications sent meanwhile are lost, and stops when the last
+//!   [`Wakeups`] is dropped.
 //!
 //! # Which clock
 //!
@@ -378,12 +380,28 @@ impl PostgresOutbox {
     /// armed (see [`Wakeups::arm`]).
     fn subscribe(&self) -> Option<Wakeups> {
         let core = self.inner.core.clone();
+        let listener = self.listener.clone();
         let arm = ArmWakeups::new(move || {
             let core = core.clone();
-            async move { core.arm().await }
+            let listener = listener.clone();
+            async move {
+                let outcome = core.arm().await?;
+                if outcome == ArmOutcome::Armed {
+                    // For the listener to renew until a wake-up comes.
+                    listener.armed();
+                }
+                Ok(outcome)
+            }
         });
-        self.listener
-            .subscribe(arm, &self.inner.core.parts.pool, &self.inner.core.channel)
+        let statements = listener::Statements {
+            arm,
+            served: self.inner.core.sql.served.clone(),
+        };
+        self.listener.subscribe(
+            &statements,
+            &self.inner.core.parts.pool,
+            &self.inner.core.channel,
+        )
     }
 }
 

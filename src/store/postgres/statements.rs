@@ -114,16 +114,24 @@ pub(super) struct Statements {
     /// Wake listeners. Binds: the channel.
     pub(super) notify: Arc<str>,
     /// Ask for a wake-up on the next committed insert (see
-    /// `migrations/postgres/0004_idle_drains.sql`); returns a row when it
+    /// `migrations/postgres/0020_wake_sequences.sql`); returns a row when it
     /// armed, none when an enqueue was in flight.
     pub(super) arm: Arc<str>,
+    /// Record that a wake-up carrying arming `$1` was heard, unless a later
+    /// one was: the enqueues after it stop notifying.
+    pub(super) served: Arc<str>,
 }
 
 /// The first key of the advisory lock that keeps a drain from arming while
-/// an enqueue is in flight (the second is the flag table's oid), as
-/// `migrations/postgres/0004_idle_drains.sql` takes it. Two keys, so it
-/// never meets the one-key locks a claim takes per ordering key.
+/// an enqueue is in flight (the second is the oid of the arming sequence).
+/// Two keys, so it never meets the one-key locks a claim takes per
+/// ordering key.
 const DRAINS_LOCK_CLASS: i32 = 1_869_574_768;
+
+/// How long an arming holds, in milliseconds, unless renewed: a waiting
+/// drain's listener renews it well before (see `listener.rs`). It bounds how
+/// long enqueues go on notifying once every listener is gone.
+pub(super) const ARMING_LAPSES_MS: i64 = 60_000;
 
 impl Statements {
     /// The store's own statements, and those it runs the shared way.
@@ -185,8 +193,25 @@ impl Statements {
             )
         };
         const SKIP_TAKEN: &str = " ON CONFLICT DO NOTHING";
-        let wake = table.derived("wake", true);
-        let drains = table.derived("drains", true);
+        let armed = table.derived("armed", true);
+        let served = table.derived("served", true);
+        let lock_key = format!("{DRAINS_LOCK_CLASS}, '{armed}'::regclass::oid::integer");
+        let last = |sequence: &str| format!("coalesce(pg_sequence_last_value('{sequence}'), 0)");
+        // The wake-up, an expression of the inserting statement (see
+        // `migrations/postgres/0020_wake_sequences.sql`): the shared lock
+        // first, held until the transaction ends, then the sequences, read
+        // as they are now. `CASE` evaluates its branches in order, so the
+        // reads come after the lock. While the lock is held no drain can
+        // arm, so the arming read in the last branch is the one compared.
+        // Yields whether it notified.
+        let wake = format!(
+            "CASE WHEN pg_advisory_xact_lock_shared({lock_key}) IS NULL THEN false \
+               WHEN {armed_now} <= {served_now} THEN false \
+               WHEN {armed_now} <= date_part('epoch', statement_timestamp()) * 1000 THEN false \
+               ELSE pg_notify($15::text, {armed_now}::text) IS NULL END",
+            armed_now = last(&armed),
+            served_now = last(&served),
+        );
         // As `insert_one`, and once per statement however many rows it
         // stored. The ids come back as one array, one row to transfer.
         let batch = |insert: &str| {
@@ -194,7 +219,7 @@ impl Statements {
                 format!(
                     "WITH {key_rows}, inserted AS ({insert}) \
                      SELECT ARRAY(SELECT id FROM inserted), \
-                       CASE WHEN EXISTS (SELECT FROM inserted) THEN {wake}($15) END"
+                       CASE WHEN EXISTS (SELECT FROM inserted) THEN {wake} END"
                 )
             } else {
                 format!(
@@ -209,18 +234,13 @@ impl Statements {
             // commit, never for a rollback. Either form returns a row only
             // when it inserted.
             insert_one: if notify {
-                format!(
-                    "WITH inserted AS ({} RETURNING 1) SELECT {wake}($15) FROM inserted",
-                    insert_one(SKIP_TAKEN)
-                )
+                format!("{} RETURNING {wake}", insert_one(SKIP_TAKEN))
             } else {
                 format!("{} RETURNING 1", insert_one(SKIP_TAKEN))
             }
             .into(),
-            // Inserted or failed: the wake-up needs no test of a row
-            // returned, and without one the statement returns nothing.
             insert_one_fresh: if notify {
-                format!("WITH inserted AS ({}) SELECT {wake}($15)", insert_one(""))
+                format!("{} RETURNING {wake}", insert_one(""))
             } else {
                 insert_one("")
             }
@@ -230,13 +250,23 @@ impl Statements {
             // One statement, so the advisory lock is held only while it
             // runs: taken without waiting (an enqueue in flight holds it
             // shared until its commit, and waiting would queue every later
-            // enqueue behind that transaction), and the flag set only if it
-            // was got. An upsert: a crash empties the unlogged table.
+            // enqueue behind that transaction), and the arming written only
+            // if it was got. The lock also makes the read and the write of
+            // the sequence one step among drains arming at once.
             arm: format!(
-                "INSERT INTO {drains} (id, idle) SELECT 1, true \
-                 WHERE pg_try_advisory_xact_lock({DRAINS_LOCK_CLASS}, \
-                   '{drains}'::regclass::oid::integer) \
-                 ON CONFLICT (id) DO UPDATE SET idle = true RETURNING 1"
+                "SELECT setval('{armed}', greatest({armed_last} + 1, \
+                   (date_part('epoch', statement_timestamp()) * 1000)::int8 \
+                     + {ARMING_LAPSES_MS})) \
+                 WHERE pg_try_advisory_xact_lock({lock_key})",
+                armed_last = last(&armed),
+            )
+            .into(),
+            // Listeners of several processes hear the same wake-up and may
+            // race here; a lower value written last only makes the next
+            // enqueue notify once more.
+            served: format!(
+                "SELECT setval('{served}', $1) WHERE $1 > {served_last}",
+                served_last = last(&served),
             )
             .into(),
             // The first pass, in the table's `claim` function: for each
