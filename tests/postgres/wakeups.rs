@@ -177,6 +177,8 @@ async fn enqueues_notify_only_when_a_drain_armed() {
     outbox.enqueue_in(&mut tx, enqueue()).await.unwrap();
     assert_eq!(arm.arm().await.unwrap(), ArmOutcome::EnqueueInFlight);
     tx.commit().await.unwrap();
+    // The arming that could not be made wrote nothing.
+    outbox.enqueue(enqueue()).await.unwrap();
     assert!(heard(&mut listener).await.is_empty());
     assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
     // A rolled-back enqueue leaves the drain armed.
@@ -525,6 +527,11 @@ async fn a_waiting_arming_is_renewed_before_it_lapses() {
     .unwrap();
     outbox.enqueue(event("lapsed", 1, t0())).await.unwrap();
     assert!(heard(&mut listener).await.is_empty());
+    // The store's listener heard the marker too, and woke its drains (they
+    // arm again before their next claim): wait for that before arming.
+    tokio::time::timeout(Duration::from_secs(10), wakeups.changed())
+        .await
+        .unwrap();
 
     // Armed and unwoken: renewed within half a minute, to a later lapse.
     assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
