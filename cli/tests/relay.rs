@@ -401,6 +401,23 @@ fn until_line(lines: &std::sync::mpsc::Receiver<String>, wanted: &str) -> Vec<St
     }
 }
 
+/// Stop a running relay with SIGTERM: it exits successfully, and one of
+/// the lines it printed last says `wanted`.
+fn stopped_saying(
+    mut child: std::process::Child,
+    lines: &std::sync::mpsc::Receiver<String>,
+    wanted: &str,
+) {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -TERM");
+    assert!(child.wait().unwrap().success());
+    let rest: Vec<String> = lines.iter().collect();
+    assert!(rest.iter().any(|line| line.contains(wanted)), "{rest:#?}");
+}
+
 #[tokio::test]
 async fn relay_waits_for_a_broker_that_is_not_up_yet() {
     let f = Fixture::new(40).await;
@@ -432,17 +449,7 @@ async fn relay_waits_for_a_broker_that_is_not_up_yet() {
     let mut child = relay(&[]).stderr(Stdio::piped()).spawn().unwrap();
     let lines = lines_of(child.stderr.take().unwrap());
     until_line(&lines, "trying again in 1s");
-    let sent = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success(), "kill -TERM");
-    assert!(child.wait().unwrap().success());
-    let rest: Vec<String> = lines.iter().collect();
-    assert!(
-        rest.iter().any(|line| line.contains("nothing was claimed")),
-        "{rest:#?}"
-    );
+    stopped_saying(child, &lines, "nothing was claimed");
 
     // Left running, it relays once the broker comes up.
     let mut child = relay(&["--every", "200ms"])
@@ -487,15 +494,5 @@ async fn relay_waits_for_a_broker_that_is_not_up_yet() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let sent = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success(), "kill -TERM");
-    assert!(child.wait().unwrap().success());
-    let rest: Vec<String> = lines.iter().collect();
-    assert!(
-        rest.iter().any(|line| line.contains("delivered 40")),
-        "{rest:#?}"
-    );
+    stopped_saying(child, &lines, "delivered 40");
 }

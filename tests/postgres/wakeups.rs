@@ -20,6 +20,27 @@ fn kind(payload: &str) -> String {
     }
 }
 
+/// What `listener` heard, each as its [`kind`], up to a marker sent now.
+async fn heard_until_marker(
+    listener: &mut PgListener,
+    pool: &sqlx::PgPool,
+    channel: &str,
+) -> Vec<String> {
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(channel)
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut heard = Vec::new();
+    loop {
+        let payload = kind(listener.recv().await.unwrap().payload());
+        if payload == "marker" {
+            return heard;
+        }
+        heard.push(payload);
+    }
+}
+
 /// The store's wake-ups, once its listener listens: a wake-up sent before
 /// that is not heard, so not recorded as served either (the listener wakes
 /// its drains once it listens, for them to arm again).
@@ -142,19 +163,7 @@ async fn enqueues_notify_only_when_a_drain_armed() {
     };
     // What the listener heard up to a marker sent now.
     let heard = async |listener: &mut PgListener| {
-        sqlx::query("SELECT pg_notify($1, 'marker')")
-            .bind(outbox.channel())
-            .execute(&pool)
-            .await
-            .unwrap();
-        let mut heard = Vec::new();
-        loop {
-            let payload = kind(listener.recv().await.unwrap().payload());
-            if payload == "marker" {
-                return heard;
-            }
-            heard.push(payload);
-        }
+        heard_until_marker(listener, &pool, outbox.channel()).await
     };
 
     // Nobody armed (the flag's row does not even exist yet): silence.
@@ -237,19 +246,7 @@ async fn a_batch_notifies_when_it_stored_a_message() {
     let wakeups = listening(&outbox).await;
     let arm = wakeups.arm().unwrap();
     let heard = async |listener: &mut PgListener| {
-        sqlx::query("SELECT pg_notify($1, 'marker')")
-            .bind(outbox.channel())
-            .execute(&pool)
-            .await
-            .unwrap();
-        let mut heard = Vec::new();
-        loop {
-            let payload = kind(listener.recv().await.unwrap().payload());
-            if payload == "marker" {
-                return heard;
-            }
-            heard.push(payload);
-        }
+        heard_until_marker(listener, &pool, outbox.channel()).await
     };
     let batch = |from: u64| -> Vec<outbox::NewMessage> {
         (from..from + 50)
@@ -364,19 +361,7 @@ async fn generated_ids_are_stored_and_wake_as_given_ones_do() {
     let wakeups = listening(&outbox).await;
     let arm = wakeups.arm().unwrap();
     let heard = async |listener: &mut PgListener| {
-        sqlx::query("SELECT pg_notify($1, 'marker')")
-            .bind(outbox.channel())
-            .execute(&pool)
-            .await
-            .unwrap();
-        let mut heard = Vec::new();
-        loop {
-            let payload = kind(listener.recv().await.unwrap().payload());
-            if payload == "marker" {
-                return heard;
-            }
-            heard.push(payload);
-        }
+        heard_until_marker(listener, &pool, outbox.channel()).await
     };
     let fresh = |n: u64| {
         outbox::NewMessage::new(
@@ -492,19 +477,7 @@ async fn a_waiting_arming_is_renewed_before_it_lapses() {
     let mut listener = PgListener::connect(&database_url()).await.unwrap();
     listener.listen(outbox.channel()).await.unwrap();
     let heard = async |listener: &mut PgListener| {
-        sqlx::query("SELECT pg_notify($1, 'marker')")
-            .bind(outbox.channel())
-            .execute(&pool)
-            .await
-            .unwrap();
-        let mut heard = Vec::new();
-        loop {
-            let payload = kind(listener.recv().await.unwrap().payload());
-            if payload == "marker" {
-                return heard;
-            }
-            heard.push(payload);
-        }
+        heard_until_marker(listener, &pool, outbox.channel()).await
     };
 
     // A lapsed arming wakes nobody.
