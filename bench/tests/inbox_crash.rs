@@ -58,6 +58,15 @@ const KEYS: usize = 50;
 /// The last run must have applied and acknowledged everything within this.
 const LAST_RUN_LIMIT: Duration = Duration::from_secs(240);
 
+/// How the last run, which is not killed, consumes differently.
+#[derive(Debug, Default, Clone, Copy)]
+struct LastRun<'a> {
+    /// Replaces the runs' `--source`.
+    source: Option<&'a str>,
+    /// Added to the runs' flags.
+    flags: &'a [&'a str],
+}
+
 /// How fast a run goes on a broker: when its consumer is killed, and how
 /// fast the relay publishes to keep pace with the kills.
 #[derive(Debug, Clone, Copy)]
@@ -180,7 +189,7 @@ async fn nats_applies_every_message_once_through_twenty_kills() {
         NATS,
         relay,
         &["--url", &url, "--source", &format!("{stream}/crash")],
-        None,
+        LastRun::default(),
         drained,
         false,
     )
@@ -242,7 +251,19 @@ async fn kafka_applies_every_message_once_in_key_order_through_twenty_kills() {
             "--set",
             "heartbeat.interval.ms=300",
         ],
-        Some(&format!("{topic}/{last_group}")),
+        LastRun {
+            source: Some(&format!("{topic}/{last_group}")),
+            // The last run is never killed: a session as short as the
+            // killed runs' would expire whenever a loaded machine delays a
+            // heartbeat, and tansu can keep the partitions of a member it
+            // expired.
+            flags: &[
+                "--set",
+                "session.timeout.ms=30000",
+                "--set",
+                "heartbeat.interval.ms=3000",
+            ],
+        },
         drained,
         true,
     )
@@ -252,7 +273,8 @@ async fn kafka_applies_every_message_once_in_key_order_through_twenty_kills() {
 /// Publish, kill twenty times, let the last run finish, and judge the
 /// effects. `relay` makes the relay's transport (in the relay's thread),
 /// `pace` times the kills and the relay, `consumer_args` tell
-/// `inbox_consumer` where to consume, `drained` answers how many copies
+/// `inbox_consumer` where to consume, `last` changes them for the last
+/// run, `drained` answers how many copies
 /// the broker stored once it has nothing left for the consumer (else what
 /// it has left, to report a stall), `keyed`
 /// asks for per-key order to be checked.
@@ -261,7 +283,7 @@ async fn harness<R, RF, T, D, DF>(
     pace: Pace,
     relay: R,
     consumer_args: &[&str],
-    last_source: Option<&str>,
+    last: LastRun<'_>,
     drained: D,
     keyed: bool,
 ) where
@@ -335,7 +357,7 @@ async fn harness<R, RF, T, D, DF>(
         child.wait().expect("reap the consumer");
     }
 
-    if let Some(source) = last_source {
+    if let Some(source) = last.source {
         let at = args
             .iter()
             .position(|a| a == "--source")
@@ -343,6 +365,7 @@ async fn harness<R, RF, T, D, DF>(
             + 1;
         args[at] = source.to_owned();
     }
+    args.extend(last.flags.iter().map(|flag| (*flag).to_owned()));
     let mut last = spawn_consumer(label, &args, KILLS, &stderr);
     relay_thread.join().expect("the relay thread");
     let deadline = Instant::now() + LAST_RUN_LIMIT;
