@@ -97,19 +97,25 @@ impl Fixture {
         }
     }
 
+    /// `outbox relay` of this outbox to the NATS stream, with `extra` flags.
     fn relay(&self, extra: &[&str]) -> Command {
-        let nats = nats_url();
+        let mut command = self.relay_to(&nats_url(), &["--stream", &self.stream]);
+        command.args(extra);
+        command
+    }
+
+    /// `outbox relay` of this outbox to the broker at `to`, under this
+    /// fixture's prefix, with `extra` flags.
+    fn relay_to(&self, to: &str, extra: &[&str]) -> Command {
         let mut command = outbox_command();
         command.args([
             "--database",
             &self.url,
             "relay",
             "--to",
-            &nats,
+            to,
             "--subject-prefix",
             &self.prefix,
-            "--stream",
-            &self.stream,
         ]);
         command.args(extra);
         command
@@ -245,19 +251,10 @@ async fn relay_to_redis_appends_each_message_once() {
     let f = Fixture::new(50).await;
     let redis = service_url("REDIS_URL");
     let relay = |extra: &[&str]| {
-        let mut command = outbox_command();
-        command.args([
-            "--database",
-            &f.url,
-            "relay",
-            "--to",
-            &redis,
-            "--subject-prefix",
-            &f.prefix,
-            "--once",
-        ]);
-        command.args(extra);
-        command.output().unwrap()
+        f.relay_to(&redis, &["--once"])
+            .args(extra)
+            .output()
+            .unwrap()
     };
     let output = relay(&[]);
     assert!(output.status.success(), "{}", text(&output.stderr));
@@ -305,20 +302,7 @@ async fn relay_to_kafka_produces_each_message_once() {
     {
         created.unwrap();
     }
-    let relay = || {
-        let mut command = outbox_command();
-        command.args([
-            "--database",
-            &f.url,
-            "relay",
-            "--to",
-            &kafka,
-            "--subject-prefix",
-            &f.prefix,
-            "--once",
-        ]);
-        command.output().unwrap()
-    };
+    let relay = || f.relay_to(&kafka, &["--once"]).output().unwrap();
     let output = relay();
     assert!(output.status.success(), "{}", text(&output.stderr));
     assert!(
@@ -423,20 +407,7 @@ async fn relay_waits_for_a_broker_that_is_not_up_yet() {
     let f = Fixture::new(40).await;
     let port = free_port();
     let to = format!("redis://127.0.0.1:{port}");
-    let relay = |extra: &[&str]| {
-        let mut command = outbox_command();
-        command.args([
-            "--database",
-            &f.url,
-            "relay",
-            "--to",
-            &to,
-            "--subject-prefix",
-            &f.prefix,
-        ]);
-        command.args(extra);
-        command
-    };
+    let relay = |extra: &[&str]| f.relay_to(&to, extra);
 
     // `--once` gives up at the first failure, for its caller to run it again.
     let output = relay(&["--once"]).output().unwrap();
