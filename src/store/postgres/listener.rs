@@ -34,6 +34,35 @@ const RENEW_AFTER: Duration = Duration::from_secs(20);
 /// themselves.
 const RENEW_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The age past which an arming may have lapsed on the server's clock
+/// (`statements::ARMING_LAPSES_MS`, less a margin for the arming's round
+/// trip and the checks' lateness): enqueues committed since may not have
+/// notified, so it is not renewed but the drains are woken, to claim and
+/// then arm again.
+const MAY_HAVE_LAPSED: Duration = Duration::from_secs(45);
+
+/// What to do about an arming made `age` ago and not woken since.
+#[derive(Debug, PartialEq, Eq)]
+enum Renewal {
+    /// Nothing yet.
+    Wait,
+    /// Arm again, before it lapses.
+    Renew,
+    /// Wake the drains: it may have lapsed (the process was stalled, or a
+    /// renewal came too late).
+    Wake,
+}
+
+fn renewal(age: Duration) -> Renewal {
+    if age >= MAY_HAVE_LAPSED {
+        Renewal::Wake
+    } else if age >= RENEW_AFTER {
+        Renewal::Renew
+    } else {
+        Renewal::Wait
+    }
+}
+
 /// The wake-up listener's state, shared by the store's clones.
 pub(super) struct Listener {
     wake: WakeupSender,
@@ -124,19 +153,23 @@ impl Drop for AbortOnDrop {
 
 /// Renew an arming that waited unwoken for [`RENEW_AFTER`], as long as the
 /// listener runs. A renewal that cannot arm (an enqueue in flight, an
-/// error) wakes the drains instead, which then arm again themselves, and
-/// claim again shortly while they cannot: the arming they rely on would
-/// lapse otherwise.
+/// error), and an arming that may have lapsed already, wake the drains
+/// instead, which then claim and arm again themselves, and claim again
+/// shortly while they cannot arm: the arming they rely on would lapse, or
+/// did.
 async fn keep_armed(shared: Arc<Listener>, arm: ArmWakeups) {
     let mut checks = tokio::time::interval(RENEW_CHECK);
     checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         checks.tick().await;
-        let due = shared
-            .armed_at()
-            .is_some_and(|at| at.elapsed() >= RENEW_AFTER);
-        if !due {
-            continue;
+        let age = *shared.armed_at();
+        match age.map_or(Renewal::Wait, |at| renewal(at.elapsed())) {
+            Renewal::Wait => continue,
+            Renewal::Wake => {
+                shared.wake();
+                continue;
+            }
+            Renewal::Renew => {}
         }
         // An arming answered `Armed` records itself (see the store's
         // `subscribe`).
@@ -250,4 +283,35 @@ async fn connect_listener(options: &PgConnectOptions, channel: &str) -> sqlx::Re
     listener.ignore_pool_close_event(true);
     listener.listen(channel).await?;
     Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_arming_is_renewed_well_before_it_lapses_and_never_after() {
+        let lapse = Duration::from_millis(
+            super::super::statements::ARMING_LAPSES_MS
+                .try_into()
+                .expect("positive"),
+        );
+        assert_eq!(renewal(Duration::ZERO), Renewal::Wait);
+        assert_eq!(
+            renewal(RENEW_AFTER - Duration::from_millis(1)),
+            Renewal::Wait
+        );
+        assert_eq!(renewal(RENEW_AFTER), Renewal::Renew);
+        // Checked every RENEW_CHECK: at least two chances before the margin.
+        assert!(RENEW_AFTER + 2 * RENEW_CHECK < MAY_HAVE_LAPSED);
+        assert_eq!(
+            renewal(MAY_HAVE_LAPSED - Duration::from_millis(1)),
+            Renewal::Renew
+        );
+        assert_eq!(renewal(MAY_HAVE_LAPSED), Renewal::Wake);
+        assert_eq!(renewal(lapse * 10), Renewal::Wake);
+        // A renewal that starts just short of the margin ends, or is
+        // abandoned and the drains woken, seconds before the lapse.
+        assert!(MAY_HAVE_LAPSED + RENEW_TIMEOUT + Duration::from_secs(5) <= lapse);
+    }
 }
