@@ -208,7 +208,7 @@ impl Statements {
             "CASE WHEN pg_advisory_xact_lock_shared({lock_key}) IS NULL THEN false \
                WHEN {armed_now} <= {served_now} THEN false \
                WHEN {armed_now} <= date_part('epoch', statement_timestamp()) * 1000 THEN false \
-               ELSE pg_notify($15::text, {armed_now}::text) IS NULL END",
+               ELSE pg_notify($15::text, {armed_now}::text) IS NOT NULL END",
             armed_now = last(&armed),
             served_now = last(&served),
         );
