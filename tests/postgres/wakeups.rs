@@ -54,6 +54,16 @@ async fn listening(outbox: &PostgresOutbox) -> outbox::Wakeups {
     wakeups
 }
 
+/// A listener of the test's own on `outbox`'s channel, the store's
+/// wake-ups once its listener listens, and their arming.
+async fn watched(outbox: &PostgresOutbox) -> (PgListener, outbox::Wakeups, outbox::ArmWakeups) {
+    let mut listener = PgListener::connect(&database_url()).await.unwrap();
+    listener.listen(outbox.channel()).await.unwrap();
+    let wakeups = listening(outbox).await;
+    let arm = wakeups.arm().unwrap();
+    (listener, wakeups, arm)
+}
+
 /// Wait until the store's listener has recorded the last wake-up as
 /// served: until then, enqueues go on notifying.
 async fn served(pool: &sqlx::PgPool, outbox: &PostgresOutbox) {
@@ -152,10 +162,8 @@ async fn enqueues_notify_only_when_a_drain_armed() {
     let pool = pool().await;
     let table = format!("{}.events", unique("armed"));
     let outbox = store(&pool, &table, SettlementMode::default()).await;
-    let mut listener = PgListener::connect(&database_url()).await.unwrap();
-    listener.listen(outbox.channel()).await.unwrap();
-    let wakeups = listening(&outbox).await;
-    let arm = wakeups.arm().unwrap();
+    // Held: the store listens while its wake-ups have a receiver.
+    let (mut listener, _wakeups, arm) = watched(&outbox).await;
     let mut n = 0;
     let mut enqueue = || {
         n += 1;
@@ -241,10 +249,8 @@ async fn enqueues_notify_only_when_a_drain_armed() {
 async fn a_batch_notifies_when_it_stored_a_message() {
     let pool = pool().await;
     let outbox = store(&pool, &unique("batch_wake"), SettlementMode::default()).await;
-    let mut listener = PgListener::connect(&database_url()).await.unwrap();
-    listener.listen(outbox.channel()).await.unwrap();
-    let wakeups = listening(&outbox).await;
-    let arm = wakeups.arm().unwrap();
+    // Held: the store listens while its wake-ups have a receiver.
+    let (mut listener, _wakeups, arm) = watched(&outbox).await;
     let heard = async |listener: &mut PgListener| {
         heard_until_marker(listener, &pool, outbox.channel()).await
     };
@@ -356,10 +362,8 @@ async fn wakeups_listen_reconnect_and_stop_with_the_last_receiver() {
 async fn generated_ids_are_stored_and_wake_as_given_ones_do() {
     let pool = pool().await;
     let outbox = store(&pool, &unique("fresh_wake"), SettlementMode::default()).await;
-    let mut listener = PgListener::connect(&database_url()).await.unwrap();
-    listener.listen(outbox.channel()).await.unwrap();
-    let wakeups = listening(&outbox).await;
-    let arm = wakeups.arm().unwrap();
+    // Held: the store listens while its wake-ups have a receiver.
+    let (mut listener, _wakeups, arm) = watched(&outbox).await;
     let heard = async |listener: &mut PgListener| {
         heard_until_marker(listener, &pool, outbox.channel()).await
     };
@@ -474,15 +478,12 @@ async fn a_waiting_arming_is_renewed_before_it_lapses() {
             .await
             .unwrap()
     };
-    let mut listener = PgListener::connect(&database_url()).await.unwrap();
-    listener.listen(outbox.channel()).await.unwrap();
+    let (mut listener, mut wakeups, arm) = watched(&outbox).await;
     let heard = async |listener: &mut PgListener| {
         heard_until_marker(listener, &pool, outbox.channel()).await
     };
 
     // A lapsed arming wakes nobody.
-    let mut wakeups = listening(&outbox).await;
-    let arm = wakeups.arm().unwrap();
     assert_eq!(arm.arm().await.unwrap(), ArmOutcome::Armed);
     let first = arming().await;
     let now_ms = chrono::Utc::now().timestamp_millis();
