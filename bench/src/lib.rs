@@ -10,9 +10,9 @@
 //! cargo run --release -p outbox-bench --bin NAME -- FLAGS
 //! ```
 //!
-//! or build them all (`cargo build --release -p outbox-bench
-//! --all-features`) and run `target/release/NAME`. Each binary's own doc
-//! comment gives its flags, its JSON fields and a command to start from;
+//! or build them all (`cargo build --release -p outbox-bench --features
+//! postgres`) and run `target/release/NAME`. Each binary's own doc comment
+//! gives its flags, its JSON fields and a command to start from;
 //! `--help` prints the flags.
 //!
 //! | binary | measures |
@@ -60,6 +60,10 @@
 //!
 //! - `sqlite` (default): the `--store sqlite` runs; `relay_bench` needs it.
 //! - `postgres`: the `--store postgres` runs.
+//! - `mimalloc`: every binary allocates with mimalloc, as the `outbox`
+//!   command does, instead of the system's allocator. Off by default, so
+//!   the figures are what an application gets unless it picks an
+//!   allocator; every JSON line names the one that ran (`allocator`).
 
 pub mod args;
 pub mod drain;
@@ -69,3 +73,14 @@ pub mod resources;
 pub mod stats;
 pub mod store;
 pub mod throughput;
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The allocator this build's binaries use, as their JSON lines name it.
+pub const ALLOCATOR: &str = if cfg!(feature = "mimalloc") {
+    "mimalloc"
+} else {
+    "system"
+};

@@ -47,9 +47,6 @@
 //! `tx_keyed_p50_ms`, `tx_keyed_p99_ms`, `tx_keyed_overhead` (the same with
 //! a keyed enqueue), `seconds`.
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::time::{Duration, Instant};
 
 use chrono::Utc;

@@ -28,9 +28,6 @@
 //! over the run). The last two pairs tell a producer held up by its commits
 //! from a slow wake-up.
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 

@@ -95,9 +95,6 @@ mod sides;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
