@@ -176,9 +176,12 @@ struct Counts<T = i64> {
     wal: T,
 }
 
-/// The store's claim of up to `limit` messages, as it runs it. Binds:
-/// `$1` now, `$2` lease end. Rows out of attempts come back with
-/// `abandoned = true`, untouched.
+/// The store's claim of up to `limit` messages, as it runs it for the
+/// bench's messages (one queue, one priority, no ordering keys): pending
+/// rows in the order of the index of keyless ones, which serves only a
+/// claim that names the queue and the priority. Binds: `$1` now, `$2`
+/// lease end. Rows out of attempts come back with `abandoned = true`,
+/// untouched.
 fn claim_sql(t: &str, limit: usize) -> String {
     let columns = |prefix: &str| {
         [
@@ -207,7 +210,8 @@ fn claim_sql(t: &str, limit: usize) -> String {
     format!(
         "WITH pending AS ( \
            SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \
-           FROM {t} WHERE status = 'pending' AND available_at <= $1 \
+           FROM {t} WHERE status = 'pending' AND ordering_key IS NULL \
+             AND queue = 'default' AND priority = 0 AND available_at <= $1 \
            ORDER BY available_at, created_at, seq LIMIT {limit} FOR UPDATE SKIP LOCKED), \
          expired AS ( \
            SELECT id, available_at, created_at, seq, attempts >= max_attempts AS abandoned \

@@ -44,9 +44,10 @@ pub(crate) fn sides(settings: RuntimeSettings, run: (bool, bool)) -> (Option<Sid
     )
 }
 
-/// The store's claim, as it runs it for messages without ordering keys
-/// (the bench enqueues none): pending rows from the index of keyless
-/// ones, the limit an expression so SQLite does not compile the
+/// The store's claim, as it runs it for the bench's messages (one queue,
+/// one priority, no ordering keys): pending rows in the order of the index
+/// of keyless ones, which serves only a claim that names the queue and the
+/// priority; the limit an expression so SQLite does not compile the
 /// statement again each time it is bound. Binds: `?1` now and `?2`
 /// lease end (µs since the epoch), `?3` limit.
 fn claim_sql(t: &str) -> String {
@@ -62,7 +63,8 @@ fn claim_sql(t: &str) -> String {
            SELECT seq FROM ( \
              SELECT * FROM ( \
                SELECT seq, available_at, created_at FROM {t} \
-               WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= ?1 \
+               WHERE status = 'pending' AND ordering_key IS NULL \
+                 AND queue = 'default' AND priority = 0 AND available_at <= ?1 \
                ORDER BY available_at, created_at, seq LIMIT CAST(?3 AS INTEGER)) \
              UNION ALL \
              SELECT * FROM ( \
