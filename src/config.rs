@@ -17,7 +17,7 @@ use crate::retry::RetryPolicy;
 
 /// The most messages [`DrainConfig::prefetch`] may hold: each is a claimed
 /// row whose lease runs while it waits.
-const MAX_PREFETCH: usize = 4096;
+pub(crate) const MAX_PREFETCH: usize = 4096;
 
 /// The most claims [`DrainConfig::claims_in_flight`] may allow at once: each
 /// holds a store connection while it runs.
@@ -51,8 +51,9 @@ pub struct DrainConfig {
     /// left is given back undelivered, and all are given back at shutdown.
     /// Default `None`: the drain sizes it as it runs, from the rate handlers
     /// start at and the claims' round trip, never to wait longer than a
-    /// quarter of the heartbeat interval; `Some(0)` claims only for free
-    /// slots.
+    /// quarter of the heartbeat interval and never more than the store's
+    /// bound ([`OutboxStore::prefetch_limit`](crate::OutboxStore::prefetch_limit));
+    /// `Some(0)` claims only for free slots.
     pub prefetch: Option<usize>,
     /// Claims a pass may have in flight at once, 1 to 64. With more than
     /// one, the free slots (`concurrency + prefetch`) are claimed in shares

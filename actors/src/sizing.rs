@@ -17,11 +17,14 @@
 //! measured rate, far from the point where a waiting message is given back
 //! as stale.
 //!
-//! A store whose claims cost only CPU the handlers share (SQLite, the
-//! memory store) says so
+//! A store whose claims cost only CPU the handlers share (the memory
+//! store) says so
 //! ([`OutboxStore::claims_ahead`](outbox::OutboxStore::claims_ahead)), and
 //! nothing is claimed ahead there: each message held costs memory and its
-//! actors' CPU, for no wait to hide.
+//! actors' CPU, for no wait to hide. A store bounds what is claimed ahead
+//! ([`OutboxStore::prefetch_limit`](outbox::OutboxStore::prefetch_limit)):
+//! on SQLite, whose claims wait for nothing but cost a transaction each,
+//! claims need only be large enough for that cost to be small per message.
 //!
 //! Claims in flight come from the store
 //! ([`OutboxStore::claim_parallelism`](outbox::OutboxStore::claim_parallelism)):
@@ -34,9 +37,6 @@ use std::time::Duration;
 
 use outbox::DrainConfig;
 use tokio::time::Instant;
-
-/// Most messages an automatic prefetch holds, the bound a configured one has.
-const MAX_AUTO_PREFETCH: usize = 4096;
 
 /// Claim round trips the waiting messages cover at the measured rate. A
 /// claim's round trip grows with its size, so the window grows with the
@@ -70,6 +70,8 @@ pub(crate) struct Sizing {
     claims_in_flight: usize,
     /// Handlers that may run at once, over every queue served.
     concurrency: usize,
+    /// The most a sized prefetch holds: the store's bound.
+    limit: usize,
     /// A quarter of the heartbeat interval: the longest a message is
     /// claimed ahead to wait.
     longest_wait: Duration,
@@ -91,12 +93,19 @@ struct Measured {
 
 impl Sizing {
     /// Sizing for `config`, on a store that gives `claim_parallelism` for an
-    /// unset `claims_in_flight` and says whether it `claims_ahead` at all.
-    pub(crate) fn new(config: &DrainConfig, claim_parallelism: usize, claims_ahead: bool) -> Self {
+    /// unset `claims_in_flight`, says whether it `claims_ahead` at all, and
+    /// bounds a sized prefetch at `prefetch_limit`.
+    pub(crate) fn new(
+        config: &DrainConfig,
+        claim_parallelism: usize,
+        claims_ahead: bool,
+        prefetch_limit: usize,
+    ) -> Self {
         Sizing {
             fixed_prefetch: config.prefetch.or((!claims_ahead).then_some(0)),
             claims_in_flight: config.claims_in_flight.unwrap_or(claim_parallelism).max(1),
             concurrency: config.total_concurrency().max(1),
+            limit: prefetch_limit,
             longest_wait: config.heartbeat() / 4,
             started: AtomicU64::new(0),
             measured: Mutex::new(Measured::default()),
@@ -122,10 +131,7 @@ impl Sizing {
         let by_lease = rate * self.longest_wait.as_secs_f64();
         let window = rate * round_trip * WINDOW_ROUND_TRIPS;
         let floor = (self.concurrency as f64).min(by_lease);
-        window
-            .min(by_lease)
-            .max(floor)
-            .min(MAX_AUTO_PREFETCH as f64) as usize
+        window.min(by_lease).max(floor).min(self.limit as f64) as usize
     }
 
     /// With a sized prefetch, the fewest waiting messages below which a
@@ -198,8 +204,11 @@ fn average(old: Option<f64>, sample: f64) -> f64 {
 mod tests {
     use super::*;
 
+    /// The bound of a store that sets none (PostgreSQL's).
+    const LIMIT: usize = 4096;
+
     fn sizing(config: DrainConfig) -> Sizing {
-        Sizing::new(&config, 4, true)
+        Sizing::new(&config, 4, true, LIMIT)
     }
 
     fn config(concurrency: usize) -> DrainConfig {
@@ -222,7 +231,7 @@ mod tests {
 
     #[test]
     fn a_store_that_does_not_claim_ahead_gets_no_prefetch() {
-        let sizing = Sizing::new(&config(64), 1, false);
+        let sizing = Sizing::new(&config(64), 1, false, LIMIT);
         run(&sizing, 40, Duration::from_millis(10), 500);
         assert_eq!((sizing.prefetch(), sizing.low_water()), (0, None));
     }
@@ -250,15 +259,27 @@ mod tests {
         // hold 8 000 messages, past the bound.
         let sizing = sizing(config(64));
         run(&sizing, 40, Duration::from_millis(10), 500);
-        assert_eq!(sizing.prefetch(), MAX_AUTO_PREFETCH);
+        assert_eq!(sizing.prefetch(), LIMIT);
         // 2 000 a second for 10 ms round trips: 320.
-        let sizing = Sizing::new(&config(64), 4, true);
+        let sizing = Sizing::new(&config(64), 4, true, LIMIT);
         run(&sizing, 40, Duration::from_millis(10), 20);
         assert!(
             (310..=330).contains(&sizing.prefetch()),
             "{}",
             sizing.prefetch()
         );
+    }
+
+    #[test]
+    fn the_stores_limit_bounds_a_sized_prefetch() {
+        // As above, 8 000 wanted, on a store that holds at most 512 ahead.
+        let sizing = Sizing::new(&config(64), 1, true, 512);
+        run(&sizing, 40, Duration::from_millis(10), 500);
+        assert_eq!(sizing.prefetch(), 512);
+        // Below it, the same size as anywhere.
+        let sizing = Sizing::new(&config(64), 1, true, 512);
+        run(&sizing, 40, Duration::from_millis(10), 20);
+        assert!((310..=330).contains(&sizing.prefetch()));
     }
 
     #[test]

@@ -720,6 +720,10 @@ impl OutboxStore for AnyOutbox {
         on_backend!(self, AnyOutbox, |store| OutboxStore::claims_ahead(store))
     }
 
+    fn prefetch_limit(&self) -> usize {
+        on_backend!(self, AnyOutbox, |store| OutboxStore::prefetch_limit(store))
+    }
+
     fn schedules(&self) -> Option<&dyn ScheduleStore> {
         on_backend!(self, AnyOutbox, |store| OutboxStore::schedules(store))
     }

@@ -570,6 +570,15 @@ pub trait OutboxStore: Send + Sync + 'static {
         true
     }
 
+    /// The most messages a drain whose config leaves `prefetch` unset
+    /// claims ahead, when it [claims ahead](OutboxStore::claims_ahead) at
+    /// all: what makes its claims large enough that their fixed cost is
+    /// small beside the rows', where more would only hold memory. The
+    /// default is the most a configured `prefetch` may hold, 4 096.
+    fn prefetch_limit(&self) -> usize {
+        crate::config::MAX_PREFETCH
+    }
+
     /// The store's periodic schedules, when it keeps them (the bundled
     /// stores do); `None` by default. A drain with schedules refuses to
     /// start on a store without them.
@@ -645,6 +654,10 @@ pub trait DynOutboxStore: Send + Sync + 'static {
     fn claims_ahead(&self) -> bool {
         true
     }
+    /// See [`OutboxStore::prefetch_limit`].
+    fn prefetch_limit(&self) -> usize {
+        crate::config::MAX_PREFETCH
+    }
     /// See [`OutboxStore::schedules`].
     fn schedules(&self) -> Option<&dyn ScheduleStore> {
         None
@@ -699,6 +712,9 @@ impl<S: OutboxStore> DynOutboxStore for S {
     }
     fn claims_ahead(&self) -> bool {
         OutboxStore::claims_ahead(self)
+    }
+    fn prefetch_limit(&self) -> usize {
+        OutboxStore::prefetch_limit(self)
     }
     fn schedules(&self) -> Option<&dyn ScheduleStore> {
         OutboxStore::schedules(self)

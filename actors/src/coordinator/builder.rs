@@ -238,6 +238,7 @@ impl DrainCoordinatorBuilder {
             &self.config,
             self.store.claim_parallelism(),
             self.store.claims_ahead(),
+            self.store.prefetch_limit(),
         );
         Ok(Parts {
             drain: DrainContext {

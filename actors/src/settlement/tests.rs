@@ -121,7 +121,7 @@ async fn claimed(max_attempts: u32) -> (DrainContext, FaultStore, ClaimedMessage
         .unwrap();
     let message = batch.claimed.pop().expect("the message is due");
     let drain = DrainContext {
-        sizing: Sizing::new(&config, 1, false),
+        sizing: Sizing::new(&config, 1, false, 4096),
         store: Arc::new(store.clone()),
         registry: Registry::default(),
         events: None,

@@ -508,6 +508,12 @@ impl Core {
         true
     }
 
+    /// The most a configured `prefetch` may hold: the more a claim takes,
+    /// the more flushes the messages share.
+    pub(crate) fn prefetch_limit(&self) -> usize {
+        crate::config::MAX_PREFETCH
+    }
+
     pub(crate) fn claim_parallelism(&self) -> usize {
         let pool = self.parts.pool.options().get_max_connections() as usize;
         pool.saturating_sub(self.settlement_statements + 1)

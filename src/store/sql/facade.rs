@@ -180,6 +180,10 @@ macro_rules! sql_store {
                 self.inner.core.claims_ahead()
             }
 
+            fn prefetch_limit(&self) -> usize {
+                self.inner.core.prefetch_limit()
+            }
+
             fn schedules(&self) -> Option<&dyn $crate::ScheduleStore> {
                 Some(self)
             }

@@ -371,11 +371,18 @@ impl Core {
         1
     }
 
-    /// No: a claim is in process and costs CPU the handlers share, and a
-    /// claim that seems slow is waiting for the single writer behind
-    /// settlements, which messages claimed ahead would only lengthen.
+    /// Yes: a claim is a transaction of the single writer, whose fixed
+    /// cost claims of a few rows each pay over and over as slots free one
+    /// by one. Up to [`Core::prefetch_limit`].
     pub(crate) fn claims_ahead(&self) -> bool {
-        false
+        true
+    }
+
+    /// 512: claims that large leave little of a transaction's fixed cost
+    /// to each message, and more held ahead only costs memory (measured in
+    /// BENCHMARKS.md, "Drain cost per message").
+    pub(crate) fn prefetch_limit(&self) -> usize {
+        512
     }
 }
 
