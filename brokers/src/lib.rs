@@ -103,11 +103,14 @@ pub fn headers(message: &ClaimedMessage) -> Vec<(&'static str, String)> {
 /// borrowed from the message: a transport copies each value once, into its
 /// client's own header type, instead of into a `String` first.
 pub(crate) fn each_header(message: &ClaimedMessage, mut put: impl FnMut(&'static str, &str)) {
-    let mut digits = [0u8; 10];
+    let mut digits = [0u8; 20];
     put(HEADER_ID, &message.id);
     put(HEADER_NAME, &message.name);
     put(HEADER_KIND, message.kind.as_str());
-    put(HEADER_ATTEMPT, decimal(message.attempts, &mut digits));
+    put(
+        HEADER_ATTEMPT,
+        decimal(message.attempts.into(), &mut digits),
+    );
     if let Some(trace) = &message.trace {
         put(HEADER_TRACEPARENT, &trace.traceparent);
         if let Some(state) = &trace.tracestate {
@@ -116,8 +119,10 @@ pub(crate) fn each_header(message: &ClaimedMessage, mut put: impl FnMut(&'static
     }
 }
 
-/// `n` in decimal, written into `digits` (the ten a `u32` can take).
-fn decimal(mut n: u32, digits: &mut [u8; 10]) -> &str {
+/// `n` in decimal, written into `digits` (the twenty a `u64` can take):
+/// without the formatting machinery, which a relay would otherwise run for
+/// several numbers of every message.
+pub(crate) fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &str {
     let mut start = digits.len();
     loop {
         start -= 1;
@@ -135,9 +140,9 @@ mod tests {
     use super::decimal;
 
     #[test]
-    fn attempts_are_written_in_decimal() {
-        for n in [0, 1, 9, 10, 42, 1_000_000, u32::MAX] {
-            assert_eq!(decimal(n, &mut [0; 10]), n.to_string());
+    fn numbers_are_written_in_decimal() {
+        for n in [0, 1, 9, 10, 42, 1_000_000, u32::MAX.into(), u64::MAX] {
+            assert_eq!(decimal(n, &mut [0; 20]), n.to_string());
         }
     }
 }

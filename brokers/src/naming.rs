@@ -33,12 +33,15 @@ impl NameMap {
 
     /// The destination of `name`.
     pub fn destination(&self, name: &str) -> String {
-        let name = self
-            .renames
+        [self.prefix.as_str(), self.renamed(name)].concat()
+    }
+
+    /// `name` after the renames, before the prefix.
+    pub(crate) fn renamed<'a>(&'a self, name: &'a str) -> &'a str {
+        self.renames
             .iter()
             .find(|(from, _)| from == name)
-            .map_or(name, |(_, to)| to.as_str());
-        format!("{}{name}", self.prefix)
+            .map_or(name, |(_, to)| to.as_str())
     }
 }
 

@@ -79,9 +79,11 @@ use std::time::Duration;
 use futures_util::future::LocalBoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
-use outbox::{Delivery, DeliveryContext, DeliveryResult, EventBus, JobDispatcher};
+use outbox::{ClaimedMessage, Delivery, DeliveryContext, DeliveryResult, EventBus, JobDispatcher};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, RedisError, RedisWrite, Script, ToRedisArgs,
+};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::{BrokerError, FailureClass, NameMap, each_header};
@@ -451,29 +453,10 @@ impl Shared {
         &self,
         batch: &[Waiting],
     ) -> Result<Vec<Result<Appended, BrokerError>>, BrokerError> {
-        let config = &self.config;
-        let mut invocation = self.script.prepare_invoke();
-        invocation
-            .arg(config.window_ms())
-            .arg(config.max_len.unwrap_or(0));
-        let mut packed = Vec::new();
-        for waiting in batch {
-            let message = waiting.context.message();
-            invocation
-                .key(format!("{}{}", config.dedup_prefix, message.id))
-                .key(config.streams.destination(&message.name));
-            packed.clear();
-            pack(&mut packed, "payload");
-            pack(&mut packed, message.payload.as_str());
-            each_header(message, |name, value| {
-                pack(&mut packed, name);
-                pack(&mut packed, value);
-            });
-            invocation.arg(packed.as_slice());
-        }
+        let call = self.batch_command(batch);
         let (mut connection, generation) = self.connection().await?;
-        let call = invocation.invoke_async::<String>(&mut connection);
-        let replies = match tokio::time::timeout(config.timeout, call).await {
+        let timeout = self.config.timeout;
+        let replies = match tokio::time::timeout(timeout, self.run(&call, &mut connection)).await {
             Ok(Ok(replies)) => replies,
             Ok(Err(e)) => {
                 if connection_lost(&e) {
@@ -484,7 +467,7 @@ impl Shared {
             // A command that timed out may leave a half-open connection.
             Err(_) => {
                 self.discard(generation).await;
-                return Err(timed_out("publish", config.timeout));
+                return Err(timed_out("publish", timeout));
             }
         };
         let answers: Vec<_> = replies.split('\n').map(answer).collect();
@@ -502,6 +485,47 @@ impl Shared {
             ));
         }
         Ok(answers)
+    }
+
+    /// The `EVALSHA` of [`BATCH_SCRIPT`] for `batch`, written straight into
+    /// one command buffer: each message's keys and packed fields are
+    /// written where they go, with no string or argument of their own on
+    /// the way, which was most of the client's work per message beside the
+    /// connection's.
+    fn batch_command(&self, batch: &[Waiting]) -> Cmd {
+        let config = &self.config;
+        let mut call = redis::cmd("EVALSHA");
+        call.arg(self.script.get_hash()).arg(2 * batch.len());
+        for waiting in batch {
+            let message = waiting.context.message();
+            call.arg(Joined(&config.dedup_prefix, &message.id))
+                .arg(Joined(
+                    config.streams.prefix(),
+                    config.streams.renamed(&message.name),
+                ));
+        }
+        call.arg(config.window_ms())
+            .arg(config.max_len.unwrap_or(0));
+        for waiting in batch {
+            call.arg(Packed(waiting.context.message()));
+        }
+        call
+    }
+
+    /// Run `call`, loading the script first if the server lost it (a
+    /// restart, `SCRIPT FLUSH`) and trying once more.
+    async fn run(
+        &self,
+        call: &Cmd,
+        connection: &mut MultiplexedConnection,
+    ) -> redis::RedisResult<String> {
+        match call.query_async(connection).await {
+            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                self.script.load_async(connection).await?;
+                call.query_async(connection).await
+            }
+            answered => answered,
+        }
     }
 
     async fn connection(&self) -> Result<(MultiplexedConnection, u64), BrokerError> {
@@ -536,11 +560,39 @@ impl Shared {
     }
 }
 
-/// `value` as the batch script reads a field: its length, `:`, the bytes.
-fn pack(packed: &mut Vec<u8>, value: &str) {
-    // Writing into a `Vec` cannot fail.
-    let _ = write!(packed, "{}:", value.len());
-    packed.extend_from_slice(value.as_bytes());
+/// Two strings written as one argument: a dedup key or a stream's name.
+struct Joined<'a>(&'a str, &'a str);
+
+impl ToRedisArgs for Joined<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        // Writing into the command's buffer cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(self.1.as_bytes());
+    }
+}
+
+/// A message's fields as one argument of the batch script: the payload,
+/// then the headers, each name and value written as its length in bytes,
+/// `:`, and the bytes.
+struct Packed<'a>(&'a ClaimedMessage);
+
+impl ToRedisArgs for Packed<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        let mut pack = |value: &str| {
+            let mut digits = [0; 20];
+            let _ = arg.write_all(crate::decimal(value.len() as u64, &mut digits).as_bytes());
+            let _ = arg.write_all(b":");
+            let _ = arg.write_all(value.as_bytes());
+        };
+        pack("payload");
+        pack(self.0.payload.as_str());
+        each_header(self.0, |name, value| {
+            pack(name);
+            pack(value);
+        });
+    }
 }
 
 /// One message's answer from the batch script.

@@ -416,3 +416,28 @@ fn a_transport_outlives_the_runtime_its_calls_ran_on() {
         assert_eq!(entries(&format!("{prefix}orders.placed")).await.len(), 2);
     });
 }
+
+#[test]
+fn a_script_the_server_forgot_is_loaded_again_and_the_publish_goes_out() {
+    let _serial = serial();
+    harness::run(|| async {
+        let prefix = format!("test:{}:", unique());
+        let transport = transport(config(&prefix)).await;
+        let mut connection = client().await;
+        // As a restart or a failover to a replica without it would.
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut connection)
+            .await
+            .expect("SCRIPT FLUSH");
+        let appended = transport
+            .send(&delivery("m-1", "orders.placed"))
+            .await
+            .expect("appended after loading the script again");
+        assert!(matches!(appended, Appended::Entry(_)), "{appended:?}");
+        let entries = entries(&format!("{prefix}orders.placed")).await;
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0]["Outbox-Message-Id"], "m-1");
+        assert_eq!(entries[0]["payload"], r#"{"id":"m-1"}"#);
+    });
+}
