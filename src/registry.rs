@@ -12,10 +12,10 @@
 //! registration then decode into a [`RawMessage`], the payload as stored.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use foldhash::HashMap;
 use serde::de::DeserializeOwned;
 
 use crate::error::{ConfigError, Error, RegistryError, Result};

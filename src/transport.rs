@@ -8,12 +8,13 @@
 //! for, which gets the message as stored, a [`RawMessage`].
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use foldhash::HashMap;
 use futures_util::future::LocalBoxFuture;
 
 use crate::error::DeliveryError;

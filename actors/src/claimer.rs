@@ -61,11 +61,12 @@
 //! It reports to its coordinator through recipients of [`Abandoned`],
 //! [`ClaimerDone`] and (handed to each delivery) `DeliveryFinished`.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use foldhash::{HashMap, HashSet};
 use outbox::{ArmOutcome, ArmWakeups, ClaimBatch, ClaimedBatch, ReleaseClaim};
 
 use crate::context::{DrainContext, until};
@@ -210,10 +211,10 @@ impl Claimer {
             pass,
             arbiters,
             next_arbiter: 0,
-            active: HashMap::new(),
+            active: HashMap::default(),
             handling: 0,
             waiting: VecDeque::new(),
-            keyed: HashSet::new(),
+            keyed: HashSet::default(),
             next_slot: 0,
             claimed: 0,
             claims: 0,

@@ -42,10 +42,10 @@
 //! [`OutboxStore::pending_count`](outbox::OutboxStore::pending_count), as
 //! the memory, SQLite and PostgreSQL stores do.
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use foldhash::HashMap;
 use metrics::{
     Counter, Gauge, Histogram, SharedString, Unit, counter, describe_counter, describe_gauge,
     describe_histogram, gauge, histogram,

@@ -1,11 +1,11 @@
 //! Delivery to actix actors: an event bus and a job dispatcher whose handlers
 //! are `Recipient`s.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
 use actix::prelude::*;
+use foldhash::HashMap;
 use futures_util::future::LocalBoxFuture;
 use outbox::{
     Delivery, DeliveryContext, DeliveryError, DeliveryResult, Event, EventBus, Job, JobDispatcher,

@@ -16,12 +16,12 @@
 //! setter): settlements are most of these writes, and the names also appear
 //! in configuration errors (`settlement.max_rows`).
 
-use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use foldhash::{HashMap, HashSet};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
@@ -388,7 +388,7 @@ async fn batch_loop<B: FencedBackend>(
             running.join_next().await;
         }
         let deadline = first.arrived + window;
-        let mut ids = HashSet::from([first.row.id.clone()]);
+        let mut ids = HashSet::from_iter([first.row.id.clone()]);
         let mut batch = vec![first];
         let mut quiet = 0;
         while batch.len() < max_rows {

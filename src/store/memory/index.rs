@@ -8,10 +8,11 @@
 //! [`State::remove`], which keep the invariant on [`State`].
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use foldhash::HashMap;
 
 use crate::error::{ClaimError, ClaimLoss, Result};
 use crate::kind::MessageStatus;
