@@ -472,6 +472,58 @@ async fn wakeups_fire_on_commit_and_never_before_or_on_rollback() {
 }
 
 #[tokio::test]
+async fn one_transaction_enqueueing_into_two_outboxes_wakes_the_drains_of_both() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    let orders = store(&pool, "orders_outbox", SettlementMode::default()).await;
+    let billing = store(&pool, "billing_outbox", SettlementMode::default()).await;
+    let mut order_wakeups = orders.wakeups().expect("the SQLite store wakes");
+    let mut billing_wakeups = billing.wakeups().expect("the SQLite store wakes");
+
+    let mut tx = pool.begin().await.unwrap();
+    orders
+        .enqueue_in(&mut tx, event("placed", 1, t0()))
+        .await
+        .unwrap();
+    billing
+        .enqueue_in(&mut tx, event("invoiced", 1, t0()))
+        .await
+        .unwrap();
+    orders
+        .enqueue_in(&mut tx, event("confirmed", 1, t0()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(order_wakeups.changed().now_or_never(), Some(true));
+    assert_eq!(billing_wakeups.changed().now_or_never(), Some(true));
+
+    // A rollback disarms both, and the next commit on that connection
+    // wakes only the outbox it enqueued into.
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    orders
+        .enqueue_in(&mut tx, event("lost", 1, t0()))
+        .await
+        .unwrap();
+    billing
+        .enqueue_in(&mut tx, event("lost", 1, t0()))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    billing
+        .enqueue_in(&mut tx, event("refunded", 1, t0()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(
+        order_wakeups.changed().now_or_never().is_none(),
+        "woke an outbox nothing was enqueued into"
+    );
+    assert_eq!(billing_wakeups.changed().now_or_never(), Some(true));
+}
+
+#[tokio::test]
 async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
     let dir = TempDir::new();
     let options = SqliteOutbox::connect_options(&dir.url())

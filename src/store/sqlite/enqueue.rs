@@ -6,8 +6,7 @@
 //! [`crate::store::sql`].
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteConnection;
@@ -16,7 +15,21 @@ use sqlx::{AssertSqlSafe, Connection, Row};
 use super::{Core, SqliteOutbox, micros};
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, NewMessage};
+use crate::store::kit::WakeupSender;
 use crate::store::sql::{self, InsertRow, Inserts, KeyHolder, StoredTime, db};
+
+/// The stores armed on each connection in its transaction, by the address
+/// of the connection's SQLite handle. An entry lives from a connection's
+/// first arming to its commit or rollback. A connection closed in the
+/// middle of a transaction (SQLite calls no hook then) leaves its entry,
+/// and a later connection at the same address then wakes those stores once
+/// more at its next commit: a wake-up too many, which costs a drain one
+/// claim that finds nothing.
+static ARMED: LazyLock<Mutex<HashMap<usize, Vec<WakeupSender>>>> = LazyLock::new(Default::default);
+
+fn armed() -> MutexGuard<'static, HashMap<usize, Vec<WakeupSender>>> {
+    ARMED.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 impl SqliteOutbox {
     /// Enqueue on the caller's connection, inside the caller's transaction
@@ -53,18 +66,30 @@ impl SqliteOutbox {
     }
 
     /// Wake on this connection's next commit, not on a rollback.
+    ///
+    /// A connection has one commit hook, and the caller's transaction may
+    /// enqueue into several outboxes (tables) on it: the hook wakes every
+    /// store armed on the connection since its last commit or rollback.
     async fn arm_wakeup(&self, conn: &mut SqliteConnection) -> Result<()> {
         let mut handle = conn.lock_handle().await.map_err(db("enqueue"))?;
-        let armed = Arc::new(AtomicBool::new(true));
-        let disarm = armed.clone();
-        let wake = self.inner.core.wake.clone();
+        let connection = handle.as_raw_handle().as_ptr().addr();
+        {
+            let wake = &self.inner.core.wake;
+            let mut armed = armed();
+            let stores = armed.entry(connection).or_default();
+            if !stores.iter().any(|store| store.same(wake)) {
+                stores.push(wake.clone());
+            }
+        }
         handle.set_commit_hook(move || {
-            if armed.swap(false, Ordering::AcqRel) {
-                wake.wake();
+            for store in armed().remove(&connection).unwrap_or_default() {
+                store.wake();
             }
             true
         });
-        handle.set_rollback_hook(move || disarm.store(false, Ordering::Release));
+        handle.set_rollback_hook(move || {
+            armed().remove(&connection);
+        });
         Ok(())
     }
 
