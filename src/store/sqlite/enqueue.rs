@@ -82,7 +82,8 @@ impl SqliteOutbox {
             }
         }
         handle.set_commit_hook(move || {
-            for store in armed().remove(&connection).unwrap_or_default() {
+            let stores = armed().remove(&connection);
+            for store in stores.into_iter().flatten() {
                 store.wake();
             }
             true
