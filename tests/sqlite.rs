@@ -524,6 +524,96 @@ async fn one_transaction_enqueueing_into_two_outboxes_wakes_the_drains_of_both()
 }
 
 #[tokio::test]
+async fn a_connection_keeps_waking_for_every_insert_it_commits_into_an_outbox() {
+    let dir = TempDir::new();
+    let pool = pool(&dir).await;
+    let outbox = store(&pool, "outbox", SettlementMode::default()).await;
+    let mut wakeups = outbox.wakeups().expect("the SQLite store wakes");
+    // Another database with a table of the same name: its drains never
+    // wake for this one's commits.
+    let elsewhere_dir = TempDir::new();
+    let elsewhere_pool = self::pool(&elsewhere_dir).await;
+    let elsewhere = store(&elsewhere_pool, "outbox", SettlementMode::default()).await;
+    let mut elsewhere_wakeups = elsewhere.wakeups().expect("the SQLite store wakes");
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+
+    // A batch first: the connection gets its hooks before the insert.
+    let mut tx = conn.begin().await.unwrap();
+    outbox
+        .enqueue_batch_in(&mut tx, vec![event("b1", 1, t0()), event("b2", 2, t0())])
+        .await
+        .unwrap();
+    assert!(
+        wakeups.changed().now_or_never().is_none(),
+        "woke before commit"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(wakeups.changed().now_or_never(), Some(true));
+
+    // The same connection, hooked already: each commit of an enqueue wakes.
+    for round in 0..3 {
+        let mut tx = conn.begin().await.unwrap();
+        outbox
+            .enqueue_in(&mut tx, event(&format!("one{round}"), 1, t0()))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            wakeups.changed().now_or_never(),
+            Some(true),
+            "round {round}"
+        );
+    }
+
+    // Not for a rollback, nor for a commit that stored no message: one
+    // with only business rows, one whose message was there already.
+    let mut tx = conn.begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut tx, event("rolled-back", 1, t0()))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (id) VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let again = outbox
+        .enqueue_in(&mut tx, event("one0", 1, t0()))
+        .await
+        .unwrap();
+    assert!(!again.is_inserted());
+    tx.commit().await.unwrap();
+    assert!(
+        wakeups.changed().now_or_never().is_none(),
+        "woke for a commit that stored no message"
+    );
+
+    // A row the application inserts into the table itself wakes as well,
+    // once the connection has the hooks.
+    sqlx::query(
+        "INSERT INTO outbox (id, kind, name, payload, status, attempts, max_attempts, \
+         available_at, created_at, updated_at) \
+         VALUES ('by-hand', 'event', 'e', '{}', 'pending', 0, 25, 0, 0, 0)",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(wakeups.changed().now_or_never(), Some(true));
+    assert!(
+        elsewhere_wakeups.changed().now_or_never().is_none(),
+        "woke the drains of another database"
+    );
+    assert_eq!(outbox.pending_count().await.unwrap(), Some(6));
+}
+
+#[tokio::test]
 async fn a_locked_database_is_a_transient_error_and_nothing_is_lost() {
     let dir = TempDir::new();
     let options = SqliteOutbox::connect_options(&dir.url())

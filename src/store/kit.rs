@@ -68,6 +68,28 @@ impl WakeupSender {
     pub fn has_subscribers(&self) -> bool {
         self.0.receiver_count() > 0
     }
+
+    /// A handle that wakes the same receivers without keeping the sender
+    /// alive, for registries that outlive the stores in them.
+    pub(crate) fn downgrade(&self) -> WeakWakeupSender {
+        WeakWakeupSender(Arc::downgrade(&self.0))
+    }
+}
+
+/// A [`WakeupSender`] that does not keep its store's sender alive.
+#[derive(Debug, Clone)]
+pub(crate) struct WeakWakeupSender(std::sync::Weak<tokio::sync::watch::Sender<u64>>);
+
+impl WeakWakeupSender {
+    /// The sender, unless every clone of it is gone.
+    pub(crate) fn upgrade(&self) -> Option<WakeupSender> {
+        self.0.upgrade().map(WakeupSender)
+    }
+
+    /// `true` once every clone of the sender is gone.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.0.strong_count() == 0
+    }
 }
 
 impl Default for WakeupSender {

@@ -1,35 +1,24 @@
 //! The SQLite store's enqueue, of one message or a batch: through its pool,
-//! or on the caller's connection with a commit hook that wakes drains when
-//! (and only if) the caller's transaction commits. Its insert statement
+//! or on the caller's connection, whose hooks wake drains when (and only
+//! if) the caller's transaction commits. Its insert statement
 //! and how a row binds to it are here and in `statements.rs`; what both
 //! SQL stores do alike (ids, idempotency keys, batches in runs) is in
 //! [`crate::store::sql`].
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::SqliteConnection;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteOperation};
 use sqlx::{AssertSqlSafe, Connection, Row};
 
+use super::statements::HOOKED;
+use super::wakes::Inserted;
 use super::{Core, SqliteOutbox, micros};
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, NewMessage};
-use crate::store::kit::WakeupSender;
 use crate::store::sql::{self, InsertRow, Inserts, KeyHolder, StoredTime, db};
-
-/// The stores armed on each connection in its transaction, by the address
-/// of the connection's SQLite handle. An entry lives from a connection's
-/// first arming to its commit or rollback. A connection closed in the
-/// middle of a transaction (SQLite calls no hook then) leaves its entry,
-/// and a later connection at the same address then wakes those stores once
-/// more at its next commit: a wake-up too many, which costs a drain one
-/// claim that finds nothing.
-static ARMED: LazyLock<Mutex<HashMap<usize, Vec<WakeupSender>>>> = LazyLock::new(Default::default);
-
-fn armed() -> MutexGuard<'static, HashMap<usize, Vec<WakeupSender>>> {
-    ARMED.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 impl SqliteOutbox {
     /// Enqueue on the caller's connection, inside the caller's transaction
@@ -41,8 +30,15 @@ impl SqliteOutbox {
         message: NewMessage,
     ) -> Result<Enqueued> {
         message.validate()?;
-        self.arm_wakeup(conn).await?;
-        sql::enqueue_one(&*self.inner.core, conn, message).await
+        let core = OnCallers {
+            core: &self.inner.core,
+            unhooked: AtomicBool::new(false),
+        };
+        let enqueued = sql::enqueue_one(&core, conn, message).await?;
+        if core.unhooked.load(Ordering::Relaxed) {
+            self.hook(conn, true).await?;
+        }
+        Ok(enqueued)
     }
 
     /// Enqueue a batch on the caller's connection, inside the caller's
@@ -61,37 +57,71 @@ impl SqliteOutbox {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
-        self.arm_wakeup(conn).await?;
+        // A batch's insert does not say whether its connection has the
+        // hooks (its rows would come back one by one to say it): ask first,
+        // so the hooks see the insert.
+        let hooked: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT EXISTS (SELECT 1 FROM pragma_collation_list WHERE name = '{HOOKED}')"
+        )))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("enqueue"))?;
+        if !hooked {
+            self.hook(conn, false).await?;
+        }
         sql::enqueue_batch(&*self.inner.core, conn, messages).await
     }
 
-    /// Wake on this connection's next commit, not on a rollback.
+    /// Give `conn` the hooks that wake drains when it commits inserts
+    /// into an outbox table, and not when it rolls them back; `inserted`
+    /// when its transaction has inserted into this store's table already.
     ///
-    /// A connection has one commit hook, and the caller's transaction may
-    /// enqueue into several outboxes (tables) on it: the hook wakes every
-    /// store armed on the connection since its last commit or rollback.
-    async fn arm_wakeup(&self, conn: &mut SqliteConnection) -> Result<()> {
-        let mut handle = conn.lock_handle().await.map_err(db("enqueue"))?;
-        let connection = handle.as_raw_handle().as_ptr().addr();
-        {
-            let wake = &self.inner.core.wake;
-            let mut armed = armed();
-            let stores = armed.entry(connection).or_default();
-            if !stores.iter().any(|store| store.same(wake)) {
-                stores.push(wake.clone());
-            }
+    /// SQLite keeps one update, commit and rollback hook per connection,
+    /// so these are set once for the connection's life and serve every
+    /// outbox: the update hook notes each table the transaction inserts
+    /// into, and the commit hook wakes the stores registered for those
+    /// tables in this database (see `wakes.rs`). Setting them takes a
+    /// round trip to the connection's thread, which an enqueue then no
+    /// longer pays.
+    async fn hook(&self, conn: &mut SqliteConnection, inserted: bool) -> Result<()> {
+        let core = &self.inner.core;
+        let mut state = Inserted::new(core.database.clone());
+        if inserted {
+            let table = &core.parts.table;
+            state.insert(table.schema().unwrap_or("main"), table.table());
         }
+        let state = Arc::new(Mutex::new(state));
+        let mut handle = conn.lock_handle().await.map_err(db("enqueue"))?;
+        let on_insert = state.clone();
+        handle.set_update_hook(move |change| {
+            if matches!(change.operation, SqliteOperation::Insert) {
+                on_insert
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(change.database, change.table);
+            }
+        });
+        let on_commit = state.clone();
         handle.set_commit_hook(move || {
-            let stores = armed().remove(&connection);
-            for store in stores.into_iter().flatten() {
-                store.wake();
+            let senders = on_commit
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .end();
+            for sender in senders {
+                sender.wake();
             }
             true
         });
         handle.set_rollback_hook(move || {
-            armed().remove(&connection);
+            state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .forget();
         });
-        Ok(())
+        // Last: a connection whose hooks failed to be set is hooked again.
+        handle
+            .create_collation(HOOKED, |a, b| a.cmp(b))
+            .map_err(db("enqueue"))
     }
 
     /// Enqueue through the store's own pool, in a transaction of its own.
@@ -142,6 +172,88 @@ impl SqliteOutbox {
     }
 }
 
+/// Binds `message`'s row to an insert's placeholders, in
+/// [`INSERT_COLUMNS`](crate::store::sql) order.
+fn bind_row<'q>(
+    query: sqlx::query::Query<'q, sqlx::Sqlite, SqliteArguments>,
+    message: &'q NewMessage,
+) -> sqlx::query::Query<'q, sqlx::Sqlite, SqliteArguments> {
+    let row = InsertRow::of(message, false);
+    query
+        .bind(row.id)
+        .bind(row.kind)
+        .bind(row.name)
+        .bind(row.payload)
+        .bind(row.trace)
+        .bind(row.max_attempts)
+        .bind(row.available_at.map(micros))
+        .bind(micros(row.now))
+        .bind(micros(row.now))
+        .bind(row.ordering_key)
+        .bind(row.idempotency_key)
+        .bind(row.idempotency_until.map(micros))
+        .bind(row.max_attempts_set)
+        .bind(row.queue)
+        .bind(row.priority)
+}
+
+/// The core enqueueing on a caller's connection: a single message's insert
+/// also says whether the connection has the hooks that wake drains at its
+/// commit, and notes it in `unhooked` when it does not.
+struct OnCallers<'a> {
+    core: &'a Core,
+    unhooked: AtomicBool,
+}
+
+impl Inserts for OnCallers<'_> {
+    type Conn = SqliteConnection;
+
+    async fn insert_rows(
+        &self,
+        conn: &mut SqliteConnection,
+        messages: &[&NewMessage],
+        fresh: bool,
+    ) -> Result<HashSet<String>> {
+        let [message] = messages else {
+            return self.core.insert_rows(conn, messages, fresh).await;
+        };
+        let query = sqlx::query(AssertSqlSafe(self.core.sql.insert_one_in.clone()));
+        let hooked: Option<bool> = bind_row(query, message)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db("enqueue"))?
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(db("enqueue"))?;
+        match hooked {
+            None => Ok(HashSet::new()),
+            Some(hooked) => {
+                if !hooked {
+                    self.unhooked.store(true, Ordering::Relaxed);
+                }
+                Ok(HashSet::from([message.resolve_id()]))
+            }
+        }
+    }
+
+    async fn key_holders(
+        &self,
+        conn: &mut SqliteConnection,
+        keys: &[&str],
+    ) -> Result<HashMap<String, KeyHolder>> {
+        self.core.key_holders(conn, keys).await
+    }
+
+    async fn release_key(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        self.core.release_key(conn, key, now).await
+    }
+}
+
 impl Inserts for Core {
     type Conn = SqliteConnection;
 
@@ -158,23 +270,7 @@ impl Inserts for Core {
     ) -> Result<HashSet<String>> {
         let mut query = sqlx::query(AssertSqlSafe(self.sql.insert(messages.len())));
         for message in messages {
-            let row = InsertRow::of(message, false);
-            query = query
-                .bind(row.id)
-                .bind(row.kind)
-                .bind(row.name)
-                .bind(row.payload)
-                .bind(row.trace)
-                .bind(row.max_attempts)
-                .bind(row.available_at.map(micros))
-                .bind(micros(row.now))
-                .bind(micros(row.now))
-                .bind(row.ordering_key)
-                .bind(row.idempotency_key)
-                .bind(row.idempotency_until.map(micros))
-                .bind(row.max_attempts_set)
-                .bind(row.queue)
-                .bind(row.priority);
+            query = bind_row(query, message);
         }
         let done = query.execute(&mut *conn).await.map_err(db("enqueue"))?;
         let stored = done.rows_affected();

@@ -2,11 +2,13 @@
 //!
 //! This file is the store, its builder, connecting and setting up, and the
 //! core its parts share. The other files each add one concern, importing
-//! this one and never each other (but `statements.rs`):
+//! this one and never each other (but `statements.rs` and `wakes.rs`):
 //!
 //! - `statements.rs`: its SQL text, rendered once per table (imports
 //!   nothing of the store).
-//! - `enqueue.rs`: enqueue, and the commit hook that wakes drains.
+//! - `wakes.rs`: which drains a commit wakes (imports nothing of the
+//!   store either).
+//! - `enqueue.rs`: enqueue, and the hooks that wake drains.
 //! - `claim.rs`: the claim, and decoding what it claimed.
 //! - `settle.rs`: the fenced writes (renewals and settlements).
 //! - `admin.rs`: its listing and activity.
@@ -44,18 +46,24 @@
 //!
 //! # Wake-ups
 //!
-//! [`OutboxStore::wakeups`](crate::OutboxStore::wakeups) fires when a message is committed through this
-//! store: at once after [`OutboxStore::enqueue`](crate::OutboxStore::enqueue) and requeues, and from a
-//! SQLite commit hook for [`SqliteOutbox::enqueue_in`], which installs the
-//! hook on the caller's connection, so the caller's own transaction wakes the
-//! drain exactly when it commits, and not at all when it rolls back. The hook
-//! runs while SQLite commits, before the commit returns; that is early enough
-//! and never too early, because a claim starts with `BEGIN IMMEDIATE`, which
-//! waits for the committing transaction's write lock and then sees its rows.
-//! Rows inserted into the table by other means are found on the next tick.
-//! SQLite keeps one commit hook per connection: do not install your own on
-//! connections you pass to `enqueue_in` (and of two stores enqueueing in one
-//! transaction, only the last one's wake-up fires).
+//! [`OutboxStore::wakeups`](crate::OutboxStore::wakeups) fires when a
+//! message is committed through this store: at once after
+//! [`OutboxStore::enqueue`](crate::OutboxStore::enqueue) and requeues, and
+//! from SQLite's hooks for [`SqliteOutbox::enqueue_in`]. The first enqueue
+//! on a connection gives it an update, a commit and a rollback hook for
+//! the rest of its life: the update hook notes each table a transaction
+//! inserts into, and the commit hook wakes the drains of every store
+//! registered for those tables of this database file, so the caller's
+//! transaction wakes drains exactly when it commits, and not at all when
+//! it rolls back; an insert of the application's own into the table wakes
+//! them too. A collation the hooks come with marks the connection, and
+//! the insert asks for it in its `RETURNING` clause, so an enqueue on a
+//! hooked connection takes no round trip beyond its insert. The commit hook
+//! runs while SQLite commits, before the commit returns; that is early
+//! enough and never too early, because a claim starts with `BEGIN
+//! IMMEDIATE`, which waits for the committing transaction's write lock and
+//! then sees its rows. SQLite keeps one hook of each kind per connection:
+//! do not install your own on connections you pass to `enqueue_in`.
 //!
 //! # Runtimes
 //!
@@ -95,6 +103,7 @@ mod enqueue;
 mod schedules;
 mod settle;
 mod statements;
+mod wakes;
 
 /// The shared half over this store's core.
 type Shared = SqlOutbox<Core>;
@@ -339,6 +348,10 @@ struct Core {
     write: tokio::sync::Mutex<()>,
     /// Wakes drains when the store commits messages.
     wake: WakeupSender,
+    /// The database file, as absolute a path as can be had without
+    /// touching it: with the table, what names the store's drains to the
+    /// hooks that wake them (see `enqueue.rs`).
+    database: std::sync::Arc<str>,
     /// The periodic schedules' statements.
     schedules: sql::ScheduleStatements,
 }
@@ -347,6 +360,13 @@ impl Core {
     fn new(pool: SqlitePool, table: TableName) -> Self {
         let (sql, shared) = Statements::new(&table);
         let schedules = sql::ScheduleStatements::new(&table, Dialect::Sqlite);
+        let file = pool.connect_options().get_filename().to_owned();
+        let database: std::sync::Arc<str> = std::path::absolute(&file)
+            .unwrap_or(file)
+            .to_string_lossy()
+            .into();
+        let wake = WakeupSender::new();
+        wakes::register(&database, &table, &wake);
         Core {
             sql,
             parts: SqlParts {
@@ -355,7 +375,8 @@ impl Core {
                 shared,
             },
             write: tokio::sync::Mutex::new(()),
-            wake: WakeupSender::new(),
+            wake,
+            database,
             schedules,
         }
     }

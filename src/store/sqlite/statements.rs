@@ -56,6 +56,11 @@ pub(super) struct Statements {
     /// Insert one message unless its id or idempotency key is taken (then
     /// nothing changes): [`Statements::insert`] of one row, kept rendered.
     insert_one: Arc<str>,
+    /// [`Statements::insert`] of one row, returning a row only when it
+    /// stored one: `1` when the connection has the hooks that wake drains
+    /// (its collation [`HOOKED`] is there), else `0`. One row comes back
+    /// at most, so the worker thread's row-by-row hand-over costs nothing.
+    pub(super) insert_one_in: Arc<str>,
     /// `INSERT INTO <table> (<columns>) VALUES `, what every insert starts
     /// with.
     insert_into: String,
@@ -97,6 +102,13 @@ pub(super) struct Statements {
     /// The fence columns of a JSON array of ids.
     pub(super) fences: Arc<str>,
 }
+
+/// The collation that marks a connection whose hooks wake drains at its
+/// commit (see `enqueue.rs`). A statement can ask a connection for its
+/// collations, so an insert can tell at no round trip of its own; and a
+/// collation, unlike a temporary table, outlives a rolled-back
+/// transaction.
+pub(super) const HOOKED: &str = "outbox_wakes";
 
 /// `prefix` (see [`Statements::insert_into`]) and `rows` rows of values,
 /// each binding 15 values in order: those of
@@ -218,6 +230,11 @@ impl Statements {
         let insert_into = format!("INSERT INTO {t} ({INSERT_COLUMNS}) VALUES ");
         let own = Statements {
             insert_one: insert(&insert_into, 1).into(),
+            insert_one_in: format!(
+                "{} RETURNING EXISTS (SELECT 1 FROM pragma_collation_list WHERE name = '{HOOKED}')",
+                insert(&insert_into, 1)
+            )
+            .into(),
             // One row handed over, however many ids: the worker thread
             // hands rows over one by one.
             inserted: format!("SELECT json_group_array(id) FROM {t} WHERE seq > ?1 AND seq <= ?2")
