@@ -350,7 +350,7 @@ struct Core {
     wake: WakeupSender,
     /// The database file, as absolute a path as can be had without
     /// touching it: with the table, what names the store's drains to the
-    /// hooks that wake them (see `enqueue.rs`).
+    /// hooks that wake them (see `wakes.rs`).
     database: std::sync::Arc<str>,
     /// The periodic schedules' statements.
     schedules: sql::ScheduleStatements,
