@@ -172,8 +172,8 @@ impl SqliteOutbox {
     }
 }
 
-/// Binds `message`'s row to an insert's placeholders, in
-/// [`INSERT_COLUMNS`](crate::store::sql) order.
+/// Binds `message`'s row to one row of an insert's placeholders (see
+/// `statements.rs`).
 fn bind_row<'q>(
     query: sqlx::query::Query<'q, sqlx::Sqlite, SqliteArguments>,
     message: &'q NewMessage,
