@@ -42,11 +42,6 @@ impl WakeupSender {
         self.0.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// `true` when both wake the same receivers: clones of one sender.
-    pub fn same(&self, other: &WakeupSender) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-
     /// A new receiver; it sees only wake-ups sent after this call.
     pub fn subscribe(&self) -> Wakeups {
         Wakeups::new(self.0.subscribe(), None)

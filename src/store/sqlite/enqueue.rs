@@ -60,12 +60,10 @@ impl SqliteOutbox {
         // A batch's insert does not say whether its connection has the
         // hooks (its rows would come back one by one to say it): ask first,
         // so the hooks see the insert.
-        let hooked: bool = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT EXISTS (SELECT 1 FROM pragma_collation_list WHERE name = '{HOOKED}')"
-        )))
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db("enqueue"))?;
+        let hooked: bool = sqlx::query_scalar(AssertSqlSafe(self.inner.core.sql.hooked.clone()))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db("enqueue"))?;
         if !hooked {
             self.hook(conn, false).await?;
         }

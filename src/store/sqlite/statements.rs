@@ -61,6 +61,8 @@ pub(super) struct Statements {
     /// (its collation [`HOOKED`] is there), else `0`. One row comes back
     /// at most, so the worker thread's row-by-row hand-over costs nothing.
     pub(super) insert_one_in: Arc<str>,
+    /// One row: `1` when the connection has the hooks, else `0`.
+    pub(super) hooked: Arc<str>,
     /// `INSERT INTO <table> (<columns>) VALUES `, what every insert starts
     /// with.
     insert_into: String,
@@ -109,6 +111,11 @@ pub(super) struct Statements {
 /// collation, unlike a temporary table, outlives a rolled-back
 /// transaction.
 pub(super) const HOOKED: &str = "outbox_wakes";
+
+/// Whether the connection running it has the collation [`HOOKED`].
+fn is_hooked() -> String {
+    format!("EXISTS (SELECT 1 FROM pragma_collation_list WHERE name = '{HOOKED}')")
+}
 
 /// `prefix` (see [`Statements::insert_into`]) and `rows` rows of values,
 /// each binding 15 values in order: those of
@@ -230,11 +237,8 @@ impl Statements {
         let insert_into = format!("INSERT INTO {t} ({INSERT_COLUMNS}) VALUES ");
         let own = Statements {
             insert_one: insert(&insert_into, 1).into(),
-            insert_one_in: format!(
-                "{} RETURNING EXISTS (SELECT 1 FROM pragma_collation_list WHERE name = '{HOOKED}')",
-                insert(&insert_into, 1)
-            )
-            .into(),
+            insert_one_in: format!("{} RETURNING {}", insert(&insert_into, 1), is_hooked()).into(),
+            hooked: format!("SELECT {}", is_hooked()).into(),
             // One row handed over, however many ids: the worker thread
             // hands rows over one by one.
             inserted: format!("SELECT json_group_array(id) FROM {t} WHERE seq > ?1 AND seq <= ?2")
